@@ -1,0 +1,1 @@
+"""meshshard.ops"""

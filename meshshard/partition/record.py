@@ -1,0 +1,349 @@
+"""The record of a cut: :class:`Partition` and :class:`HaloPlan`.
+
+A partition is a permutation plus a pointer array of shard boundaries, nothing more:
+``order`` lists the original row of every stored row (shard 0's rows first, then shard 1's, ...),
+``offsets`` (``partptr``) marks where each shard starts. ``sizes`` are the *sharding shapes*
+along the point dimension; they are uneven by design and may contain zeros.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SCHEMA_VERSION", "HaloPlan", "Partition"]
+
+SCHEMA_VERSION = 1
+
+
+def _as_int64(a: Any, name: str) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.ndim != 1:
+        msg = f"{name} must be 1-D, got shape {arr.shape}"
+        raise ValueError(msg)
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        msg = f"{name} must hold integers, got dtype {arr.dtype}"
+        raise TypeError(msg)
+    return arr.astype(np.int64, copy=False)
+
+
+@dataclass(frozen=True, eq=False)
+class Partition:
+    """How one sample's N rows were cut into ``nparts`` shards.
+
+    Attributes
+    ----------
+    assignment : ndarray of shape (N,), int64
+        Shard of every original row.
+    order : ndarray of shape (N,), int64
+        Permutation: stored row ``i`` is original row ``order[i]``. Rows of a shard are
+        contiguous and keep the method's locality order inside the shard.
+    sizes : ndarray of shape (P,), int64
+        Rows per shard (the sharding shapes); zeros are legal.
+    method : str
+        ``"morton"``, ``"hilbert"``, ``"rcb"``, ``"metis"``, ... .
+    params : dict
+        JSON-serialisable parameters the method was called with.
+    """
+
+    assignment: np.ndarray
+    order: np.ndarray
+    sizes: np.ndarray
+    method: str = "unknown"
+    params: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        assignment = _as_int64(self.assignment, "assignment")
+        order = _as_int64(self.order, "order")
+        sizes = _as_int64(self.sizes, "sizes")
+        n = assignment.shape[0]
+        if order.shape[0] != n:
+            msg = f"order has {order.shape[0]} rows but assignment has {n}"
+            raise ValueError(msg)
+        if sizes.size < 1:
+            msg = "a partition needs at least one part (sizes is empty)"
+            raise ValueError(msg)
+        if (sizes < 0).any() or int(sizes.sum()) != n:
+            msg = f"sizes {sizes.tolist()} must be >= 0 and sum to N={n}"
+            raise ValueError(msg)
+        if n and (assignment.min() < 0 or assignment.max() >= sizes.size):
+            msg = f"assignment values must lie in [0, {sizes.size}); found {assignment.min()}..{assignment.max()}"
+            raise ValueError(msg)
+        counts = np.bincount(assignment, minlength=sizes.size)
+        if not np.array_equal(counts, sizes):
+            msg = "sizes do not match the bincount of assignment"
+            raise ValueError(msg)
+        check = np.zeros(n, dtype=bool)
+        check[order] = True
+        if not check.all():
+            msg = "order is not a permutation of range(N)"
+            raise ValueError(msg)
+        if n and not np.array_equal(assignment[order], np.repeat(np.arange(sizes.size), sizes)):
+            msg = "order does not make every shard contiguous in shard order"
+            raise ValueError(msg)
+        for name, arr in (("assignment", assignment), ("order", order), ("sizes", sizes)):
+            arr.setflags(write=False)
+            object.__setattr__(self, name, arr)
+        object.__setattr__(self, "params", dict(self.params))
+
+    # ------------------------------------------------------------------ basic views
+    @property
+    def nparts(self) -> int:
+        return int(self.sizes.size)
+
+    @property
+    def num_points(self) -> int:
+        return int(self.assignment.size)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """``partptr``: shard ``p`` holds stored rows ``offsets[p]:offsets[p + 1]`` (length P+1)."""
+        return np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+
+    @property
+    def inverse(self) -> np.ndarray:
+        """``inverse[original_row] = stored_row`` (the inverse of :attr:`order`)."""
+        inv = np.empty_like(self.order)
+        inv[self.order] = np.arange(self.order.size, dtype=np.int64)
+        return inv
+
+    def shard_rows(self, part: int) -> np.ndarray:
+        """Original row indices of shard ``part``, in stored order."""
+        if not 0 <= part < self.nparts:
+            msg = f"part={part} out of range for {self.nparts} parts"
+            raise IndexError(msg)
+        off = self.offsets
+        return self.order[off[part] : off[part + 1]]
+
+    @classmethod
+    def from_assignment(
+        cls,
+        assignment: Any,
+        nparts: int,
+        *,
+        key: Any = None,
+        method: str = "unknown",
+        params: dict | None = None,
+    ) -> Partition:
+        """Build a partition from a shard label per row.
+
+        Rows inside a shard are ordered by ``key`` (e.g. a space-filling-curve code) when given,
+        otherwise by original index. Stable, so the result is deterministic.
+        """
+        assignment = _as_int64(assignment, "assignment")
+        if nparts < 1:
+            msg = f"parts={nparts} must be >= 1"
+            raise ValueError(msg)
+        if key is None:
+            order = np.argsort(assignment, kind="stable")
+        else:
+            key = np.asarray(key)
+            order = np.lexsort((np.arange(assignment.size), key, assignment))
+        sizes = np.bincount(assignment, minlength=nparts)
+        return cls(assignment, order, sizes, method=method, params=params or {})
+
+    # ------------------------------------------------------------------ data movement
+    def apply(self, array: Any) -> Any:
+        """Reorder rows of ``array`` (numpy or torch, first dim N) into stored order."""
+        n = self.num_points
+        if getattr(array, "shape", (None,))[0] != n:
+            msg = f"array has {getattr(array, 'shape', None)} rows; the partition has N={n}"
+            raise ValueError(msg)
+        try:
+            import torch
+
+            if isinstance(array, torch.Tensor):
+                return array[torch.as_tensor(self.order, device=array.device)]
+        except ImportError:  # pragma: no cover - torch is a dependency
+            pass
+        return np.asarray(array)[self.order]
+
+    def restore(self, array: Any) -> Any:
+        """Inverse of :meth:`apply`: stored order back to original order."""
+        inv = self.inverse
+        try:
+            import torch
+
+            if isinstance(array, torch.Tensor):
+                return array[torch.as_tensor(inv, device=array.device)]
+        except ImportError:  # pragma: no cover
+            pass
+        return np.asarray(array)[inv]
+
+    def split(self, array: Any) -> list[Any]:
+        """Stored-order ``array`` (already :meth:`apply`-ed) split into per-shard pieces."""
+        off = self.offsets
+        return [array[off[p] : off[p + 1]] for p in range(self.nparts)]
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> Path:
+        """Write ``partition.npz`` (arrays) and ``partition.json`` (metadata) into directory
+        ``path`` (created). No pickle. Returns the directory."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / "partition.npz.tmp"
+        with open(tmp, "wb") as fh:
+            np.savez(fh, assignment=self.assignment, order=self.order, sizes=self.sizes)
+        tmp.replace(path / "partition.npz")
+        meta = {
+            "schema_version": SCHEMA_VERSION,
+            "method": self.method,
+            "params": self.params,
+            "nparts": self.nparts,
+            "num_points": self.num_points,
+            "sizes": self.sizes.tolist(),
+        }
+        tmpj = path / "partition.json.tmp"
+        tmpj.write_text(json.dumps(meta, indent=2, sort_keys=True))
+        tmpj.replace(path / "partition.json")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Partition:
+        """Read a partition written by :meth:`save`; errors name the file at fault."""
+        path = Path(path)
+        npz, js = path / "partition.npz", path / "partition.json"
+        for f in (npz, js):
+            if not f.is_file():
+                msg = f"{f}: missing; is {path} a directory written by Partition.save?"
+                raise FileNotFoundError(msg)
+        try:
+            meta = json.loads(js.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            msg = f"{js}: corrupt metadata ({exc})"
+            raise ValueError(msg) from exc
+        version = meta.get("schema_version")
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            msg = (
+                f"{js}: schema_version={version!r} is newer than this meshshard understands "
+                f"({SCHEMA_VERSION}); upgrade meshshard"
+            )
+            raise ValueError(msg)
+        try:
+            with np.load(npz, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in ("assignment", "order", "sizes")}
+        except Exception as exc:  # zipfile/ValueError/KeyError/EOFError on truncation
+            msg = f"{npz}: unreadable or truncated ({exc})"
+            raise ValueError(msg) from exc
+        part = cls(**arrays, method=meta.get("method", "unknown"), params=meta.get("params", {}))
+        if part.sizes.tolist() != meta.get("sizes"):
+            msg = f"{path}: sizes in partition.json disagree with partition.npz"
+            raise ValueError(msg)
+        return part
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Partition):
+            return NotImplemented
+        return (
+            np.array_equal(self.assignment, other.assignment)
+            and np.array_equal(self.order, other.order)
+            and np.array_equal(self.sizes, other.sizes)
+            and self.method == other.method
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        s = self.sizes
+        return (
+            f"Partition(method={self.method!r}, N={self.num_points}, parts={self.nparts}, "
+            f"sizes min/max={int(s.min())}/{int(s.max())})"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class HaloPlan:
+    """Which rows each shard sends to and receives from every other shard.
+
+    Indices live in *stored* (partition) order. For shard ``p``:
+
+    - ``send_ptr[p]`` (length P+1) and ``send_idx[p]``: rows to send to shard ``q`` are
+      ``send_idx[p][send_ptr[p][q]:send_ptr[p][q+1]]``, as *local* row indices of shard ``p``.
+    - ``recv_ptr[p]`` (length P+1) and ``recv_idx[p]``: ghost rows received from shard ``q`` are
+      ``recv_idx[p][recv_ptr[p][q]:recv_ptr[p][q+1]]``, as *global* stored row indices.
+
+    The rows shard ``p`` sends to ``q`` are exactly (same order) the rows ``q`` receives from
+    ``p``. A halo exchange appends the ghosts after the local rows, grouped by source shard in
+    increasing shard order, so shard ``p``'s extended array has ``sizes[p] + len(recv_idx[p])``
+    rows.
+    """
+
+    offsets: np.ndarray
+    send_ptr: tuple[np.ndarray, ...]
+    send_idx: tuple[np.ndarray, ...]
+    recv_ptr: tuple[np.ndarray, ...]
+    recv_idx: tuple[np.ndarray, ...]
+    kind: str = "unknown"
+    params: dict = field(default_factory=dict)
+
+    @property
+    def nparts(self) -> int:
+        return len(self.send_idx)
+
+    def send_counts(self, part: int) -> np.ndarray:
+        return np.diff(self.send_ptr[part])
+
+    def recv_counts(self, part: int) -> np.ndarray:
+        return np.diff(self.recv_ptr[part])
+
+    def halo_sizes(self) -> np.ndarray:
+        """Ghost rows per shard."""
+        return np.array([len(r) for r in self.recv_idx], dtype=np.int64)
+
+    def validate(self) -> None:
+        """Check that every send list matches the corresponding receive list."""
+        off = np.asarray(self.offsets)
+        P = self.nparts
+        for p in range(P):
+            for q in range(P):
+                s = self.send_idx[p][self.send_ptr[p][q] : self.send_ptr[p][q + 1]] + off[p]
+                r = self.recv_idx[q][self.recv_ptr[q][p] : self.recv_ptr[q][p + 1]]
+                if not np.array_equal(s, r):
+                    msg = f"halo plan inconsistent: shard {p} -> {q} sends {s.size} rows, {q} expects {r.size}"
+                    raise ValueError(msg)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``halo.npz`` (flat arrays, no pickle) into directory ``path``."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        arrays: dict[str, np.ndarray] = {"offsets": np.asarray(self.offsets)}
+        for p in range(self.nparts):
+            arrays[f"send_ptr_{p}"] = self.send_ptr[p]
+            arrays[f"send_idx_{p}"] = self.send_idx[p]
+            arrays[f"recv_ptr_{p}"] = self.recv_ptr[p]
+            arrays[f"recv_idx_{p}"] = self.recv_idx[p]
+        arrays["meta"] = np.frombuffer(
+            json.dumps({"kind": self.kind, "params": self.params, "nparts": self.nparts}).encode(),
+            dtype=np.uint8,
+        )
+        tmp = path / "halo.npz.tmp"
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+        tmp.replace(path / "halo.npz")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> HaloPlan:
+        f = Path(path) / "halo.npz"
+        try:
+            with np.load(f, allow_pickle=False) as d:
+                meta = json.loads(bytes(d["meta"]).decode())
+                P = int(meta["nparts"])
+                return cls(
+                    offsets=d["offsets"],
+                    send_ptr=tuple(d[f"send_ptr_{p}"] for p in range(P)),
+                    send_idx=tuple(d[f"send_idx_{p}"] for p in range(P)),
+                    recv_ptr=tuple(d[f"recv_ptr_{p}"] for p in range(P)),
+                    recv_idx=tuple(d[f"recv_idx_{p}"] for p in range(P)),
+                    kind=meta.get("kind", "unknown"),
+                    params=meta.get("params", {}),
+                )
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            msg = f"{f}: unreadable or corrupt halo plan ({exc})"
+            raise ValueError(msg) from exc

@@ -1,0 +1,55 @@
+"""Module-level rank functions for the harness tests (they must be picklable)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def allreduce_rank(rank: int, world_size: int) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def uneven_all_to_all(rank: int, world_size: int) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    # rank r sends (r + d + 1) values to rank d: uneven splits both ways
+    send_sizes = [rank + d + 1 for d in range(world_size)]
+    recv_sizes = [s + rank + 1 for s in range(world_size)]
+    send = torch.cat([torch.full((n,), float(rank * 10 + d)) for d, n in enumerate(send_sizes)])
+    recv = torch.empty(sum(recv_sizes))
+    dist.all_to_all_single(recv, send, recv_sizes, send_sizes)
+    return recv.tolist()
+
+
+def fail_on_rank_one(rank: int, world_size: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        msg = "deliberate failure on rank 1"
+        raise ValueError(msg)
+    # the other ranks would block here forever without the harness' kill
+    dist.all_reduce(torch.ones(1))
+    return rank
+
+
+def hang(rank: int, world_size: int) -> None:
+    time.sleep(600)
+
+
+def hard_exit(rank: int, world_size: int) -> int:
+    if rank == 0:
+        os._exit(3)
+    time.sleep(600)
+    return rank
+
+
+def echo_args(rank: int, world_size: int, a: int, b: str) -> tuple[int, int, int, str]:
+    return rank, world_size, a, b
