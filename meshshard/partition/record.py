@@ -71,7 +71,8 @@ class Partition:
             msg = f"sizes {sizes.tolist()} must be >= 0 and sum to N={n}"
             raise ValueError(msg)
         if n and (assignment.min() < 0 or assignment.max() >= sizes.size):
-            msg = f"assignment values must lie in [0, {sizes.size}); found {assignment.min()}..{assignment.max()}"
+            lo, hi = assignment.min(), assignment.max()
+            msg = f"assignment values must lie in [0, {sizes.size}); found {lo}..{hi}"
             raise ValueError(msg)
         counts = np.bincount(assignment, minlength=sizes.size)
         if not np.array_equal(counts, sizes):
@@ -303,7 +304,10 @@ class HaloPlan:
                 s = self.send_idx[p][self.send_ptr[p][q] : self.send_ptr[p][q + 1]] + off[p]
                 r = self.recv_idx[q][self.recv_ptr[q][p] : self.recv_ptr[q][p + 1]]
                 if not np.array_equal(s, r):
-                    msg = f"halo plan inconsistent: shard {p} -> {q} sends {s.size} rows, {q} expects {r.size}"
+                    msg = (
+                        f"halo plan inconsistent: shard {p} -> {q} sends {s.size} rows, "
+                        f"{q} expects {r.size}"
+                    )
                     raise ValueError(msg)
 
     def save(self, path: str | Path) -> Path:

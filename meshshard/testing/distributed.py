@@ -88,17 +88,17 @@ def _worker(
         out = fn(rank, world_size, *args)
         try:
             payload = pickle.dumps(out)
-        except Exception as exc:  # noqa: BLE001 - report, do not hang
+        except Exception as exc:
             msg = f"result of rank {rank} cannot be pickled: {exc!r}"
             raise TypeError(msg) from exc
         results.put((rank, True, payload))
-    except BaseException:  # noqa: BLE001 - every failure must reach the parent
+    except BaseException:
         results.put((rank, False, traceback.format_exc()))
     finally:
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
 
