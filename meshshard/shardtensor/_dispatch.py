@@ -254,6 +254,34 @@ def reduce_partials(st: ShardTensor, mesh_dims: Sequence[int] | None = None) -> 
     return out
 
 
+def align_sizes(t: ShardTensor, operands: Sequence[Any], out_ndim: int) -> ShardTensor:
+    """Redistribute ``t`` to the shard sizes of the first operand that shards the same
+    (broadcast-aligned) dim on the same mesh dim, when they differ. Rows move only between the
+    ranks whose ranges differ (uneven all-to-all); differentiable; collective."""
+    spec = t._spec
+    target = list(spec.sizes)
+    changed = False
+    for i, p in enumerate(spec.placements):
+        if not isinstance(p, Shard):
+            continue
+        d = p.dim + out_ndim - spec.ndim
+        for o in operands:
+            if not isinstance(o, ShardTensor):
+                continue
+            q = o._spec.placements[i]
+            if isinstance(q, Shard) and q.dim + out_ndim - o._spec.ndim == d:
+                if o._spec.sizes[i] != spec.sizes[i] and sum(o._spec.sizes[i]) == sum(
+                    spec.sizes[i]
+                ):
+                    target[i] = o._spec.sizes[i]
+                    changed = True
+                break
+    if not changed:
+        return t
+    log.debug("redistributing %s to sizes %s to match another operand", spec.describe(), target)
+    return t.redistribute(spec.placements, target)
+
+
 def replicated_local(
     t: Any, spec_out: ShardSpec, aligned_dims: dict[int, int] | None = None
 ) -> torch.Tensor:
@@ -402,6 +430,11 @@ def pointwise_apply(func, args, kwargs):
     shapes = [t._spec.shape if isinstance(t, ShardTensor) else t.shape for t in tensors]
     out_shape = torch.broadcast_shapes(*shapes)
     nd = len(out_shape)
+    # same sharded dim, different sizes: move the later operands' rows to the first's layout
+    for j in tensor_pos:
+        if isinstance(flat[j], ShardTensor):
+            flat[j] = align_sizes(flat[j], [flat[k] for k in tensor_pos], nd)
+    tensors = [flat[i] for i in tensor_pos]
     placements: list = []
     sizes: list = []
     for i in range(mesh.ndim):
