@@ -90,6 +90,10 @@ def dispatch_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
         return pointwise_apply(func, args, kwargs)
     if getattr(_state, "fallback", False):
         return _gather_fallback(func, args, kwargs, ops)
+    err = getattr(_state, "last_trace_error", None)
+    if ops is None and isinstance(err, (RuntimeError, ValueError, IndexError, TypeError)):
+        msg = f"{_name(func)} fails on the global shapes of its ShardTensor arguments: {err}"
+        raise type(err)(msg) from err
     aten = ", ".join(sorted({str(o) for o in ops})) if ops else "unknown"
     fname = _name(func)
     msg = (
@@ -178,9 +182,10 @@ def _trace(func, args, kwargs):
     try:
         with rec:
             func(*margs, **mkwargs)
-    except Exception:
-        ops = cached
-        return ops, None
+    except Exception as exc:  # some functions cannot run on meta tensors
+        _state.last_trace_error = exc
+        return cached, None
+    _state.last_trace_error = None
     ops = [c[0] for c in rec.calls]
     if key is not None:
         _TRACE_CACHE[key] = ops
