@@ -19,13 +19,11 @@ _LAZY = {
     "metis": "meshshard.partition.graphpart",
     "knn_graph": "meshshard.partition.graph",
     "dual_graph": "meshshard.partition.graph",
-    "metrics": "meshshard.partition.metrics",
+    "metrics": "meshshard.partition.quality",
     "halo_plan_graph": "meshshard.partition.halo",
     "halo_plan_radius": "meshshard.partition.halo",
     "read_points": "meshshard.partition.io",
     "read_mesh": "meshshard.partition.io",
-    "report": "meshshard.partition.report",
-    "format_report": "meshshard.partition.report",
 }
 
 __all__ = [
