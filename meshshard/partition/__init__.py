@@ -20,6 +20,7 @@ _LAZY = {
     "knn_graph": "meshshard.partition.graph",
     "dual_graph": "meshshard.partition.graph",
     "metrics": "meshshard.partition.quality",
+    "halo_plan": "meshshard.partition.halo",
     "halo_plan_graph": "meshshard.partition.halo",
     "halo_plan_radius": "meshshard.partition.halo",
     "read_points": "meshshard.partition.io",

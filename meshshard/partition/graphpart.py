@@ -154,7 +154,8 @@ def metis(
     parts = check_parts(parts, n, allow_empty=allow_empty)
     w = check_weights(None if weights is None else _to_numpy(weights), n)
     t = check_targets(targets, parts)
-    g = check_graph(graph, n)
+    # a graph we just built is valid by construction; a given one is checked before pymetis
+    g = graph if order is not None else check_graph(graph, n)
     if parts == 1:
         assignment = np.zeros(n, dtype=np.int64)
     else:

@@ -18,7 +18,7 @@ import numpy as np
 from meshshard.partition._validation import as_points, check_graph, unique_int
 from meshshard.partition.record import HaloPlan, Partition
 
-__all__ = ["halo_plan_graph", "halo_plan_radius", "plan_from_pairs"]
+__all__ = ["halo_plan", "halo_plan_graph", "halo_plan_radius", "plan_from_pairs"]
 
 
 def plan_from_pairs(
@@ -160,3 +160,32 @@ def halo_plan_radius(partition: Partition, points: Any, r: float) -> HaloPlan:
     dest = np.concatenate([a[i], a[j]])
     ghost = np.concatenate([j, i])
     return plan_from_pairs(partition, dest, ghost, kind="radius", params={"r": rr})
+
+
+def halo_plan(
+    partition: Partition,
+    *,
+    graph: Any = None,
+    points: Any = None,
+    r: float | None = None,
+    rings: int = 1,
+) -> HaloPlan:
+    """Halo plan from a graph (``rings`` hops) or from geometry (radius ``r``); exactly one.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from meshshard.partition import partition
+    >>> pts = np.random.default_rng(0).random((200, 3))
+    >>> halo_plan(partition(pts, 2), points=pts, r=0.1).kind
+    'radius'
+    """
+    if (graph is None) == (r is None):
+        msg = "pass either graph= (k-ring halo) or points= and r= (radius halo)"
+        raise ValueError(msg)
+    if graph is not None:
+        return halo_plan_graph(partition, graph, rings=rings)
+    if points is None:
+        msg = "a radius halo needs points= (original-order coordinates)"
+        raise ValueError(msg)
+    return halo_plan_radius(partition, points, r)

@@ -5,6 +5,7 @@ import pytest
 
 from meshshard.partition import (
     HaloPlan,
+    halo_plan,
     halo_plan_graph,
     halo_plan_radius,
     knn_graph,
@@ -74,3 +75,18 @@ def test_graph_halo_k_rings_match_bfs(rings, tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(back.recv_idx, plan.recv_idx))
     with pytest.raises(ValueError, match="rings=0 must be an int >= 1"):
         halo_plan_graph(part, g, rings=0)
+
+
+def test_halo_plan_front_door():
+    pts = np.random.default_rng(2).random((120, 3))
+    part = partition(pts, 3)
+    by_r = halo_plan(part, points=pts, r=0.15)
+    assert by_r.kind == "radius"
+    assert [a.tolist() for a in by_r.recv_idx] == [
+        a.tolist() for a in halo_plan_radius(part, pts, 0.15).recv_idx
+    ]
+    assert halo_plan(part, graph=knn_graph(pts, 4), rings=2).params == {"rings": 2}
+    with pytest.raises(ValueError, match="either graph="):
+        halo_plan(part)
+    with pytest.raises(ValueError, match="needs points="):
+        halo_plan(part, r=0.1)
