@@ -168,11 +168,10 @@ def metis(
             labels = assignment
             assignment = np.empty_like(labels)
             assignment[order] = labels
-    key = None
-    if pts is not None and n:
-        from meshshard.partition.sfc import hilbert_codes
+    if pts is not None and n and order is None:
+        from meshshard.partition.sfc import curve_order, hilbert_codes
 
-        key = hilbert_codes(pts)
+        order = curve_order(hilbert_codes(pts))
     params = {
         "targets": t.tolist(),
         "weighted": w is not None,
@@ -182,4 +181,10 @@ def metis(
         "contig": bool(contig),
         "seed": int(seed),
     }
-    return Partition.from_assignment(assignment, parts, key=key, method="metis", params=params)
+    if order is None:  # no coordinates: keep the original order inside each shard
+        return Partition.from_assignment(assignment, parts, method="metis", params=params)
+    # rows of each shard in Hilbert order: stable sort of the curve order by shard label
+    label_dtype = np.int16 if parts < 2**15 else np.int64  # 16-bit keys take numpy's radix sort
+    stored = order[np.argsort(assignment[order].astype(label_dtype), kind="stable")]
+    sizes = np.bincount(assignment, minlength=parts)
+    return Partition(assignment, stored, sizes, method="metis", params=params)

@@ -86,3 +86,12 @@ def test_metis_rejects_malformed_graphs_before_pymetis(cloud, monkeypatch):
         metis(cloud, 4, graph=sp.csr_matrix((3, 3)))
     with pytest.raises(ValueError, match="needs points or a graph"):
         metis(None, 2)
+
+
+def test_metis_rows_inside_shards_follow_the_hilbert_curve(cloud):
+    from meshshard.partition import hilbert_codes
+
+    p = metis(cloud, 4, weights=np.ones(4000))
+    codes = hilbert_codes(cloud)[p.order].astype(np.float64)
+    for piece in p.split(codes):
+        assert np.all(np.diff(piece) >= 0)
