@@ -78,3 +78,35 @@ def torch_dist(y: torch.Tensor, x: torch.Tensor, idx: torch.Tensor) -> torch.Ten
     safe = idx.clamp_min(0)
     d = torch.linalg.vector_norm(y[:, None, :] - x[safe], dim=-1)
     return torch.where(idx >= 0, d, torch.full_like(d, float("inf")))
+
+
+def knn_halo_plan(stored: np.ndarray, sizes: list[int], k: int = 3):
+    """A HaloPlan whose ghosts are every shard's off-shard kNN neighbours (sorted)."""
+    from meshshard.partition.record import HaloPlan
+
+    P = len(sizes)
+    off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    nbr = oracle_knn(stored, stored, k)
+    owner = np.searchsorted(off[1:], np.arange(off[-1]), side="right")
+    recv_idx, recv_ptr = [], []
+    for p in range(P):
+        g = np.unique(nbr[off[p] : off[p + 1]].reshape(-1))
+        g = g[owner[g] != p]  # sorted global ids are grouped by owner in increasing order
+        recv_idx.append(g)
+        recv_ptr.append(np.concatenate([[0], np.cumsum(np.bincount(owner[g], minlength=P))]))
+    send_idx, send_ptr = [], []
+    for p in range(P):
+        parts = [recv_idx[q][recv_ptr[q][p] : recv_ptr[q][p + 1]] - off[p] for q in range(P)]
+        send_idx.append(np.concatenate(parts).astype(np.int64))
+        send_ptr.append(np.concatenate([[0], np.cumsum([len(a) for a in parts])]).astype(np.int64))
+    plan = HaloPlan(
+        off,
+        tuple(send_ptr),
+        tuple(send_idx),
+        tuple(recv_ptr),
+        tuple(recv_idx),
+        kind="knn",
+        params={"k": k},
+    )
+    plan.validate()
+    return plan
