@@ -27,8 +27,13 @@ __all__ = [
     "shard_boxes",
 ]
 
-# rows of queries processed at once when comparing against all boxes
-_CHUNK = 65536
+# (point, box, coordinate) triples processed at once when comparing points with all boxes
+_WORK = 1 << 22
+
+
+def _chunk(boxes: torch.Tensor) -> int:
+    nb = boxes.reshape(-1, boxes.shape[-1]).shape[0]
+    return max(1, _WORK // max(1, nb * boxes.shape[-1]))
 
 
 def shard_boxes(x: torch.Tensor, nboxes: int) -> torch.Tensor:
@@ -114,8 +119,9 @@ def knn_bound_from_boxes(y: torch.Tensor, boxes: torch.Tensor, k: int) -> torch.
     out = torch.full((y.shape[0],), float("inf"), dtype=torch.float64, device=y.device)
     if y.shape[0] == 0:
         return out
-    for s in range(0, y.shape[0], _CHUNK):
-        far = box_maxdist2(y[s : s + _CHUNK], boxes)
+    step = _chunk(boxes)
+    for s in range(0, y.shape[0], step):
+        far = box_maxdist2(y[s : s + step], boxes)
         far = torch.where(counts[None] > 0, far, float("inf"))
         far, o = torch.sort(far, dim=1)
         cum = torch.cumsum(counts[o], dim=1)
@@ -123,13 +129,13 @@ def knn_bound_from_boxes(y: torch.Tensor, boxes: torch.Tensor, k: int) -> torch.
         has = enough.any(1)
         first = torch.argmax(enough.to(torch.int8), dim=1)
         val = far.gather(1, first[:, None]).squeeze(1)
-        out[s : s + _CHUNK] = torch.where(has, val, float("inf"))
+        out[s : s + step] = torch.where(has, val, float("inf"))
     return out
 
 
 def knn_forward_mask(
     y: torch.Tensor, bound2: torch.Tensor, boxes: torch.Tensor, rank: int, k: int
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Which ranks each query must be forwarded to in the second kNN phase.
 
     Parameters
@@ -145,25 +151,28 @@ def knn_forward_mask(
 
     Returns
     -------
-    Tensor of shape (m, P), bool
+    mask : Tensor of shape (m, P), bool
         ``mask[i, q]``: some box of rank ``q`` lies within the bound of query ``i``
         (``<=``, so points tied with the k-th distance are seen and ties break by index).
+    bound2 : Tensor of shape (m,), float64
+        The bound used (``inf`` entries replaced by :func:`knn_bound_from_boxes`).
     """
     P, B, _ = boxes.shape
     m = y.shape[0]
     mask = torch.zeros((m, P), dtype=torch.bool, device=y.device)
     if m == 0:
-        return mask
+        return mask, bound2
     bound2 = bound2.clone()
     inf_rows = torch.isinf(bound2)
     if inf_rows.any():
         bound2[inf_rows] = knn_bound_from_boxes(y[inf_rows], boxes.reshape(P * B, -1), k)
     flat = boxes.reshape(P * B, -1)
-    for s in range(0, m, _CHUNK):
-        near = box_mindist2(y[s : s + _CHUNK], flat).reshape(-1, P, B).amin(-1)
-        mask[s : s + _CHUNK] = near <= bound2[s : s + _CHUNK, None]
+    step = _chunk(flat)
+    for s in range(0, m, step):
+        near = box_mindist2(y[s : s + step], flat).reshape(-1, P, B).amin(-1)
+        mask[s : s + step] = near <= bound2[s : s + step, None]
     mask[:, rank] = False
-    return mask
+    return mask, bound2
 
 
 def radius_send_mask(x: torch.Tensor, r: float, boxes: torch.Tensor, rank: int) -> torch.Tensor:
@@ -188,8 +197,9 @@ def radius_send_mask(x: torch.Tensor, r: float, boxes: torch.Tensor, rank: int) 
     mask = torch.zeros((n, P), dtype=torch.bool, device=x.device)
     lim = (float(r) * (1 + 1e-9)) ** 2
     flat = boxes.reshape(P * B, -1)
-    for s in range(0, n, _CHUNK):
-        near = box_mindist2(x[s : s + _CHUNK], flat).reshape(-1, P, B).amin(-1)
-        mask[s : s + _CHUNK] = near <= lim
+    step = _chunk(flat)
+    for s in range(0, n, step):
+        near = box_mindist2(x[s : s + step], flat).reshape(-1, P, B).amin(-1)
+        mask[s : s + step] = near <= lim
     mask[:, rank] = False
     return mask

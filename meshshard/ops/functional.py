@@ -159,35 +159,44 @@ def _knn(x, k, y, *, loop, group, x_sizes, backend, nboxes, stats):
     bound2 = d2_loc[:, k - 1] if m else torch.empty(0, dtype=torch.float64, device=device)
 
     boxes = all_gather_rows(shard_boxes(x, nboxes), group)  # (P, B, 2d+1)
-    mask = knn_forward_mask(yq, bound2, boxes, rank, k)  # (m, P)
+    # a box bound must count k points besides the query itself when loop=False (kk = k + 1)
+    mask, bound2 = knn_forward_mask(yq, bound2, boxes, rank, kk)  # (m, P), (m,)
 
-    # phase 2: forward queries to the ranks that may hold closer points
+    # phase 2: forward queries (with their bound) to the ranks that may hold closer points
     qrank, qid = torch.nonzero(mask.t(), as_tuple=True)  # grouped by destination rank
     send_counts = torch.bincount(qrank, minlength=P).tolist()
     recv_counts = exchange_counts(send_counts, group, device)
-    queries = all_to_all(yq.detach()[qid], send_counts, recv_counts, group)
-    rd2, ri = kernels.knn(x, queries, k, backend=be)
-    rg = torch.where(ri >= 0, ri + offset, -1)
-    packed = torch.stack([rd2, rg.double()], -1)  # (R, k, 2): index < 2**53 is exact
-    coords = x[ri.clamp_min(0)]  # an empty shard never receives queries (its boxes are empty)
-    ans = all_to_all(packed, recv_counts, send_counts, group)
-    ans_xyz = all_to_all(coords, recv_counts, send_counts, group)  # differentiable
+    qpack = torch.cat([yq.detach().double()[qid], bound2[qid, None]], 1)  # (Q, d + 1)
+    queries = all_to_all(qpack, send_counts, recv_counts, group)
+    # answers: only candidates within the querier's bound (all it can use), as flat rows
+    jr, jc, rd2, ri = answer_knn_queries(x, queries, k, backend=be)
+    src = torch.repeat_interleave(
+        torch.arange(P, device=device), torch.tensor(recv_counts, device=device)
+    )
+    recv_off = torch.cumsum(torch.tensor(recv_counts, device=device), 0)
+    recv_off = recv_off - torch.tensor(recv_counts, device=device)
+    ans_counts = torch.bincount(src[jr], minlength=P).tolist()
+    back_counts = exchange_counts(ans_counts, group, device)
+    slot = (jr - recv_off[src[jr]]).double()
+    meta_rows = torch.stack([slot, rd2, (ri + offset).double()], 1)  # index < 2**53: exact
+    ans = all_to_all(meta_rows, ans_counts, back_counts, group)
+    ans_xyz = all_to_all(x[ri], ans_counts, back_counts, group)  # differentiable
 
     # phase 3: merge local and remote candidates, keep the k best by (distance, index)
+    t_send = torch.tensor(send_counts, device=device)
+    send_off = torch.cumsum(t_send, 0) - t_send
+    a_src = torch.repeat_interleave(
+        torch.arange(P, device=device), torch.tensor(back_counts, device=device)
+    )
+    ans_q = qid[send_off[a_src] + ans[:, 0].long()]
     g_loc = torch.where(i_loc >= 0, i_loc + offset, -1)
-    cand_q = torch.cat(
-        [torch.arange(m, device=device).repeat_interleave(k), qid.repeat_interleave(k)]
-    )
-    cand_d2 = torch.cat([d2_loc.reshape(-1), ans[..., 0].reshape(-1)])
-    cand_g = torch.cat([g_loc.reshape(-1), ans[..., 1].reshape(-1).long()])
-    cand_row = torch.cat([i_loc.reshape(-1), n + torch.arange(ans.shape[0] * k, device=device)])
+    cand_q = torch.cat([torch.arange(m, device=device).repeat_interleave(k), ans_q])
+    cand_d2 = torch.cat([d2_loc.reshape(-1), ans[:, 1]])
+    cand_g = torch.cat([g_loc.reshape(-1), ans[:, 2].long()])
+    cand_row = torch.cat([i_loc.reshape(-1), n + torch.arange(ans.shape[0], device=device)])
     valid = cand_g >= 0
-    cand_q, cand_d2, cand_g, cand_row = (
-        cand_q[valid],
-        cand_d2[valid],
-        cand_g[valid],
-        cand_row[valid],
-    )
+    cand_q, cand_d2 = cand_q[valid], cand_d2[valid]
+    cand_g, cand_row = cand_g[valid], cand_row[valid]
     o = _lexsort3(cand_q, cand_d2, cand_g)
     cand_q, cand_g, cand_row = cand_q[o], cand_g[o], cand_row[o]
     counts = torch.bincount(cand_q, minlength=m)
@@ -202,9 +211,38 @@ def _knn(x, k, y, *, loop, group, x_sizes, backend, nboxes, stats):
     dist_out = torch.linalg.vector_norm(yq[:, None, :] - nbr, dim=-1)
 
     if stats is not None:
-        stats.update(queries=m, queries_sent=int(qid.numel()), answer_rows=int(ri.shape[0]) * k)
+        stats.update(queries=m, queries_sent=int(qid.numel()), answer_rows=int(ri.numel()))
     log.debug("knn rank %d: %d queries, %d forwarded", rank, m, int(qid.numel()))
     return dist_out, index, offset
+
+
+def answer_knn_queries(
+    x: torch.Tensor, queries: torch.Tensor, k: int, *, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A rank's answer to forwarded kNN queries: its k nearest within each query's bound.
+
+    Pure (no communication); also used by ``benchmarks/bench_ops.py`` to count traffic.
+
+    Parameters
+    ----------
+    x : Tensor of shape (n, d)
+        The answering rank's points.
+    queries : Tensor of shape (R, d + 1), float64
+        Query coordinates followed by the querier's squared bound.
+
+    Returns
+    -------
+    jr, jc : Tensor of shape (A,), int64
+        Query row and rank of each returned candidate (grouped by query row).
+    d2 : Tensor of shape (A,), float64
+    idx : Tensor of shape (A,), int64
+        Local row in ``x``.
+    """
+    d = queries.shape[1] - 1
+    rd2, ri = kernels.knn(x, queries[:, :d], k, backend=backend)
+    ok = (ri >= 0) & (rd2 <= queries[:, d:])  # <=: a tie with the bound may win by index
+    jr, jc = torch.nonzero(ok, as_tuple=True)
+    return jr, jc, rd2[jr, jc], ri[jr, jc]
 
 
 def _radius_csr(
