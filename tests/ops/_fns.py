@@ -184,3 +184,71 @@ def bad_inputs(rank: int, P: int) -> dict:
     d, _ = knn(good, 3)
     out["good_after"] = d.shape
     return out
+
+
+def shardtensor_api(rank: int, P: int, sizes: list[int], ysizes: list[int], plan_dir: str) -> dict:
+    """The ShardTensor-level API: same answers as the local layer, ShardTensors out."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard import ops
+    from meshshard.ops import functional as F
+    from meshshard.partition.record import HaloPlan
+    from meshshard.shardtensor import Replicate, Shard, ShardTensor, from_local
+
+    mesh = init_device_mesh("cpu", (P,))
+    _, xl = _shard({"x_sizes": sizes}, rank, P)
+    _, yl = _shard({"x_sizes": ysizes, "seed": 7}, rank, P)
+    xloc = torch.tensor(xl, requires_grad=True)
+    yloc = torch.tensor(yl, requires_grad=True)
+    x = from_local(xloc, mesh, [Shard(0)], sharding_shapes=sizes)
+    y = from_local(yloc, mesh, [Shard(0)], sharding_shapes=ysizes)
+    res: dict = {}
+    d, i = ops.knn(x, 4, y)
+    assert isinstance(d, ShardTensor) and isinstance(i, ShardTensor)
+    res["knn_sizes"] = (d.sharding_sizes(), tuple(d.shape), tuple(i.shape))
+    (d.to_local() * _weights(d.to_local().shape, rank)).sum().backward()
+    res["knn"] = (d.to_local().detach().numpy(), i.to_local().numpy())
+    res["knn_grad"] = (xloc.grad.numpy(), yloc.grad.numpy())
+    ref_d, ref_i = F.knn(xloc.detach(), 4, yloc.detach())
+    res["knn_ref"] = (ref_d.numpy(), ref_i.numpy())
+
+    rd, ri = ops.radius(x, 0.3, max_num_neighbors=5, loop=False)
+    res["radius"] = (rd.sharding_sizes(), tuple(ri.shape), ri.to_local().numpy())
+    res["radius_ref"] = F.radius(xloc.detach(), 0.3, max_num_neighbors=5, loop=False)[1].numpy()
+    ptr, ci, cd = ops.radius(x, 0.3, format="csr")
+    res["csr"] = (ptr.numpy(), ci.sharding_sizes(), ci.to_local().numpy())
+    e = ops.knn_graph(x, 3)
+    res["graph"] = (e.placements, e.sharding_sizes(), e.to_local().numpy())
+    res["graph_ref"] = F.knn_graph(xloc.detach(), 3).numpy()
+
+    plan = HaloPlan.load(plan_dir)
+    feats = from_local(
+        xloc.detach().clone().requires_grad_(), mesh, [Shard(0)], sharding_shapes=sizes
+    )
+    h = ops.halo_exchange(feats, plan)
+    res["halo"] = (h.sharding_sizes(), h.to_local().detach().numpy())
+    idx = from_local(i.to_local(), mesh, [Shard(0)], sharding_shapes=ysizes)
+    gnb = ops.gather_neighbors(feats, idx)
+    res["gather"] = (gnb.sharding_sizes(), tuple(gnb.shape), gnb.to_local().detach().numpy())
+    vals = from_local(
+        torch.ones(ysizes[rank], 4, 1, dtype=torch.float64),
+        mesh,
+        [Shard(0)],
+        sharding_shapes=ysizes,
+    )
+    sc = ops.scatter_to_owners(vals, idx, "sum", like=feats)
+    res["scatter"] = (sc.sharding_sizes(), sc.to_local().numpy())
+    errors = {}
+    for name, call in {
+        "mixed": lambda: ops.knn(x, 2, yloc),
+        "replicate": lambda: ops.knn(
+            from_local(torch.zeros(3, 3, dtype=torch.float64), mesh, [Replicate()]), 2
+        ),
+    }.items():
+        try:
+            call()
+            errors[name] = None
+        except Exception as exc:
+            errors[name] = str(exc)
+    res["errors"] = errors
+    return res
