@@ -22,7 +22,7 @@ from meshshard.ops._comm import all_gather_rows
 __all__ = ["PointsMeta", "check_points", "check_reduce", "collective_flag"]
 
 _DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-_NCOL = 16
+_NCOL = 17
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,7 @@ def check_points(
         0 if r is None else _float_bits(r),
         int(y is not None and (y.device != x.device)),
         int(y is not None),
+        int(x.requires_grad) + 2 * int(y is not None and y.requires_grad),
     ]
     assert len(row) == _NCOL
     local = torch.tensor(row, dtype=torch.int64, device=x.device)
@@ -205,6 +206,14 @@ def _raise_from_table(t: torch.Tensor, *, op: str, k, r, loop: bool) -> None:
             f"{op}: the scalar arguments (k / r) differ across ranks "
             f"(k: {t[:, 12].tolist()}, r: {[_bits_float(b) for b in t[:, 13].tolist()]}); "
             "pass the same value on every rank"
+        )
+        raise ValueError(msg)
+    grads = t[:, 16]
+    if (grads != grads[0]).any():
+        msg = (
+            f"{op}: requires_grad of x / y differs across ranks (per rank, 1 = x, 2 = y, "
+            f"3 = both: {grads.tolist()}); the backward is collective, so set requires_grad "
+            "the same way on every rank"
         )
         raise ValueError(msg)
     n_total = int(t[:, 1].sum())

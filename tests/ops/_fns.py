@@ -170,6 +170,7 @@ def bad_inputs(rank: int, P: int) -> dict:
         ),
         "gather_float_index": lambda: gather_neighbors(good, torch.tensor([0.0])),
         "backend": lambda: knn(good, 3, backend="faiss"),
+        "grad_one_rank": lambda: knn(good.clone().requires_grad_(rank == 0), 3),
     }
     out = {}
     for name, call in calls.items():

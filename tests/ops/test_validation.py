@@ -25,6 +25,7 @@ EXPECT = {
     "gather_out_of_range": ["rank 1", "[0, 50]", "0..10"],
     "gather_float_index": ["integer tensor", ".long()"],
     "backend": ["'faiss'", "kdtree"],
+    "grad_one_rank": ["requires_grad", "[1, 0]", "same way on every rank"],
 }
 
 
