@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meshshard.pipelines.geometry import cell_centres, polygon_normals_areas, vtk_cells
+from meshshard.pipelines.geometry import cell_centres, polygon_geometry, vtk_cells
 from meshshard.pipelines.schema import DRIVAERML, DatasetSchema, FieldSpec
 
 __all__ = [
@@ -262,14 +262,14 @@ def read_stl(path: str | Path) -> StlData:
         raise ValueError(msg)
     if not mesh.is_all_triangles:
         mesh = mesh.triangulate()
-    points = np.asarray(mesh.points, dtype=np.float64)
+    points = np.asarray(mesh.points, dtype=np.float32)
     offsets, conn = vtk_cells(mesh.GetPolys())
-    normals, areas = polygon_normals_areas(points, offsets, conn)
+    centers, _, areas = polygon_geometry(points, offsets, conn)
     return StlData(
-        coordinates=points.astype(np.float32),
+        coordinates=points,
         faces=conn.reshape(-1, 3).astype(np.int64),
-        centers=cell_centres(points, offsets, conn).astype(np.float32),
-        areas=areas.astype(np.float32),
+        centers=centers,
+        areas=areas,
     )
 
 
@@ -297,15 +297,15 @@ def read_surface(
     offsets, conn = vtk_cells(mesh.GetPolys())
     del mesh
     keep = _nan_rows(path, fields, columns, drop_nan)
-    centers = cell_centres(points, offsets, conn, keep).astype(np.float32)
-    normals, areas = polygon_normals_areas(points, offsets, conn)
+    centers, normals, areas = polygon_geometry(points, offsets, conn)
+    del points, offsets, conn
     if keep is not None:
-        fields, normals, areas = fields[keep], normals[keep], areas[keep]
+        centers, fields, normals, areas = centers[keep], fields[keep], normals[keep], areas[keep]
         log.warning("%s: dropped %d cells with NaN fields", path, n - keep.size)
     return SurfaceData(
-        centers=centers,
-        normals=normals.astype(np.float32),
-        areas=areas.astype(np.float32),
+        centers=centers.astype(np.float32, copy=False),
+        normals=normals.astype(np.float32, copy=False),
+        areas=areas.astype(np.float32, copy=False),
         fields=fields,
         columns=columns,
         scales=scales,
@@ -353,7 +353,7 @@ def read_volume(
         log.warning("%s: dropped %d cells with NaN fields", path, dropped)
     centers = cell_centres(points, offsets, conn, None if source.size == n else source)
     return VolumeData(
-        centers=centers.astype(np.float32),
+        centers=centers.astype(np.float32, copy=False),
         fields=fields,
         columns=columns,
         scales=scales,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meshshard.pipelines.geometry import cell_centres, polygon_normals_areas
+from meshshard.pipelines.geometry import cell_centres, polygon_geometry, polygon_normals_areas
 from meshshard.pipelines.schema import DRIVAERML, DatasetSchema
 
 __all__ = ["SyntheticRun", "car_body", "make_synthetic_run"]
@@ -186,7 +186,8 @@ def _volume(cells: int, u_inf: float, rng: np.random.Generator):
     u_inv = u_inf * ((1 - w) * ex + 1.5 * w * t)
     rear = (1.0 / (1.0 + np.exp(-(nx - 0.1) / 0.08)))[:, None]
     u_inv *= 1.0 - 0.6 * rear * np.exp(-dist / 1.5)[:, None]
-    u = u_inv * (1.0 - np.exp(-dist / 0.02))[:, None]
+    delta = float(np.clip(2.0 * d[1], 0.005, 0.1))  # boundary layer: about two wall cells
+    u = u_inv * (1.0 - np.exp(-dist / delta))[:, None]
     p = 0.5 * (u_inf**2 - np.einsum("ij,ij->i", u_inv, u_inv))
     nut = 0.41 * 0.05 * u_inf * dist * np.exp(-dist / 0.5) + 1e-5
     u += rng.normal(0.0, 0.005 * u_inf, u.shape)
@@ -255,8 +256,7 @@ def make_synthetic_run(
     u_inf = schema.u_inf
 
     points, offsets, conn = car_body(surface_cells)
-    normals, areas = polygon_normals_areas(points, offsets, conn)
-    centres = cell_centres(points, offsets, conn)
+    centres, normals, _ = polygon_geometry(points, offsets, conn)
     surf = _polydata(points, offsets, conn)
     for name, arr in _surface_fields(normals, centres, u_inf, rng).items():
         surf.cell_data[name] = arr
