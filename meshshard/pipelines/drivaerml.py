@@ -284,6 +284,9 @@ def read_surface(
     path = Path(path)
     _require(path, "surface")
     mesh, specs = _read_cells(path, schema.surface_fields)
+    if mesh.GetNumberOfPolys() == 0:
+        msg = f"{path}: has 0 cells (no polygons); the file is empty or truncated"
+        raise ValueError(msg)
     n_other = mesh.GetNumberOfCells() - mesh.GetNumberOfPolys()
     if n_other:
         msg = (
