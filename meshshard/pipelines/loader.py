@@ -122,6 +122,9 @@ def load_shard(
         msg = f"mesh has {mesh.size(0)} ranks but world_size={world_size}"
         raise ValueError(msg)
     group, attrs = open_store(store)
+    if part != "stl" and attrs.get(part) is None:
+        msg = f"{store}: has no {part} part; preprocess it with --{part}"
+        raise StoreError(msg)
     keys = tuple(keys) if keys is not None else _DEFAULT_KEYS[part]
     present = attrs.get("arrays", {})
     for k in keys:
@@ -131,9 +134,6 @@ def load_shard(
     dev = _device(mesh, device)
     if part == "stl":
         return {k: torch.from_numpy(np.asarray(group[k][...])).to(dev) for k in keys}
-    if attrs.get(part) is None:
-        msg = f"{store}: has no {part} part; preprocess it with --{part}"
-        raise StoreError(msg)
     ptr = rank_rows(attrs[part]["partition_ptr"], world_size, store=str(store))
     sizes = np.diff(ptr).tolist()
     lo, hi = int(ptr[rank]), int(ptr[rank + 1])

@@ -18,8 +18,8 @@ shapes), and per part (``surface``, ``volume``): ``partition_ptr``, ``sharding_s
 
 Chunks: zarr 3.1 has only regular chunk grids, so the chunk length along rows is the largest
 divisor of every shard offset that is <= ``target_chunk`` rows (each rank then reads whole
-chunks only); when the offsets share no divisor >= ``min_chunk`` it is ``target_chunk`` and
-``chunk_aligned`` is false.
+chunks only); when the offsets share no divisor >= 1024 rows (or half an average shard, for
+small samples) it is ``target_chunk`` (128Ki rows) and ``chunk_aligned`` is false.
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ def choose_chunk(
             for c in (d, g // d):
                 if c <= target and c > best:
                     best = c
-    if best >= min(min_chunk, g):
+    # a divisor is only worth it when chunks stay large: >= min_chunk rows, or (small samples)
+    # at least half an average shard
+    if best >= min(min_chunk, -(-n // (2 * (len(offsets) - 1)))):
         return best, True
     return max(1, min(n, target)), False
 

@@ -32,7 +32,7 @@ def _check(mesh):
 def test_polygon_geometry_matches_vtk_on_mixed_cells():
     mesh = _mixed_polydata()
     # the non-planar quad makes VTK's area differ from the vector area: compare planar only
-    planar = mesh.extract_cells([0, 2, 5]).extract_surface(algorithm='dataset_surface')
+    planar = mesh.extract_cells([0, 2, 5]).extract_surface(algorithm="dataset_surface")
     _check(planar)
     pts = np.asarray(mesh.points)
     off, conn = vtk_cells(mesh.GetPolys())
