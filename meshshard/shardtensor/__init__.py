@@ -1,1 +1,33 @@
-"""meshshard.shardtensor"""
+"""Uneven domain-parallel tensors on a torch DeviceMesh.
+
+Export: :class:`ShardTensor`, torch's :class:`Shard`, :class:`Replicate`, :class:`Partial`,
+:func:`from_local`, :func:`scatter`, :func:`register_handler`, :func:`allow_gather_fallback`.
+"""
+
+from torch.distributed.tensor import Partial, Replicate, Shard
+
+from meshshard.shardtensor import handlers as _handlers  # noqa: F401  (registers the rules)
+from meshshard.shardtensor._dispatch import (
+    LayoutError,
+    NoShardingRuleError,
+    allow_gather_fallback,
+)
+from meshshard.shardtensor.api import ShardTensor, from_local, scatter
+from meshshard.shardtensor.registry import list_handlers, register_handler, unregister_handler
+from meshshard.shardtensor.spec import ShardSpec
+
+__all__ = [
+    "LayoutError",
+    "NoShardingRuleError",
+    "Partial",
+    "Replicate",
+    "Shard",
+    "ShardSpec",
+    "ShardTensor",
+    "allow_gather_fallback",
+    "from_local",
+    "list_handlers",
+    "register_handler",
+    "scatter",
+    "unregister_handler",
+]

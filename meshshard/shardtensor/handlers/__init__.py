@@ -1,0 +1,11 @@
+"""Sharding rules, one file per op family. Importing this package registers them."""
+
+from meshshard.shardtensor.handlers import (  # noqa: F401
+    basic,
+    cat,
+    indexing,
+    linalg,
+    nn,
+    reductions,
+    shape,
+)

@@ -1,0 +1,171 @@
+"""The layout of a ShardTensor: mesh, placements and every rank's size of each sharded dim."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import Placement
+
+__all__ = ["ShardSpec", "normalize_placements"]
+
+
+def normalize_placements(placements: Sequence[Placement], mesh: DeviceMesh, ndim: int) -> tuple:
+    """Check placements against the mesh and tensor rank; resolve negative Shard dims."""
+    placements = tuple(placements)
+    if len(placements) != mesh.ndim:
+        msg = (
+            f"placements {placements} has {len(placements)} entries but the DeviceMesh has "
+            f"{mesh.ndim} dimension(s) {tuple(mesh.shape)}: give one placement per mesh dim"
+        )
+        raise ValueError(msg)
+    out = []
+    seen: dict[int, int] = {}
+    for i, p in enumerate(placements):
+        if isinstance(p, Shard):
+            d = p.dim + ndim if p.dim < 0 else p.dim
+            if not 0 <= d < max(ndim, 1) or ndim == 0:
+                msg = f"Shard({p.dim}) on mesh dim {i} is out of range for a {ndim}-d tensor"
+                raise ValueError(msg)
+            if d in seen:
+                msg = (
+                    f"tensor dim {d} is sharded by mesh dims {seen[d]} and {i}; nested sharding "
+                    "of one tensor dim is not supported: shard different tensor dims"
+                )
+                raise NotImplementedError(msg)
+            seen[d] = i
+            out.append(Shard(d))
+        elif isinstance(p, (Replicate, Partial)):
+            out.append(p)
+        else:
+            msg = f"unknown placement {p!r}: use Shard(d), Replicate() or Partial(op)"
+            raise TypeError(msg)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Mesh + placements + per-rank sizes.
+
+    ``sizes[i]`` is, for a ``Shard(d)`` placement on mesh dim ``i``, the tuple of the sizes of
+    tensor dim ``d`` on each coordinate of mesh dim ``i`` (uneven, zeros allowed); ``None`` for
+    Replicate/Partial. ``shape`` is the global shape.
+    """
+
+    mesh: DeviceMesh
+    placements: tuple
+    sizes: tuple
+    shape: torch.Size
+
+    # -------------------------------------------------------------- queries
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def shard_dims(self) -> dict[int, int]:
+        """tensor dim -> mesh dim for every Shard placement."""
+        return {p.dim: i for i, p in enumerate(self.placements) if isinstance(p, Shard)}
+
+    def mesh_dim_of(self, tensor_dim: int) -> int | None:
+        return self.shard_dims().get(tensor_dim)
+
+    def is_replicated(self) -> bool:
+        return all(isinstance(p, Replicate) for p in self.placements)
+
+    def has_partial(self) -> bool:
+        return any(isinstance(p, Partial) for p in self.placements)
+
+    def nonreplicated_mesh_dims(self) -> tuple[int, ...]:
+        return tuple(i for i, p in enumerate(self.placements) if not isinstance(p, Replicate))
+
+    def coordinate(self) -> list[int]:
+        coord = self.mesh.get_coordinate()
+        if coord is None:
+            msg = "this rank is not part of the ShardTensor's DeviceMesh"
+            raise RuntimeError(msg)
+        return list(coord)
+
+    def local_shape(self, coord: Sequence[int] | None = None) -> torch.Size:
+        coord = self.coordinate() if coord is None else coord
+        shape = list(self.shape)
+        for i, p in enumerate(self.placements):
+            if isinstance(p, Shard):
+                shape[p.dim] = self.sizes[i][coord[i]]
+        return torch.Size(shape)
+
+    def offset(self, tensor_dim: int, coord: Sequence[int] | None = None) -> int:
+        """Global start of this rank's rows along a sharded tensor dim."""
+        i = self.mesh_dim_of(tensor_dim)
+        if i is None:
+            return 0
+        coord = self.coordinate() if coord is None else coord
+        return int(sum(self.sizes[i][: coord[i]]))
+
+    # -------------------------------------------------------------- derivations
+    def with_changes(self, **kw) -> ShardSpec:
+        d = {"mesh": self.mesh, "placements": self.placements, "sizes": self.sizes}
+        d["shape"] = self.shape
+        d.update(kw)
+        return ShardSpec(**d)
+
+    @staticmethod
+    def make(
+        mesh: DeviceMesh,
+        placements: Sequence[Placement],
+        shape: Sequence[int],
+        sizes: Sequence[Sequence[int] | None] | None = None,
+    ) -> ShardSpec:
+        """Build a spec; ``sizes=None`` means torch.chunk sizes for every Shard placement."""
+        placements = normalize_placements(placements, mesh, len(shape))
+        shape = torch.Size(shape)
+        out_sizes = []
+        for i, p in enumerate(placements):
+            if isinstance(p, Shard):
+                n = mesh.size(i)
+                s = None if sizes is None else sizes[i]
+                if s is None:
+                    s = chunk_sizes(shape[p.dim], n)
+                s = tuple(int(v) for v in s)
+                if len(s) != n or any(v < 0 for v in s) or sum(s) != shape[p.dim]:
+                    msg = (
+                        f"sharding sizes {s} on mesh dim {i} must have {n} non-negative entries "
+                        f"summing to the global size {shape[p.dim]} of tensor dim {p.dim}"
+                    )
+                    raise ValueError(msg)
+                out_sizes.append(s)
+            else:
+                out_sizes.append(None)
+        return ShardSpec(mesh, placements, tuple(out_sizes), shape)
+
+    def describe(self) -> str:
+        parts = []
+        for i, p in enumerate(self.placements):
+            s = f"{p}"
+            if self.sizes[i] is not None:
+                s += f"{list(self.sizes[i])}"
+            parts.append(s)
+        return f"[{', '.join(parts)}] global {tuple(self.shape)}"
+
+
+def chunk_sizes(n: int, parts: int) -> tuple[int, ...]:
+    """The sizes ``torch.chunk`` would give (trailing parts may be empty)."""
+    if parts < 1:
+        msg = f"parts={parts} must be >= 1"
+        raise ValueError(msg)
+    step = -(-n // parts) if n else 0
+    out = []
+    left = n
+    for _ in range(parts):
+        take = min(step, left)
+        out.append(take)
+        left -= take
+    return tuple(out)
+
+
+def even_sizes(n: int, parts: int) -> tuple[int, ...]:
+    """Balanced sizes differing by at most one (the first ``n % parts`` get one more)."""
+    base, extra = divmod(n, parts)
+    return tuple(base + (1 if r < extra else 0) for r in range(parts))
