@@ -145,7 +145,8 @@ def load_shard(
         else:
             from meshshard.shardtensor import Shard, from_local
 
-            out[k] = from_local(local, mesh, [Shard(0)], sharding_shapes=sizes)
+            # every rank derives the same sizes from the store: no shape all-gather needed
+            out[k] = from_local(local, mesh, [Shard(0)], sharding_shapes=sizes, validate=False)
     if mesh is None:
         out["sharding_sizes"] = torch.tensor(sizes, dtype=torch.int64)
     return out

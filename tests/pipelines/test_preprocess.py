@@ -127,11 +127,6 @@ def test_uneven_layouts_including_empty_shards(runs_src, tmp_path):
 
 
 def test_sharded_tensors_on_a_device_mesh(runs_src, tmp_path):
-    pytest.importorskip("meshshard.shardtensor", reason="ShardTensor not merged yet")
-    from meshshard import shardtensor
-
-    if not hasattr(shardtensor, "from_local"):
-        pytest.skip("meshshard.shardtensor.from_local not merged yet")
     from tests.pipelines._fns import load_sharded
 
     data = read_run(runs_src / "run_2", volume=False)
