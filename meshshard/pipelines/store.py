@@ -97,14 +97,37 @@ def _compressors(name: str | None):
 
 
 class _Writer:
+    """Writes arrays one after another in a background thread, so that the next array's
+    partition-order gather overlaps the previous array's compression and I/O (at most one
+    array in flight)."""
+
     def __init__(self, group, compressor: str | None):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.group = group
         self.compressors = _compressors(compressor)
         self.shapes: dict[str, list[int]] = {}
         crash = os.environ.get(CRASH_ENV)
         self.crash_after = int(crash) if crash else None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zarr-writer")
+        self._pending = None
 
     def put(self, name: str, data: np.ndarray, chunk_rows: int) -> None:
+        self.wait()
+        self._pending = self._pool.submit(self._put, name, data, chunk_rows)
+
+    def wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def _put(self, name: str, data: np.ndarray, chunk_rows: int) -> None:
         chunks = (max(1, min(chunk_rows, data.shape[0] or 1)),) + data.shape[1:]
         arr = self.group.create_array(
             name, shape=data.shape, dtype=data.dtype, chunks=chunks, compressors=self.compressors
@@ -151,6 +174,13 @@ def write_store(
     path = Path(path)
     group = zarr.open_group(str(path), mode="w-", zarr_format=3)
     w = _Writer(group, compressor)
+    try:
+        return _write_all(group, w, run, partitions, halos, request, dataset, target_chunk)
+    finally:
+        w.close()
+
+
+def _write_all(group, w: _Writer, run, partitions, halos, request, dataset, target_chunk) -> dict:
     attrs: dict[str, Any] = {
         "schema_version": STORE_SCHEMA_VERSION,
         "run": run.name,
@@ -218,6 +248,7 @@ def write_store(
         w.put("stl_faces", s.faces, target_chunk)
         w.put("stl_centers", s.centers, target_chunk)
         w.put("stl_areas", s.areas, target_chunk)
+    w.wait()
     attrs["nparts"] = nparts
     attrs["arrays"] = w.shapes
     attrs["complete"] = True

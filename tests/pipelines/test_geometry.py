@@ -68,6 +68,6 @@ def test_blocks_give_the_same_answer():
     pts = np.asarray(mesh.points)
     off, conn = vtk_cells(mesh.GetPolys())
     a = polygon_geometry(pts, off, conn)
-    b = polygon_geometry(pts, off, conn, block=1)
+    b = polygon_geometry(pts, off, conn, block=1, threads=3)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
