@@ -148,7 +148,19 @@ def run_demo(
     _say(format_report(rep))
     if png:
         png_path = out / "partition.png"
-        render_png(part, png_path, points=points, on="points")
+        mesh = None
+        try:
+            import pyvista as pv
+
+            mesh = pv.read(raw / "run_1" / "boundary_1.vtp")
+            if mesh.n_cells != part.num_points:  # rows dropped at preprocessing
+                mesh = None
+        except Exception as exc:
+            log.info("rendering points instead of the surface: %s", exc)
+        if mesh is not None:
+            render_png(part, png_path, mesh=mesh, on="cells")
+        else:
+            render_png(part, png_path, points=points, on="points")
         files["partition_png"] = str(png_path)
         _say(f"      shards rendered to {png_path}")
 
