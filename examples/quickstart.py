@@ -9,6 +9,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from meshshard import ops
+from meshshard.distributed import shutdown
 from meshshard.models import Transolver
 from meshshard.partition import knn_graph, partition
 from meshshard.shardtensor import Shard, from_local
@@ -42,4 +43,4 @@ loss.backward()
 value = loss.item()  # the loss is Partial (a sum of per-rank terms): .item() is collective
 if rank == 0:
     print(f"loss {value:.4f}; weight gradients equal a single-device run")
-dist.destroy_process_group()
+shutdown()  # barrier, then sub-groups before the default group

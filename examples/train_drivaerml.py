@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from meshshard.distributed import shutdown
 from meshshard.train import (
     TrainConfig,
     load_checkpoint,
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
             w = sum(e[1] for e in errs) / len(errs)
             log.info("validation (%d runs on data rank 0): relative L2 pressure %.4f, "
                      "wall shear stress %.4f", len(errs), p, w)
-    dist.destroy_process_group()
+    shutdown()
     return 0
 
 

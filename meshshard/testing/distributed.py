@@ -25,6 +25,7 @@ import multiprocessing as _mp
 import os
 import pickle
 import queue as _queue
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -92,14 +93,19 @@ def _worker(
             msg = f"result of rank {rank} cannot be pickled: {exc!r}"
             raise TypeError(msg) from exc
         results.put((rank, True, payload))
-    except BaseException:
+        code = 0
+    except BaseException:  # every failure must reach the parent
         results.put((rank, False, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:
-                pass
+        code = 1
+    # Deliver the result, then leave without tearing the process groups down: with torch
+    # 2.13 and gloo, a process holding several groups (DeviceMesh creates them) can abort
+    # in its exit-time teardown, and a barrier-based shutdown would hang if another rank
+    # failed. The parent owns the lifetime of every rank.
+    results.close()
+    results.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_ranks(
