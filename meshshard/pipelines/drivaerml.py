@@ -218,7 +218,8 @@ def _fields(
         if rows is not None:
             arr = arr[rows]
         scale = schema.scale(s.kind, length)
-        out[:, col : col + s.components] = arr / scale if scale != 1.0 else arr
+        # straight into the output columns: no temporary of the whole field
+        np.multiply(arr, np.float32(1.0 / scale), out=out[:, col : col + s.components])
         columns[s.name] = [col, col + s.components]
         scales[s.name] = scale
         col += s.components
