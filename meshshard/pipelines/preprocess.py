@@ -76,14 +76,13 @@ def _safe_child(root: Path, name: str, what: str) -> Path:
         or os.sep in name
         or ".." in Path(name).parts
     )
-    out = root / name
-    if bad or out.resolve().parent != root.resolve():
+    if bad or os.path.isabs(name) or os.path.normpath(name) != name:
         msg = (
             f"{what} name {name!r} would escape {root}; run names must be plain directory "
             "names like run_1"
         )
         raise ValueError(msg)
-    return out
+    return root / name  # not resolved: symlinked run directories are fine
 
 
 def _options(

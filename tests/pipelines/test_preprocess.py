@@ -222,6 +222,11 @@ def test_paths_that_escape_dst_are_refused(runs_src, tmp_path):
         with pytest.raises(ValueError, match="would escape"):
             preprocess_runs(runs_src, tmp_path / "out", parts=2, runs=[bad])
     assert not (tmp_path / "out").exists()
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "run_2").symlink_to(runs_src / "run_2", target_is_directory=True)
+    res = preprocess_runs(linked, tmp_path / "out", parts=2, volume=False)
+    assert [r.status for r in res] == ["written"]  # symlinked run directories are fine
 
 
 def _cli(args: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
