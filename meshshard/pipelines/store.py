@@ -391,3 +391,33 @@ def inspect_store(path: str | Path) -> dict:
             "halo": a["halo"],
         }
     return out
+
+
+def store_partition(path: str | Path, part: str = "surface"):
+    """The :class:`~meshshard.partition.Partition` a store was written with, and the cell
+    centres in source order, for the partition inspector.
+
+    Rows dropped at preprocessing (``--drop-nan``) are not part of it: the partition is over
+    the stored rows, numbered in increasing source-cell order.
+
+    Returns
+    -------
+    (Partition, ndarray of shape (N, 3))
+    """
+    from meshshard.partition.record import Partition
+
+    group, attrs = open_store(path)
+    a = attrs.get(part)
+    if a is None:
+        msg = f"{path}: has no {part} part"
+        raise StoreError(msg)
+    perm = np.asarray(group[f"{part}_perm"][...], dtype=np.int64)
+    sizes = np.diff(np.asarray(a["partition_ptr"], dtype=np.int64))
+    order = np.empty_like(perm)
+    order[np.argsort(perm, kind="stable")] = np.arange(perm.size)  # compressed source index
+    assignment = np.empty_like(perm)
+    assignment[order] = np.repeat(np.arange(sizes.size), sizes)
+    centres = np.asarray(group[f"{part}_mesh_centers"][...])
+    points = np.empty_like(centres)
+    points[order] = centres
+    return Partition(assignment, order, sizes, method=a["method"], params=dict(a["params"])), points
