@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshshard.pipelines._partition import halo_plan, partition_points
 from meshshard.pipelines.drivaerml import file_fingerprint, read_run, run_index
 from meshshard.pipelines.schema import DRIVAERML, DatasetSchema
 from meshshard.pipelines.store import store_status, write_store
@@ -202,17 +201,19 @@ def process_run(
         msg = f"{run_dir}: source files changed while being read; run again"
         raise RuntimeError(msg)
     timings["read"] = time.perf_counter() - t
+    from meshshard.partition import halo_plan_radius, partition
+
     partitions: dict[str, Any] = {}
     halos: dict[str, Any] = {}
     for part, d in (("surface", data.surface), ("volume", data.volume)):
         if d is None:
             continue
         t = time.perf_counter()
-        partitions[part] = partition_points(d.centers, parts, method)
+        partitions[part] = partition(d.centers, parts, method=method)
         timings["partition"] = timings.get("partition", 0.0) + time.perf_counter() - t
         if halo_radius is not None:
             t = time.perf_counter()
-            halos[part] = halo_plan(partitions[part], d.centers, halo_radius)
+            halos[part] = halo_plan_radius(partitions[part], d.centers, halo_radius)
             timings["halo"] = timings.get("halo", 0.0) + time.perf_counter() - t
     t = time.perf_counter()
     tmp = dst / f"{name}.zarr.tmp-{os.getpid()}"

@@ -320,3 +320,18 @@ def test_choose_chunk():
     assert choose_chunk(np.array([0, 1100016, 2200030, 8800122]), 8800122) == (1 << 17, False)
     assert choose_chunk(np.array([0, 750, 1500, 2250, 3000]), 3000) == (750, True)
     assert choose_chunk(np.array([0, 0, 10]), 10) == (10, True)
+
+
+@pytest.mark.parametrize("method", ["hilbert", "rcb", "metis"])
+def test_stored_partition_is_the_partitioners(runs_src, tmp_path, method):
+    from meshshard.partition import partition
+    from meshshard.pipelines.store import store_partition
+
+    process_run(runs_src / "run_2", tmp_path, parts=3, method=method, volume=False)
+    data = read_run(runs_src / "run_2", volume=False)
+    want = partition(data.surface.centers, 3, method=method)
+    got, points = store_partition(tmp_path / "run_2.zarr")
+    assert got == want and got.method == method
+    np.testing.assert_array_equal(points, data.surface.centers)
+    perm = _arrays(tmp_path / "run_2.zarr")["surface_perm"]
+    np.testing.assert_array_equal(perm, want.order)
