@@ -228,6 +228,8 @@ def _fields(
 
 def _nan_rows(path: Path, fields: np.ndarray, columns: dict, drop_nan: bool) -> np.ndarray | None:
     """Rows to keep (None = all) after the NaN policy; raises when NaNs are not to be dropped."""
+    if fields.size == 0 or np.isfinite(fields.sum(dtype=np.float64)):
+        return None  # any NaN/inf would make the sum non-finite: no per-value mask needed
     bad = ~np.isfinite(fields)
     if not bad.any():
         return None
