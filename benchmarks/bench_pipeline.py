@@ -22,6 +22,7 @@ from pathlib import Path
 _CHILD = r"""
 import json, resource, sys, time, shutil
 what, path, out, parts = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+opt = json.loads(sys.argv[5])
 import numpy as np, pyvista as pv, zarr  # noqa: F401
 import meshshard.pipelines as mp
 from pathlib import Path
@@ -37,6 +38,30 @@ if what == "generate":
         run = mp.make_synthetic_run(Path(path), 1, surface_cells=parts, volume_cells=0)
         res = {"seconds": time.perf_counter() - t, "vtp": str(run.surface),
                "cells": run.surface_cells}
+elif what == "genvol":
+    t = time.perf_counter()
+    run = mp.make_synthetic_run(Path(path), 1, surface_cells=2000, volume_cells=parts)
+    res = {"seconds": time.perf_counter() - t, "vtu": str(run.volume), "cells": run.volume_cells}
+elif what == "readvol":
+    c0 = time.process_time()
+    t = time.perf_counter()
+    mesh = pv.read(path)
+    cells = mesh.GetCells()
+    raw = mesh.points.nbytes + mesh.celltypes.nbytes
+    for a in (cells.GetOffsetsArray(), cells.GetConnectivityArray()):
+        raw += a.GetNumberOfValues() * a.GetDataTypeSize()
+    raw += sum(np.asarray(mesh.cell_data[k]).nbytes for k in mesh.cell_data.keys())
+    res["seconds"] = time.perf_counter() - t
+    res["cpu"] = time.process_time() - c0
+    res["raw_bytes"] = int(raw)
+elif what == "prevol":
+    shutil.rmtree(out, ignore_errors=True)
+    c0 = time.process_time()
+    t = time.perf_counter()
+    r = mp.process_run(Path(path).parent, out, parts=parts, surface=False, **opt)
+    res["seconds"] = time.perf_counter() - t
+    res["cpu"] = time.process_time() - c0
+    res["timings"] = r.timings
 elif what == "import":
     pass
 elif what == "read":
@@ -67,8 +92,8 @@ print(json.dumps(res))
 """
 
 
-def _child(what: str, path: Path, out: Path, parts: int) -> dict:
-    cmd = [sys.executable, "-c", _CHILD, what, str(path), str(out), str(parts)]
+def _child(what: str, path: Path, out: Path, parts: int, **opt) -> dict:
+    cmd = [sys.executable, "-c", _CHILD, what, str(path), str(out), str(parts), json.dumps(opt)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode:
         raise SystemExit(f"{what} failed:\n{proc.stderr}")
@@ -78,6 +103,12 @@ def _child(what: str, path: Path, out: Path, parts: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=8_800_000, help="surface cells")
+    ap.add_argument(
+        "--volume-cells",
+        type=int,
+        default=0,
+        help="also measure a volume of this many cells, whole and with max_volume_cells=1/10",
+    )
     ap.add_argument("--parts", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=2, help="best of N timings")
     ap.add_argument(
@@ -126,8 +157,41 @@ def main() -> None:
         f"(target <= 1.5x; best of {args.repeat}); "
         f"store size {pres[0]['out_bytes'] / gib:.2f} GiB"
     )
+    if args.volume_cells:
+        _volume(root, args, base["maxrss"])
     if tmp:
         tmp.cleanup()
+
+
+def _volume(root: Path, args: argparse.Namespace, base_rss: int) -> None:
+    made = _child("genvol", root / "vsrc", root, args.volume_cells)
+    vtu = Path(made["vtu"])
+    reads = [_child("readvol", vtu, root, 0) for _ in range(args.repeat)]
+    raw = reads[0]["raw_bytes"]
+    keep = max(1, made["cells"] // 10)
+    whole = [_child("prevol", vtu, root / "vout", args.parts) for _ in range(args.repeat)]
+    sub = [
+        _child("prevol", vtu, root / "vout", args.parts, max_volume_cells=keep)
+        for _ in range(args.repeat)
+    ]
+    gib = 1 << 30
+    print(
+        f"\nvolume cells: {made['cells']:,}   VTU file: {vtu.stat().st_size / gib:.2f} GiB   "
+        f"raw arrays: {raw / gib:.2f} GiB"
+    )
+    print("| step                        | wall (s) | CPU (s)  | peak GiB | net/raw |")
+    print("|-----------------------------|----------|----------|----------|---------|")
+    for name, rs in (
+        ("pyvista.read (VTU)", reads),
+        ("process_run volume", whole),
+        (f"  max_volume_cells={keep:,}", sub),
+    ):
+        peak = max(r["maxrss"] for r in rs)
+        print(
+            f"| {name:<27} | {min(r['seconds'] for r in rs):8.2f} | "
+            f"{min(r['cpu'] for r in rs):8.2f} | {peak / gib:8.2f} | "
+            f"{(peak - base_rss) / raw:7.2f} |"
+        )
 
 
 if __name__ == "__main__":
