@@ -217,15 +217,19 @@ def process_run(
             timings["halo"] = timings.get("halo", 0.0) + time.perf_counter() - t
     t = time.perf_counter()
     tmp = dst / f"{name}.zarr.tmp-{os.getpid()}"
-    write_store(
-        tmp,
-        data,
-        partitions,
-        halos,
-        request=request,
-        dataset=schema.to_json(),
-        compressor=compressor,
-    )
+    try:
+        write_store(
+            tmp,
+            data,
+            partitions,
+            halos,
+            request=request,
+            dataset=schema.to_json(),
+            compressor=compressor,
+        )
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a crash (os._exit, kill) leaves it for a rerun
+        raise
     del data
     if out.exists():
         old = dst / f"{name}.zarr.old-{os.getpid()}"

@@ -335,3 +335,17 @@ def test_stored_partition_is_the_partitioners(runs_src, tmp_path, method):
     np.testing.assert_array_equal(points, data.surface.centers)
     perm = _arrays(tmp_path / "run_2.zarr")["surface_perm"]
     np.testing.assert_array_equal(perm, want.order)
+
+
+def test_a_failed_write_removes_its_temporary(runs_src, tmp_path, monkeypatch):
+    import meshshard.pipelines.preprocess as pre
+
+    def boom(path, *args, **kwargs):
+        Path(path).mkdir()
+        (Path(path) / "partial").write_text("x")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pre, "write_store", boom)
+    with pytest.raises(OSError, match="disk full"):
+        process_run(runs_src / "run_2", tmp_path, parts=2, volume=False)
+    assert list(tmp_path.iterdir()) == []
