@@ -52,13 +52,16 @@ def _groups(offsets: np.ndarray, conn: np.ndarray, cells: np.ndarray | None, blo
         ks = _sizes_present(count)
         for k in ks:
             k = int(k)
-            if ks.size == 1:
-                sel = None
-                lo, hi = 0, n_all
-            else:
-                sel = np.flatnonzero(count == k)
-                lo, hi = int(sel[0]), int(sel[-1]) + 1
-            contiguous = sel is None or hi - lo == sel.size
+            sel = None
+            lo, hi = 0, n_all
+            if ks.size > 1:
+                is_k = count == k
+                m = int(np.count_nonzero(is_k))
+                lo = int(np.argmax(is_k))
+                hi = lo + m
+                if not is_k[lo:hi].all():  # interleaved sizes: index the cells of size k
+                    sel = np.flatnonzero(is_k)
+            contiguous = sel is None
             for b in range(0, (hi - lo) if contiguous else sel.size, block):
                 if contiguous:
                     c0, c1 = lo + b, min(hi, lo + b + block)
