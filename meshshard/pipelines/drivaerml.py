@@ -166,6 +166,7 @@ def _read_cells(path: Path, specs: tuple[FieldSpec, ...]):
         with pv.VtkErrorCatcher(raise_errors=True):
             reader = pv.get_reader(str(path))
             available = list(reader.cell_array_names)
+            point_arrays = list(reader.point_array_names)
             missing = [s.name for s in specs if s.required and s.name not in available]
             if missing:
                 msg = (
@@ -174,12 +175,15 @@ def _read_cells(path: Path, specs: tuple[FieldSpec, ...]):
                     "volume_fields=...)"
                 )
                 raise KeyError(msg)
-            reader.disable_all_point_arrays()
-            reader.disable_all_cell_arrays()
             present = tuple(s for s in specs if s.name in available)
-            for s in present:
-                reader.enable_cell_array(s.name)
-            mesh = reader.read()
+            if point_arrays or len(present) < len(available):
+                # changing the selection re-parses the XML header (~0.6 s CPU on an 8.8M-cell
+                # surface), so only when there is something to skip
+                reader.disable_all_point_arrays()
+                reader.disable_all_cell_arrays()
+                for s in present:
+                    reader.enable_cell_array(s.name)
+        mesh = reader.read()  # pyvista raises VTKExecutionError (a RuntimeError) on VTK errors
     except KeyError as exc:
         raise ValueError(exc.args[0]) from None
     except (RuntimeError, OSError) as exc:
