@@ -22,17 +22,50 @@ from pathlib import Path
 _CHILD = r"""
 import json, resource, sys, time, shutil
 what, path, out, parts = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+opt = json.loads(sys.argv[5])
 import numpy as np, pyvista as pv, zarr  # noqa: F401
 import meshshard.pipelines as mp
 from pathlib import Path
 res = {}
 if what == "generate":
     t = time.perf_counter()
-    run = mp.make_synthetic_run(Path(path), 1, surface_cells=parts, volume_cells=0)
-    res = {"seconds": time.perf_counter() - t, "vtp": str(run.surface), "cells": run.surface_cells}
+    vtp = Path(path) / "run_1" / "boundary_1.vtp"
+    head = vtp.read_bytes()[:4096].decode("latin-1") if vtp.is_file() else ""
+    want = mp.synthetic._grid_size(parts)
+    if f'NumberOfPolys="{(want[0] + 1) * want[1]}"' in head:  # reuse a finished file
+        res = {"seconds": 0.0, "vtp": str(vtp), "cells": (want[0] + 1) * want[1]}
+    else:
+        run = mp.make_synthetic_run(Path(path), 1, surface_cells=parts, volume_cells=0)
+        res = {"seconds": time.perf_counter() - t, "vtp": str(run.surface),
+               "cells": run.surface_cells}
+elif what == "genvol":
+    t = time.perf_counter()
+    run = mp.make_synthetic_run(Path(path), 1, surface_cells=2000, volume_cells=parts)
+    res = {"seconds": time.perf_counter() - t, "vtu": str(run.volume), "cells": run.volume_cells}
+elif what == "readvol":
+    c0 = time.process_time()
+    t = time.perf_counter()
+    mesh = pv.read(path)
+    cells = mesh.GetCells()
+    raw = mesh.points.nbytes + mesh.celltypes.nbytes
+    for a in (cells.GetOffsetsArray(), cells.GetConnectivityArray()):
+        raw += a.GetNumberOfValues() * a.GetDataTypeSize()
+    raw += sum(np.asarray(mesh.cell_data[k]).nbytes for k in mesh.cell_data.keys())
+    res["seconds"] = time.perf_counter() - t
+    res["cpu"] = time.process_time() - c0
+    res["raw_bytes"] = int(raw)
+elif what == "prevol":
+    shutil.rmtree(out, ignore_errors=True)
+    c0 = time.process_time()
+    t = time.perf_counter()
+    r = mp.process_run(Path(path).parent, out, parts=parts, surface=False, **opt)
+    res["seconds"] = time.perf_counter() - t
+    res["cpu"] = time.process_time() - c0
+    res["timings"] = r.timings
 elif what == "import":
     pass
 elif what == "read":
+    c0 = time.process_time()
     t = time.perf_counter()
     mesh = pv.read(path)
     raw = mesh.points.nbytes
@@ -42,21 +75,25 @@ elif what == "read":
     raw += c.GetNumberOfValues() * c.GetDataTypeSize()
     raw += sum(np.asarray(mesh.cell_data[k]).nbytes for k in mesh.cell_data.keys())
     res["seconds"] = time.perf_counter() - t
+    res["cpu"] = time.process_time() - c0
     res["raw_bytes"] = int(raw)
 elif what == "preprocess":
     shutil.rmtree(out, ignore_errors=True)
+    c0 = time.process_time()
     t = time.perf_counter()
     r = mp.process_run(Path(path).parent, out, parts=parts, volume=False)
     res["seconds"] = time.perf_counter() - t
+    res["cpu"] = time.process_time() - c0
     res["status"] = r.status
+    res["timings"] = r.timings
     res["out_bytes"] = sum(f.stat().st_size for f in Path(out).rglob("*") if f.is_file())
 res["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps(res))
 """
 
 
-def _child(what: str, path: Path, out: Path, parts: int) -> dict:
-    cmd = [sys.executable, "-c", _CHILD, what, str(path), str(out), str(parts)]
+def _child(what: str, path: Path, out: Path, parts: int, **opt) -> dict:
+    cmd = [sys.executable, "-c", _CHILD, what, str(path), str(out), str(parts), json.dumps(opt)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode:
         raise SystemExit(f"{what} failed:\n{proc.stderr}")
@@ -66,9 +103,17 @@ def _child(what: str, path: Path, out: Path, parts: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=8_800_000, help="surface cells")
+    ap.add_argument(
+        "--volume-cells",
+        type=int,
+        default=0,
+        help="also measure a volume of this many cells, whole and with max_volume_cells=1/10",
+    )
     ap.add_argument("--parts", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=2, help="best of N timings")
-    ap.add_argument("--dir", type=Path, default=None, help="work directory (default: temp)")
+    ap.add_argument(
+        "--dir", type=Path, default=None, help="work directory, reused between runs (default: temp)"
+    )
     args = ap.parse_args()
 
     # the parent stays small: ru_maxrss survives fork+exec, so a big parent would inflate the
@@ -86,10 +131,13 @@ def main() -> None:
     raw = reads[0]["raw_bytes"]
     gib = 1 << 30
 
-    def row(name: str, sec: float, rss: int) -> str:
+    read_cpu = min(r["cpu"] for r in reads)
+    pre_cpu = min(r["cpu"] for r in pres)
+
+    def row(name: str, sec: float, cpu: float, rss: int) -> str:
         net = rss - base["maxrss"]
         return (
-            f"| {name:<22} | {sec:8.2f} | {rss / gib:8.2f} | {net / gib:8.2f} | "
+            f"| {name:<22} | {sec:8.2f} | {cpu:8.2f} | {rss / gib:8.2f} | {net / gib:8.2f} | "
             f"{net / raw:7.2f} |"
         )
 
@@ -97,17 +145,53 @@ def main() -> None:
         f"surface cells: {cells:,}   VTP file: {vtp.stat().st_size / gib:.2f} GiB   "
         f"raw arrays: {raw / gib:.2f} GiB   parts: {args.parts}   (generated in {gen:.1f} s)"
     )
-    print("| step                   | time (s) | peak GiB | net GiB  | net/raw |")
-    print("|------------------------|----------|----------|----------|---------|")
-    print(row("import only", 0.0, base["maxrss"]))
-    print(row("pyvista.read (VTP)", read_s, max(r["maxrss"] for r in reads)))
-    print(row("meshshard process_run", pre_s, max(r["maxrss"] for r in pres)))
+    print("| step                   | wall (s) | CPU (s)  | peak GiB | net GiB  | net/raw |")
+    print("|------------------------|----------|----------|----------|----------|---------|")
+    print(row("import only", 0.0, 0.0, base["maxrss"]))
+    print(row("pyvista.read (VTP)", read_s, read_cpu, max(r["maxrss"] for r in reads)))
+    print(row("meshshard process_run", pre_s, pre_cpu, max(r["maxrss"] for r in pres)))
+    best = min(pres, key=lambda r: r["seconds"])
+    print("preprocess stages (s): " + ", ".join(f"{k} {v:.2f}" for k, v in best["timings"].items()))
     print(
-        f"preprocess / read time: {pre_s / read_s:.2f}x (target <= 1.5x); "
+        f"preprocess / read: wall {pre_s / read_s:.2f}x, CPU {pre_cpu / read_cpu:.2f}x "
+        f"(target <= 1.5x; best of {args.repeat}); "
         f"store size {pres[0]['out_bytes'] / gib:.2f} GiB"
     )
+    if args.volume_cells:
+        _volume(root, args, base["maxrss"])
     if tmp:
         tmp.cleanup()
+
+
+def _volume(root: Path, args: argparse.Namespace, base_rss: int) -> None:
+    made = _child("genvol", root / "vsrc", root, args.volume_cells)
+    vtu = Path(made["vtu"])
+    reads = [_child("readvol", vtu, root, 0) for _ in range(args.repeat)]
+    raw = reads[0]["raw_bytes"]
+    keep = max(1, made["cells"] // 10)
+    whole = [_child("prevol", vtu, root / "vout", args.parts) for _ in range(args.repeat)]
+    sub = [
+        _child("prevol", vtu, root / "vout", args.parts, max_volume_cells=keep)
+        for _ in range(args.repeat)
+    ]
+    gib = 1 << 30
+    print(
+        f"\nvolume cells: {made['cells']:,}   VTU file: {vtu.stat().st_size / gib:.2f} GiB   "
+        f"raw arrays: {raw / gib:.2f} GiB"
+    )
+    print("| step                        | wall (s) | CPU (s)  | peak GiB | net/raw |")
+    print("|-----------------------------|----------|----------|----------|---------|")
+    for name, rs in (
+        ("pyvista.read (VTU)", reads),
+        ("process_run volume", whole),
+        (f"  max_volume_cells={keep:,}", sub),
+    ):
+        peak = max(r["maxrss"] for r in rs)
+        print(
+            f"| {name:<27} | {min(r['seconds'] for r in rs):8.2f} | "
+            f"{min(r['cpu'] for r in rs):8.2f} | {peak / gib:8.2f} | "
+            f"{(peak - base_rss) / raw:7.2f} |"
+        )
 
 
 if __name__ == "__main__":

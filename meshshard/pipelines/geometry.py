@@ -31,22 +31,37 @@ def vtk_cells(cell_array) -> tuple[np.ndarray, np.ndarray]:
     return offsets, conn
 
 
+def _sizes_present(count: np.ndarray) -> np.ndarray:
+    """Distinct vertex counts, without sorting millions of entries (np.unique would)."""
+    if count.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    lo, hi = int(count.min()), int(count.max())
+    if lo == hi:
+        return np.array([lo])
+    if hi <= 1 << 16:
+        return np.flatnonzero(np.bincount(count, minlength=hi + 1))
+    return np.unique(count)
+
+
 def _groups(offsets: np.ndarray, conn: np.ndarray, cells: np.ndarray | None, block: int):
     """Yield ``(k, out_rows, idx)`` with ``idx`` of shape (m, k): vertex ids of ``m`` cells of
     ``k`` vertices each, ``out_rows`` a slice or index array into the output."""
     n_all = offsets.size - 1
     if cells is None:
         count = np.diff(offsets)
-        ks = np.unique(count)
+        ks = _sizes_present(count)
         for k in ks:
             k = int(k)
-            if ks.size == 1:
-                sel = None
-                lo, hi = 0, n_all
-            else:
-                sel = np.flatnonzero(count == k)
-                lo, hi = int(sel[0]), int(sel[-1]) + 1
-            contiguous = sel is None or hi - lo == sel.size
+            sel = None
+            lo, hi = 0, n_all
+            if ks.size > 1:
+                is_k = count == k
+                m = int(np.count_nonzero(is_k))
+                lo = int(np.argmax(is_k))
+                hi = lo + m
+                if not is_k[lo:hi].all():  # interleaved sizes: index the cells of size k
+                    sel = np.flatnonzero(is_k)
+            contiguous = sel is None
             for b in range(0, (hi - lo) if contiguous else sel.size, block):
                 if contiguous:
                     c0, c1 = lo + b, min(hi, lo + b + block)
@@ -58,7 +73,7 @@ def _groups(offsets: np.ndarray, conn: np.ndarray, cells: np.ndarray | None, blo
         return
     start = offsets[cells]
     count = offsets[cells + 1] - start
-    for k in np.unique(count):
+    for k in _sizes_present(count):
         k = int(k)
         sel = np.flatnonzero(count == k)
         for b in range(0, sel.size, block):

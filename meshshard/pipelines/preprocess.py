@@ -21,11 +21,10 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshshard.pipelines._partition import halo_plan, partition_points
 from meshshard.pipelines.drivaerml import file_fingerprint, read_run, run_index
 from meshshard.pipelines.schema import DRIVAERML, DatasetSchema
 from meshshard.pipelines.store import store_status, write_store
@@ -46,6 +45,8 @@ class RunResult:
     path: str
     seconds: float
     message: str = ""
+    #: seconds per stage ("fingerprint", "read", "partition", "halo", "write")
+    timings: dict = field(default_factory=dict)
 
 
 def discover_runs(src: str | Path, schema: DatasetSchema = DRIVAERML) -> list[str]:
@@ -74,14 +75,13 @@ def _safe_child(root: Path, name: str, what: str) -> Path:
         or os.sep in name
         or ".." in Path(name).parts
     )
-    out = root / name
-    if bad or out.resolve().parent != root.resolve():
+    if bad or os.path.isabs(name) or os.path.normpath(name) != name:
         msg = (
             f"{what} name {name!r} would escape {root}; run names must be plain directory "
             "names like run_1"
         )
         raise ValueError(msg)
-    return out
+    return root / name  # not resolved: symlinked run directories are fine
 
 
 def _options(
@@ -176,7 +176,9 @@ def process_run(
     name = run_dir.name
     out = _safe_child(dst, f"{name}.zarr", "run")
     _remove_stale(dst, name)
+    timings: dict[str, float] = {}
     sources = _sources(run_dir, schema, surface, volume)
+    timings["fingerprint"] = time.perf_counter() - t0
     if out.exists() and not overwrite:
         reason = store_status(out, sources=sources, request=request)
         if reason is None:
@@ -186,6 +188,7 @@ def process_run(
             msg = f"{out}: exists with other options ({reason}); pass --overwrite to replace it"
             raise ValueError(msg)
         log.warning("%s: rewriting (%s)", out, reason)
+    t = time.perf_counter()
     data = read_run(
         run_dir,
         schema=schema,
@@ -197,24 +200,36 @@ def process_run(
     if data.sources != sources:
         msg = f"{run_dir}: source files changed while being read; run again"
         raise RuntimeError(msg)
+    timings["read"] = time.perf_counter() - t
+    from meshshard.partition import halo_plan_radius, partition
+
     partitions: dict[str, Any] = {}
     halos: dict[str, Any] = {}
     for part, d in (("surface", data.surface), ("volume", data.volume)):
         if d is None:
             continue
-        partitions[part] = partition_points(d.centers, parts, method)
+        t = time.perf_counter()
+        partitions[part] = partition(d.centers, parts, method=method)
+        timings["partition"] = timings.get("partition", 0.0) + time.perf_counter() - t
         if halo_radius is not None:
-            halos[part] = halo_plan(partitions[part], d.centers, halo_radius)
+            t = time.perf_counter()
+            halos[part] = halo_plan_radius(partitions[part], d.centers, halo_radius)
+            timings["halo"] = timings.get("halo", 0.0) + time.perf_counter() - t
+    t = time.perf_counter()
     tmp = dst / f"{name}.zarr.tmp-{os.getpid()}"
-    write_store(
-        tmp,
-        data,
-        partitions,
-        halos,
-        request=request,
-        dataset=schema.to_json(),
-        compressor=compressor,
-    )
+    try:
+        write_store(
+            tmp,
+            data,
+            partitions,
+            halos,
+            request=request,
+            dataset=schema.to_json(),
+            compressor=compressor,
+        )
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a crash (os._exit, kill) leaves it for a rerun
+        raise
     del data
     if out.exists():
         old = dst / f"{name}.zarr.old-{os.getpid()}"
@@ -223,9 +238,10 @@ def process_run(
         shutil.rmtree(old)
     else:
         os.replace(tmp, out)
+    timings["write"] = time.perf_counter() - t
     seconds = time.perf_counter() - t0
-    log.info("%s: written in %.2f s", out, seconds)
-    return RunResult(name, "written", str(out), seconds)
+    log.info("%s: written in %.2f s (%s)", out, seconds, timings)
+    return RunResult(name, "written", str(out), seconds, timings=timings)
 
 
 def _safe_process(run_dir: str, dst: str, kwargs: dict) -> RunResult:

@@ -222,6 +222,11 @@ def test_paths_that_escape_dst_are_refused(runs_src, tmp_path):
         with pytest.raises(ValueError, match="would escape"):
             preprocess_runs(runs_src, tmp_path / "out", parts=2, runs=[bad])
     assert not (tmp_path / "out").exists()
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "run_2").symlink_to(runs_src / "run_2", target_is_directory=True)
+    res = preprocess_runs(linked, tmp_path / "out", parts=2, volume=False)
+    assert [r.status for r in res] == ["written"]  # symlinked run directories are fine
 
 
 def _cli(args: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
@@ -315,3 +320,32 @@ def test_choose_chunk():
     assert choose_chunk(np.array([0, 1100016, 2200030, 8800122]), 8800122) == (1 << 17, False)
     assert choose_chunk(np.array([0, 750, 1500, 2250, 3000]), 3000) == (750, True)
     assert choose_chunk(np.array([0, 0, 10]), 10) == (10, True)
+
+
+@pytest.mark.parametrize("method", ["hilbert", "rcb", "metis"])
+def test_stored_partition_is_the_partitioners(runs_src, tmp_path, method):
+    from meshshard.partition import partition
+    from meshshard.pipelines.store import store_partition
+
+    process_run(runs_src / "run_2", tmp_path, parts=3, method=method, volume=False)
+    data = read_run(runs_src / "run_2", volume=False)
+    want = partition(data.surface.centers, 3, method=method)
+    got, points = store_partition(tmp_path / "run_2.zarr")
+    assert got == want and got.method == method
+    np.testing.assert_array_equal(points, data.surface.centers)
+    perm = _arrays(tmp_path / "run_2.zarr")["surface_perm"]
+    np.testing.assert_array_equal(perm, want.order)
+
+
+def test_a_failed_write_removes_its_temporary(runs_src, tmp_path, monkeypatch):
+    import meshshard.pipelines.preprocess as pre
+
+    def boom(path, *args, **kwargs):
+        Path(path).mkdir()
+        (Path(path) / "partial").write_text("x")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pre, "write_store", boom)
+    with pytest.raises(OSError, match="disk full"):
+        process_run(runs_src / "run_2", tmp_path, parts=2, volume=False)
+    assert list(tmp_path.iterdir()) == []
