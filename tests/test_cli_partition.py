@@ -108,3 +108,26 @@ def test_inspect_file_on_the_fly_and_errors(mesh_file, tmp_path, capsys):
     assert "pass --parts P" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path)]) == 2
     assert "partition.npz: missing" in capsys.readouterr().err
+
+
+def test_inspect_zarr_store_uses_the_pipelines_summary(tmp_path, capsys, monkeypatch):
+    import sys
+    import types
+
+    seen = []
+
+    def inspect_store(path):
+        seen.append(path)
+        return {"nparts": 2, "surface": {"sharding_shapes": list(range(12)), "balance": 1.01}}
+
+    fake = types.ModuleType("meshshard.pipelines.store")
+    fake.inspect_store = inspect_store
+    monkeypatch.setitem(sys.modules, "meshshard.pipelines.store", fake)
+    store = tmp_path / "run_1.zarr"
+    store.mkdir()
+    assert main(["inspect", str(store)]) == 0
+    text = capsys.readouterr().out
+    assert "nparts: 2" in text and "balance: 1.01" in text and "(12 items)" in text
+    assert seen == [store]
+    assert main(["inspect", str(store), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["surface"]["balance"] == 1.01

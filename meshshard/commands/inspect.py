@@ -27,23 +27,35 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--png", metavar="FILE", help="render the shards to a PNG (off-screen)")
 
 
+def _format_tree(d: dict, indent: int = 0) -> list[str]:
+    """Indented ``key: value`` lines of a nested dict; long lists are shortened."""
+    pad = "  " * indent
+    lines = []
+    for key, value in d.items():
+        if isinstance(value, dict):
+            lines.append(f"{pad}{key}:")
+            lines.extend(_format_tree(value, indent + 1))
+        elif isinstance(value, (list, tuple)) and len(value) > 8:
+            head = ", ".join(str(v) for v in value[:8])
+            lines.append(f"{pad}{key}: [{head}, ...] ({len(value)} items)")
+        else:
+            lines.append(f"{pad}{key}: {value}")
+    return lines
+
+
 def _inspect_store(path: Path, args: argparse.Namespace) -> int:
+    """``run_i.zarr``: the pipelines' store summary (surface/volume sharding, balance, halos)."""
     try:
         from meshshard.pipelines.store import inspect_store
     except ImportError as exc:
         msg = f"{path}: inspecting zarr stores needs meshshard.pipelines.store ({exc})"
         raise CLIError(msg) from exc
-    from meshshard.partition.report import format_report
-
     result = inspect_store(path)
-    reports = result if isinstance(result, dict) and "parts" not in result else {"": result}
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True, default=str))
-        return 0
-    for name, rep in reports.items():
-        if name:
-            print(f"[{name}]")
-        print(format_report(rep) if isinstance(rep, dict) and "sizes" in rep else rep)
+    else:
+        print(f"meshshard store report: {path}")
+        print("\n".join(_format_tree(result, 1)))
     return 0
 
 
