@@ -131,3 +131,13 @@ def test_inspect_zarr_store_uses_the_pipelines_summary(tmp_path, capsys, monkeyp
     assert seen == [store]
     assert main(["inspect", str(store), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["surface"]["balance"] == 1.01
+
+
+def test_inspect_directory_with_input_override(mesh_file, tmp_path, capsys):
+    out = tmp_path / "p"
+    assert main(["partition", str(mesh_file / "cloud.npy"), "-p", "2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--input", str(mesh_file / "cloud.npy"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_points"] == 400
+    assert main(["inspect", str(out), "--input", str(mesh_file / "grid.vtu")]) == 2
+    assert "has 400 rows; pass the matching --input/--on" in capsys.readouterr().err
