@@ -1,1 +1,29 @@
-"""meshshard.ops"""
+"""meshshard.ops: exact distributed neighbour ops on uneven shards.
+
+Public API (ShardTensors, or local Tensors with ``group=``): :func:`knn`, :func:`radius`,
+:func:`knn_graph`, :func:`radius_graph`, :func:`halo_exchange`, :func:`gather_neighbors`,
+:func:`scatter_to_owners`. The lower layer on local tensors is :mod:`meshshard.ops.functional`
+and :mod:`meshshard.ops.halo`; local kernels are in :mod:`meshshard.ops.kernels`.
+"""
+
+from meshshard.ops._backends import WITH_CLUSTER
+from meshshard.ops.api import (
+    gather_neighbors,
+    halo_exchange,
+    knn,
+    knn_graph,
+    radius,
+    radius_graph,
+    scatter_to_owners,
+)
+
+__all__ = [
+    "WITH_CLUSTER",
+    "gather_neighbors",
+    "halo_exchange",
+    "knn",
+    "knn_graph",
+    "radius",
+    "radius_graph",
+    "scatter_to_owners",
+]

@@ -1,0 +1,129 @@
+"""The one communication primitive of :mod:`meshshard.ops`: uneven ``all_to_all_single``.
+
+Every op here moves rows with :func:`all_to_all`, an autograd Function whose backward is the
+reverse all-to-all (gradients of received rows travel back to the rank that sent them, where
+autograd's indexing backward sums them into the owning rows). Counts always travel first
+(:func:`exchange_counts`), so every call uses explicit split sizes and uneven layouts, empty
+shards included, work on gloo and NCCL alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+# torch >= 2.12 renamed all_gather_into_tensor (which now warns) to all_gather_single
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+__all__ = ["all_gather_rows", "all_to_all", "exchange_counts", "group_rank", "group_size"]
+
+
+def group_size(group: dist.ProcessGroup | None) -> int:
+    return dist.get_world_size(group)
+
+
+def group_rank(group: dist.ProcessGroup | None) -> int:
+    return dist.get_rank(group)
+
+
+def _comm_device(t: torch.Tensor, group: dist.ProcessGroup | None) -> torch.device:
+    # NCCL only moves CUDA tensors; gloo moves CPU (and, through staging, CUDA) tensors.
+    return t.device
+
+
+def exchange_counts(
+    send_counts: Sequence[int] | torch.Tensor,
+    group: dist.ProcessGroup | None,
+    device: torch.device | str = "cpu",
+) -> list[int]:
+    """Tell every rank how many rows it will receive from each rank.
+
+    Collective: every rank of ``group`` must call this.
+
+    Parameters
+    ----------
+    send_counts : sequence of int, length P
+        Rows this rank sends to each rank.
+
+    Returns
+    -------
+    list of int, length P
+        Rows this rank receives from each rank.
+    """
+    send = torch.as_tensor(send_counts, dtype=torch.int64).to(device)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return [int(v) for v in recv.tolist()]
+
+
+def _a2a(
+    x: torch.Tensor, send: list[int], recv: list[int], group: dist.ProcessGroup | None
+) -> torch.Tensor:
+    x = x.contiguous()
+    out = x.new_empty((sum(recv), *x.shape[1:]))
+    dist.all_to_all_single(out, x, recv, send, group=group)
+    return out
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, send, recv, group):  # type: ignore[override]
+        ctx.send, ctx.recv, ctx.group = send, recv, group
+        return _a2a(x, send, recv, group)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _a2a(grad, ctx.recv, ctx.send, ctx.group), None, None, None
+
+
+def all_to_all(
+    x: torch.Tensor,
+    send_counts: Sequence[int],
+    recv_counts: Sequence[int] | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """Send ``x``'s rows to the ranks in order: the first ``send_counts[0]`` to rank 0, ...
+
+    Differentiable: the backward is the reverse all-to-all, so a rank's backward must run
+    whenever any rank's does (every rank calls ``backward`` on a loss that uses the result).
+
+    Collective: every rank of ``group`` must call this (and, for gradients, its backward).
+
+    Parameters
+    ----------
+    x : Tensor of shape (sum(send_counts), ...)
+    send_counts : sequence of int, length P
+    recv_counts : sequence of int, length P, optional
+        Rows received from each rank; exchanged with one extra collective when omitted.
+
+    Returns
+    -------
+    Tensor of shape (sum(recv_counts), ...)
+        Received rows grouped by source rank in increasing rank order.
+    """
+    send = [int(c) for c in send_counts]
+    if sum(send) != x.shape[0]:
+        msg = f"all_to_all: send_counts sum to {sum(send)} but x has {x.shape[0]} rows"
+        raise ValueError(msg)
+    if recv_counts is None:
+        recv = exchange_counts(send, group, _comm_device(x, group))
+    else:
+        recv = [int(c) for c in recv_counts]
+    if x.requires_grad and torch.is_grad_enabled():
+        return _AllToAll.apply(x, send, recv, group)
+    return _a2a(x, send, recv, group)
+
+
+def all_gather_rows(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Gather a same-shaped small tensor from every rank: result has a leading dim of P.
+
+    Collective: every rank of ``group`` must call this. Not differentiable (metadata only).
+    """
+    P = group_size(group)
+    shape = x.shape
+    x = x.reshape(1, -1).contiguous()  # gloo wants inputs concatenated along dim 0
+    out = x.new_empty((P, x.shape[1]))
+    _all_gather_single(out, x, group=group)
+    return out.reshape(P, *shape)

@@ -1,0 +1,260 @@
+"""Input checks for the distributed ops, in one place.
+
+Checks that depend on data held by one rank (shapes, NaN/inf counts, dtypes, scalar arguments)
+are made *collectively*: every rank contributes one small row of numbers to a single
+``all_gather`` and then every rank evaluates the same conditions on the same table, so a bad
+input on one rank raises the same error on all ranks instead of leaving the others hanging in
+the next collective. The same gather yields every rank's row count (the sharding sizes).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from meshshard.ops._comm import all_gather_rows
+
+__all__ = ["PointsMeta", "check_points", "check_reduce", "collective_flag"]
+
+_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+_NCOL = 17
+
+
+@dataclass(frozen=True)
+class PointsMeta:
+    """What :func:`check_points` learned: per-rank row counts and the coordinate dim."""
+
+    x_sizes: tuple[int, ...]
+    y_sizes: tuple[int, ...]
+    dim: int
+
+    @property
+    def x_offsets(self) -> list[int]:
+        out = [0]
+        for s in self.x_sizes:
+            out.append(out[-1] + s)
+        return out
+
+
+def _kind(t: torch.Tensor) -> int:
+    if t.is_complex():
+        return 2
+    if not t.is_floating_point():
+        return 1
+    return 0
+
+
+def _row(t: torch.Tensor) -> list[int]:
+    ndim = t.dim()
+    rows = int(t.shape[0]) if ndim >= 1 else -1
+    dim = int(t.shape[-1]) if ndim >= 1 else -1
+    kind = _kind(t)
+    if kind == 0 and t.numel():
+        nonfinite = int((~torch.isfinite(t.detach())).sum())
+    else:
+        nonfinite = 0
+    code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1
+    return [ndim, rows, dim, kind, nonfinite, code]
+
+
+def _float_bits(v: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(v)))[0]
+
+
+def _bits_float(b: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", int(b)))[0]
+
+
+def _ranks(col: torch.Tensor) -> str:
+    return ", ".join(str(i) for i in torch.nonzero(col).flatten().tolist())
+
+
+def check_points(
+    x: torch.Tensor,
+    y: torch.Tensor | None,
+    *,
+    group: dist.ProcessGroup | None,
+    op: str,
+    k: int | None = None,
+    r: float | None = None,
+    loop: bool = True,
+    x_sizes: Sequence[int] | None = None,
+) -> PointsMeta:
+    """Validate point tensors on every rank at once and return the sharding sizes.
+
+    Collective: every rank of ``group`` must call this; all ranks raise the same error.
+
+    Parameters
+    ----------
+    x : Tensor of shape (n_local, d)
+        This rank's points.
+    y : Tensor of shape (m_local, d) or None
+        This rank's queries (``None``: the queries are ``x``).
+    op : str
+        Name used in messages (``"knn"``, ``"radius"``).
+    k, r : optional
+        Neighbour count / radius to check (must be equal on every rank).
+    loop : bool
+        With ``y=None`` and ``loop=False`` a point is not its own neighbour, so ``k <= N - 1``.
+    x_sizes : sequence of int, optional
+        Sizes the caller believes; checked against the real ones.
+
+    Raises
+    ------
+    ValueError, TypeError
+        With what was found (and on which ranks) and how to fix it.
+    """
+    for name, t in (("x", x), ("y", y)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            msg = f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}"
+            raise TypeError(msg)
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int)):
+        msg = f"{op}: k must be an int, got {type(k).__name__} ({k!r})"
+        raise TypeError(msg)
+    if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float))):
+        msg = f"{op}: r must be a number, got {type(r).__name__} ({r!r})"
+        raise TypeError(msg)
+    row = _row(x)
+    row += _row(y) if y is not None else [-9] * 6
+    row += [
+        -1 if k is None else int(k),
+        0 if r is None else _float_bits(r),
+        int(y is not None and (y.device != x.device)),
+        int(y is not None),
+        int(x.requires_grad) + 2 * int(y is not None and y.requires_grad),
+    ]
+    assert len(row) == _NCOL
+    local = torch.tensor(row, dtype=torch.int64, device=x.device)
+    t = all_gather_rows(local, group).cpu()
+    _raise_from_table(t, op=op, k=k, r=r, loop=loop)
+    xs = tuple(int(v) for v in t[:, 1].tolist())
+    ys = tuple(int(v) for v in t[:, 7].tolist()) if y is not None else xs
+    if x_sizes is not None and tuple(int(s) for s in x_sizes) != xs:
+        msg = (
+            f"{op}: x_sizes={list(x_sizes)} disagree with the rows the ranks hold ({list(xs)}); "
+            "pass the sharding sizes of x or None to infer them"
+        )
+        raise ValueError(msg)
+    return PointsMeta(xs, ys, int(t[0, 2]))
+
+
+def _raise_from_table(t: torch.Tensor, *, op: str, k, r, loop: bool) -> None:
+    has_y = bool(t[0, 15])
+    for name, c in (("x", 0), ("y", 6)) if has_y else (("x", 0),):
+        ndim = t[:, c]
+        if (ndim != 2).any():
+            bad = torch.nonzero(ndim != 2).flatten().tolist()
+            msg = (
+                f"{op}: {name} must have shape (n, d) on every rank; rank(s) {bad} hold "
+                f"{[int(ndim[b]) for b in bad]}-D tensors. Reshape to (n, d), "
+                f"e.g. {name}.reshape(-1, d)"
+            )
+            raise ValueError(msg)
+        kind = t[:, c + 3]
+        if (kind != 0).any():
+            what = "complex" if (kind == 2).any() else "integer/bool"
+            msg = (
+                f"{op}: {name} has {what} coordinates on rank(s) {_ranks(kind != 0)}; "
+                f"distances need floating point: pass {name}.float() (or .double())"
+            )
+            raise TypeError(msg)
+        if (t[:, c + 5] < 0).any():
+            msg = f"{op}: {name} has an unsupported dtype on rank(s) {_ranks(t[:, c + 5] < 0)}"
+            raise TypeError(msg)
+        if (t[:, c + 5] != t[0, c + 5]).any():
+            codes = sorted({_DTYPES[int(v)] for v in t[:, c + 5]}, key=str)
+            msg = f"{op}: {name} has different dtypes across ranks ({codes}); cast to one dtype"
+            raise TypeError(msg)
+        dims = t[:, c + 2]
+        if (dims != dims[0]).any():
+            msg = (
+                f"{op}: {name} has different feature dims across ranks ({dims.tolist()}); "
+                "every rank must hold points of the same dimension"
+            )
+            raise ValueError(msg)
+        nonfinite = t[:, c + 4]
+        if nonfinite.sum() > 0:
+            per = {i: int(v) for i, v in enumerate(nonfinite.tolist()) if v}
+            msg = (
+                f"{op}: {name} holds {int(nonfinite.sum())} NaN/inf coordinate value(s) "
+                f"(per rank: {per}); remove or repair those points before the query"
+            )
+            raise ValueError(msg)
+    if has_y:
+        if t[0, 2] != t[0, 8]:
+            msg = (
+                f"{op}: x has {int(t[0, 2])} coordinates per point but y has {int(t[0, 8])}; "
+                "queries and points must live in the same space"
+            )
+            raise ValueError(msg)
+        if t[0, 5] != t[0, 11]:
+            msg = (
+                f"{op}: x is {_DTYPES[int(t[0, 5])]} but y is {_DTYPES[int(t[0, 11])]}; "
+                "cast both to one dtype"
+            )
+            raise TypeError(msg)
+        if t[:, 14].any():
+            msg = f"{op}: x and y are on different devices on rank(s) {_ranks(t[:, 14])}"
+            raise ValueError(msg)
+    if (t[:, 12] != t[0, 12]).any() or (t[:, 13] != t[0, 13]).any():
+        msg = (
+            f"{op}: the scalar arguments (k / r) differ across ranks "
+            f"(k: {t[:, 12].tolist()}, r: {[_bits_float(b) for b in t[:, 13].tolist()]}); "
+            "pass the same value on every rank"
+        )
+        raise ValueError(msg)
+    grads = t[:, 16]
+    if (grads != grads[0]).any():
+        msg = (
+            f"{op}: requires_grad of x / y differs across ranks (per rank, 1 = x, 2 = y, "
+            f"3 = both: {grads.tolist()}); the backward is collective, so set requires_grad "
+            "the same way on every rank"
+        )
+        raise ValueError(msg)
+    n_total = int(t[:, 1].sum())
+    if k is not None:
+        if k < 1:
+            msg = f"{op}: k={k} must be >= 1"
+            raise ValueError(msg)
+        limit = n_total if (loop or has_y) else n_total - 1
+        if k > limit:
+            extra = "" if (loop or has_y) else " minus the point itself (loop=False)"
+            msg = (
+                f"{op}: k={k} is larger than the {limit} point(s) available over all ranks"
+                f"{extra}; use k <= {limit}"
+            )
+            raise ValueError(msg)
+    if r is not None:
+        if math.isnan(r) or r <= 0 or math.isinf(r):
+            msg = f"{op}: r={r} must be a finite number > 0"
+            raise ValueError(msg)
+
+
+def check_reduce(reduce: str) -> None:
+    if reduce not in ("sum", "mean", "max"):
+        msg = f"reduce={reduce!r} must be one of 'sum', 'mean', 'max'"
+        raise ValueError(msg)
+
+
+def collective_flag(
+    problem: str | None, *, group: dist.ProcessGroup | None, device: torch.device, op: str
+) -> None:
+    """Raise on every rank if any rank found a problem (one small all_reduce).
+
+    Collective: every rank of ``group`` must call this.
+    """
+    flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64, device=device)
+    ranks = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+    ranks[dist.get_rank(group)] = flag[0]
+    dist.all_reduce(ranks, group=group)
+    if problem is not None:
+        raise ValueError(problem)
+    if ranks.any():
+        bad = torch.nonzero(ranks.cpu()).flatten().tolist()
+        msg = f"{op}: invalid input on rank(s) {bad} (see the error raised there)"
+        raise ValueError(msg)

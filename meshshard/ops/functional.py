@@ -1,0 +1,468 @@
+"""Distributed neighbour queries on plain local tensors and a process group.
+
+This is the lower layer of :mod:`meshshard.ops`: every function takes this rank's rows
+(``x`` of shape ``(n_local, d)``) and a process group, and answers exactly as a single process
+would on the rows of all ranks concatenated in rank order ("stored order"). A *global index*
+is a row's position in that order: ``offset[rank] + local_row``.
+
+Algorithm (no ring, no all-gather of points):
+
+1. One ``all_gather`` of a small metadata row per rank validates the inputs on every rank at
+   once and yields every rank's row count.
+2. One ``all_gather`` of each rank's region: up to ``nboxes`` boxes around contiguous runs of
+   its rows (see :mod:`meshshard.ops._regions`).
+3. kNN: a local kNN gives each query a bound (its k-th distance, or a bound from the boxes
+   when the local shard holds fewer than k points); each query is forwarded only to ranks
+   with a box within that bound; those ranks answer with their local k nearest (distance,
+   global index, coordinates); the querier merges and keeps the k best by (distance, index).
+   Radius: every rank sends each other rank the points within ``r`` of that rank's query
+   boxes, then queries locally.
+4. Returned distances are recomputed with torch from the selected coordinates, so they are
+   differentiable w.r.t. ``x`` (on every rank: coordinates travel through a differentiable
+   all-to-all and their gradients go back and sum at the owner) and ``y``.
+
+Every function here is collective (forward, and backward when gradients are used).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from meshshard.ops import kernels
+from meshshard.ops._comm import all_gather_rows, all_to_all, exchange_counts
+from meshshard.ops._regions import knn_forward_mask, radius_send_mask, shard_boxes
+from meshshard.ops._validation import check_points
+
+__all__ = ["knn", "knn_graph", "radius", "radius_graph"]
+
+log = logging.getLogger(__name__)
+
+Flow = Literal["source_to_target", "target_to_source"]
+
+
+def _lexsort3(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Permutation ordering by (a, b, c) (stable sorts from the last key)."""
+    o = torch.argsort(c, stable=True)
+    o = o[torch.argsort(b[o], stable=True)]
+    return o[torch.argsort(a[o], stable=True)]
+
+
+def _drop_self(
+    d2: torch.Tensor, idx: torch.Tensor, k: int, self_idx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """From (m, k+1) sorted candidates drop each row's own index (or the last one)."""
+    is_self = idx == self_idx[:, None]
+    o = torch.argsort(is_self.to(torch.int8), dim=1, stable=True)[:, :k]
+    return d2.gather(1, o), idx.gather(1, o)
+
+
+def _check_flow(flow: str) -> None:
+    if flow not in ("source_to_target", "target_to_source"):
+        msg = f"flow={flow!r} must be 'source_to_target' or 'target_to_source'"
+        raise ValueError(msg)
+
+
+def _check_nboxes(nboxes: int) -> None:
+    if isinstance(nboxes, bool) or not isinstance(nboxes, int) or nboxes < 1:
+        msg = f"nboxes={nboxes!r} must be an int >= 1"
+        raise ValueError(msg)
+
+
+def knn(
+    x: torch.Tensor,
+    k: int,
+    y: torch.Tensor | None = None,
+    *,
+    loop: bool = True,
+    group: dist.ProcessGroup | None = None,
+    x_sizes: list[int] | tuple[int, ...] | None = None,
+    backend: str = "auto",
+    nboxes: int = 16,
+    stats: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact k nearest neighbours over all ranks.
+
+    Collective: every rank of ``group`` must call this (and ``backward`` when gradients flow).
+
+    Parameters
+    ----------
+    x : Tensor of shape (n_local, d)
+        This rank's points (any floating dtype, any device; may be empty).
+    k : int
+        Neighbours per query, ``1 <= k <= N`` (``N - 1`` when ``loop=False``).
+    y : Tensor of shape (m_local, d), optional
+        This rank's queries; default ``x``.
+    loop : bool
+        With ``y=None``: ``False`` excludes each point itself (other points at distance 0
+        still count).
+    group : ProcessGroup, optional
+        Default: the default group.
+    x_sizes : sequence of int, optional
+        Every rank's row count of ``x``; checked when given (they are learnt anyway).
+    backend : {"auto", "kdtree", "brute", "cluster"}
+        Local kernel (:mod:`meshshard.ops.kernels`).
+    nboxes : int
+        Boxes per rank describing its region (more boxes prune better on non-compact shards).
+    stats : dict, optional
+        Filled with traffic counters: ``queries_sent``, ``answer_rows``, ``queries``.
+
+    Returns
+    -------
+    dist : Tensor of shape (m_local, k), dtype of ``x``
+        Distances, ascending; differentiable w.r.t. ``x`` (all ranks) and ``y``.
+    index : Tensor of shape (m_local, k), int64
+        Global indices (stored order) of the neighbours; ties broken by the lower index.
+
+    Raises
+    ------
+    ValueError, TypeError
+        On every rank, when any rank's input is invalid (see :mod:`._validation`).
+
+    Example
+    -------
+    >>> d, i = knn(x_local, 8)  # doctest: +SKIP
+    """
+    d, i, _ = _knn(
+        x,
+        k,
+        y,
+        loop=loop,
+        group=group,
+        x_sizes=x_sizes,
+        backend=backend,
+        nboxes=nboxes,
+        stats=stats,
+    )
+    return d, i
+
+
+def _knn(x, k, y, *, loop, group, x_sizes, backend, nboxes, stats):
+    _check_nboxes(nboxes)
+    meta = check_points(x, y, group=group, op="knn", k=k, loop=loop, x_sizes=x_sizes)
+    P, rank = dist.get_world_size(group), dist.get_rank(group)
+    offset = meta.x_offsets[rank]
+    yq = x if y is None else y
+    m, n, dim = yq.shape[0], x.shape[0], meta.dim
+    device = x.device
+    be = kernels.resolve_backend(backend, device)
+
+    # phase 1: local answer and bound
+    exclude_self = y is None and not loop
+    kk = k + 1 if exclude_self else k
+    d2_loc, i_loc = kernels.knn(x, yq, kk, backend=be)
+    if exclude_self:
+        d2_loc, i_loc = _drop_self(d2_loc, i_loc, k, torch.arange(m, device=device))
+    bound2 = d2_loc[:, k - 1] if m else torch.empty(0, dtype=torch.float64, device=device)
+
+    boxes = all_gather_rows(shard_boxes(x, nboxes), group)  # (P, B, 2d+1)
+    # a box bound must count k points besides the query itself when loop=False (kk = k + 1)
+    mask, bound2 = knn_forward_mask(yq, bound2, boxes, rank, kk)  # (m, P), (m,)
+
+    # phase 2: forward queries (with their bound) to the ranks that may hold closer points
+    qrank, qid = torch.nonzero(mask.t(), as_tuple=True)  # grouped by destination rank
+    send_counts = torch.bincount(qrank, minlength=P).tolist()
+    recv_counts = exchange_counts(send_counts, group, device)
+    qpack = torch.cat([yq.detach().double()[qid], bound2[qid, None]], 1)  # (Q, d + 1)
+    queries = all_to_all(qpack, send_counts, recv_counts, group)
+    # answers: only candidates within the querier's bound (all it can use), as flat rows
+    jr, jc, rd2, ri = answer_knn_queries(x, queries, k, backend=be)
+    src = torch.repeat_interleave(
+        torch.arange(P, device=device), torch.tensor(recv_counts, device=device)
+    )
+    recv_off = torch.cumsum(torch.tensor(recv_counts, device=device), 0)
+    recv_off = recv_off - torch.tensor(recv_counts, device=device)
+    ans_counts = torch.bincount(src[jr], minlength=P).tolist()
+    back_counts = exchange_counts(ans_counts, group, device)
+    slot = (jr - recv_off[src[jr]]).double()
+    meta_rows = torch.stack([slot, rd2, (ri + offset).double()], 1)  # index < 2**53: exact
+    ans = all_to_all(meta_rows, ans_counts, back_counts, group)
+    ans_xyz = all_to_all(x[ri], ans_counts, back_counts, group)  # differentiable
+
+    # phase 3: merge local and remote candidates, keep the k best by (distance, index)
+    t_send = torch.tensor(send_counts, device=device)
+    send_off = torch.cumsum(t_send, 0) - t_send
+    a_src = torch.repeat_interleave(
+        torch.arange(P, device=device), torch.tensor(back_counts, device=device)
+    )
+    ans_q = qid[send_off[a_src] + ans[:, 0].long()]
+    g_loc = torch.where(i_loc >= 0, i_loc + offset, -1)
+    cand_q = torch.cat([torch.arange(m, device=device).repeat_interleave(k), ans_q])
+    cand_d2 = torch.cat([d2_loc.reshape(-1), ans[:, 1]])
+    cand_g = torch.cat([g_loc.reshape(-1), ans[:, 2].long()])
+    cand_row = torch.cat([i_loc.reshape(-1), n + torch.arange(ans.shape[0], device=device)])
+    valid = cand_g >= 0
+    cand_q, cand_d2 = cand_q[valid], cand_d2[valid]
+    cand_g, cand_row = cand_g[valid], cand_row[valid]
+    o = _lexsort3(cand_q, cand_d2, cand_g)
+    cand_q, cand_g, cand_row = cand_q[o], cand_g[o], cand_row[o]
+    counts = torch.bincount(cand_q, minlength=m)
+    if m and int(counts.min()) < k:  # pragma: no cover - guarded by validation and bounds
+        msg = "knn: internal error, a query collected fewer than k candidates"
+        raise RuntimeError(msg)
+    start = torch.cumsum(counts, 0) - counts
+    take = (start[:, None] + torch.arange(k, device=device)[None, :]).reshape(-1)
+    index = cand_g[take].reshape(m, k)
+    pool = torch.cat([x, ans_xyz.reshape(-1, dim)])
+    nbr = pool[cand_row[take]].reshape(m, k, dim)
+    dist_out = torch.linalg.vector_norm(yq[:, None, :] - nbr, dim=-1)
+
+    if stats is not None:
+        stats.update(queries=m, queries_sent=int(qid.numel()), answer_rows=int(ri.numel()))
+    log.debug("knn rank %d: %d queries, %d forwarded", rank, m, int(qid.numel()))
+    return dist_out, index, offset
+
+
+def answer_knn_queries(
+    x: torch.Tensor, queries: torch.Tensor, k: int, *, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A rank's answer to forwarded kNN queries: its k nearest within each query's bound.
+
+    Pure (no communication); also used by ``benchmarks/bench_ops.py`` to count traffic.
+
+    Parameters
+    ----------
+    x : Tensor of shape (n, d)
+        The answering rank's points.
+    queries : Tensor of shape (R, d + 1), float64
+        Query coordinates followed by the querier's squared bound.
+
+    Returns
+    -------
+    jr, jc : Tensor of shape (A,), int64
+        Query row and rank of each returned candidate (grouped by query row).
+    d2 : Tensor of shape (A,), float64
+    idx : Tensor of shape (A,), int64
+        Local row in ``x``.
+    """
+    d = queries.shape[1] - 1
+    rd2, ri = kernels.knn(x, queries[:, :d], k, backend=backend)
+    ok = (ri >= 0) & (rd2 <= queries[:, d:])  # <=: a tie with the bound may win by index
+    jr, jc = torch.nonzero(ok, as_tuple=True)
+    return jr, jc, rd2[jr, jc], ri[jr, jc]
+
+
+def _radius_csr(
+    x: torch.Tensor,
+    r: float,
+    y: torch.Tensor | None,
+    *,
+    max_num_neighbors: int | None,
+    loop: bool,
+    group: dist.ProcessGroup | None,
+    backend: str,
+    nboxes: int,
+    stats: dict | None,
+    op: str,
+):
+    _check_nboxes(nboxes)
+    if max_num_neighbors is not None and (
+        isinstance(max_num_neighbors, bool)
+        or not isinstance(max_num_neighbors, int)
+        or max_num_neighbors < 1
+    ):
+        msg = f"{op}: max_num_neighbors={max_num_neighbors!r} must be None or an int >= 1"
+        raise ValueError(msg)
+    meta = check_points(x, y, group=group, op=op, r=r)
+    P, rank = dist.get_world_size(group), dist.get_rank(group)
+    offset = meta.x_offsets[rank]
+    yq = x if y is None else y
+    m, n = yq.shape[0], x.shape[0]
+    device = x.device
+    be = kernels.resolve_backend(backend, device)
+
+    # import the points of other ranks that lie within r of this rank's query boxes
+    boxes = all_gather_rows(shard_boxes(yq, nboxes), group)
+    smask = radius_send_mask(x, r, boxes, rank)  # (n, P)
+    dest, rows = torch.nonzero(smask.t(), as_tuple=True)
+    send_counts = torch.bincount(dest, minlength=P).tolist()
+    recv_counts = exchange_counts(send_counts, group, device)
+    imp_xyz = all_to_all(x[rows], send_counts, recv_counts, group)  # differentiable
+    imp_g = all_to_all(rows + offset, send_counts, recv_counts, group)
+    pool = torch.cat([x, imp_xyz])
+    pool_g = torch.cat([torch.arange(n, device=device) + offset, imp_g])
+
+    ptr, col, d2 = kernels.radius(pool, yq, r, backend=be)
+    row = torch.repeat_interleave(torch.arange(m, device=device), torch.diff(ptr))
+    g = pool_g[col]
+    o = _lexsort3(row, d2, g)  # ties by global index, not by pool position
+    row, col, g = row[o], col[o], g[o]
+    if y is None and not loop:
+        keep = g != row + offset
+        row, col, g = row[keep], col[keep], g[keep]
+    counts = torch.bincount(row, minlength=m)
+    start = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(row.numel(), device=device) - start[row]
+    if max_num_neighbors is not None:  # keep the closest ones
+        keep = pos < max_num_neighbors
+        row, col, g, pos = row[keep], col[keep], g[keep], pos[keep]
+        counts = counts.clamp(max=max_num_neighbors)
+    out_ptr = torch.zeros(m + 1, dtype=torch.int64, device=device)
+    out_ptr[1:] = torch.cumsum(counts, 0)
+    dist_out = torch.linalg.vector_norm(yq[row] - pool[col], dim=-1)
+    if stats is not None:
+        stats.update(queries=m, points_sent=int(rows.numel()), points_received=imp_g.numel())
+    return out_ptr, g, dist_out, row, pos, offset
+
+
+def radius(
+    x: torch.Tensor,
+    r: float,
+    y: torch.Tensor | None = None,
+    *,
+    max_num_neighbors: int | None = None,
+    loop: bool = True,
+    format: Literal["padded", "csr"] = "padded",
+    group: dist.ProcessGroup | None = None,
+    backend: str = "auto",
+    nboxes: int = 16,
+    stats: dict | None = None,
+):
+    """Exact ball query over all ranks: every point within ``r`` (``<= r``), nearest first.
+
+    Collective: every rank of ``group`` must call this (and ``backward`` when gradients flow).
+
+    Parameters
+    ----------
+    x : Tensor of shape (n_local, d)
+        This rank's points.
+    r : float
+        Radius (> 0).
+    y : Tensor of shape (m_local, d), optional
+        This rank's queries; default ``x``.
+    max_num_neighbors : int, optional
+        Cap per query; the *closest* ones are kept (ties by index), unlike torch_cluster.
+    loop : bool
+        With ``y=None``: ``False`` excludes each point itself.
+    format : {"padded", "csr"}
+        ``"padded"`` returns ``(dist, index)`` of shape (m_local, W) padded with ``inf`` / ``-1``,
+        ``W = max_num_neighbors`` when given, else the largest count over all ranks (one
+        extra all_reduce). ``"csr"`` returns ``(ptr, index, dist)``: ``ptr`` (m_local + 1,),
+        ``index`` and ``dist`` (E,).
+    group, backend, nboxes, stats
+        As in :func:`knn`.
+
+    Returns
+    -------
+    tuple of Tensors
+        See ``format``. Indices are global (stored order); distances are differentiable.
+    """
+    if format not in ("padded", "csr"):
+        msg = f"radius: format={format!r} must be 'padded' or 'csr'"
+        raise ValueError(msg)
+    ptr, g, d, row, pos, _ = _radius_csr(
+        x,
+        r,
+        y,
+        max_num_neighbors=max_num_neighbors,
+        loop=loop,
+        group=group,
+        backend=backend,
+        nboxes=nboxes,
+        stats=stats,
+        op="radius",
+    )
+    if format == "csr":
+        return ptr, g, d
+    m = ptr.numel() - 1
+    if max_num_neighbors is not None:
+        width = max_num_neighbors
+    else:
+        w = torch.tensor([int(torch.diff(ptr).max()) if m else 0], device=ptr.device)
+        dist.all_reduce(w, op=dist.ReduceOp.MAX, group=group)
+        width = int(w)
+    idx = torch.full((m, width), -1, dtype=torch.int64, device=ptr.device)
+    idx[row, pos] = g
+    dd = torch.full((m, width), float("inf"), dtype=d.dtype, device=ptr.device)
+    dd = dd.index_put((row, pos), d)
+    return dd, idx
+
+
+def knn_graph(
+    x: torch.Tensor,
+    k: int,
+    loop: bool = False,
+    flow: Flow = "source_to_target",
+    *,
+    group: dist.ProcessGroup | None = None,
+    backend: str = "auto",
+    nboxes: int = 16,
+) -> torch.Tensor:
+    """k-nearest-neighbour graph edges of this rank's points, torch_cluster's convention.
+
+    Collective: every rank of ``group`` must call this.
+
+    Parameters
+    ----------
+    x : Tensor of shape (n_local, d)
+    k : int
+    loop : bool
+        Include self-loops (default ``False``: exactly ``k`` other points per centre).
+    flow : {"source_to_target", "target_to_source"}
+        ``"source_to_target"`` (default): row 0 = neighbour (source), row 1 = centre
+        (target); ``"target_to_source"``: row 0 = centre, row 1 = neighbour.
+
+    Returns
+    -------
+    Tensor of shape (2, n_local * k), int64
+        Global indices; this rank's edges are those whose centre is one of its points.
+    """
+    _check_flow(flow)
+    _, index, offset = _knn(
+        x,
+        k,
+        None,
+        loop=loop,
+        group=group,
+        x_sizes=None,
+        backend=backend,
+        nboxes=nboxes,
+        stats=None,
+    )
+    centre = (torch.arange(x.shape[0], device=x.device) + offset).repeat_interleave(k)
+    nbr = index.reshape(-1)
+    return torch.stack([nbr, centre] if flow == "source_to_target" else [centre, nbr])
+
+
+def radius_graph(
+    x: torch.Tensor,
+    r: float,
+    loop: bool = False,
+    max_num_neighbors: int | None = None,
+    flow: Flow = "source_to_target",
+    *,
+    group: dist.ProcessGroup | None = None,
+    backend: str = "auto",
+    nboxes: int = 16,
+) -> torch.Tensor:
+    """Radius graph edges of this rank's points, torch_cluster's convention.
+
+    Collective: every rank of ``group`` must call this.
+
+    ``max_num_neighbors`` (default ``None``: no cap; torch_cluster's default is 32) keeps the
+    closest neighbours after excluding the point itself, so no centre gets more than the cap.
+
+    Returns
+    -------
+    Tensor of shape (2, E_local), int64
+        Global indices; row order as in :func:`knn_graph` for ``flow``; edges grouped by
+        centre, nearest first.
+    """
+    _check_flow(flow)
+    _, g, _, row, _, offset = _radius_csr(
+        x,
+        r,
+        None,
+        max_num_neighbors=max_num_neighbors,
+        loop=loop,
+        group=group,
+        backend=backend,
+        nboxes=nboxes,
+        stats=None,
+        op="radius_graph",
+    )
+    centre = row + offset
+    return torch.stack([g, centre] if flow == "source_to_target" else [centre, g])

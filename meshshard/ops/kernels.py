@@ -1,0 +1,286 @@
+"""Local (single-shard) neighbour kernels behind one interface.
+
+Every kernel answers the same question the same way, so backends are interchangeable:
+
+- :func:`knn` returns, for each query row of ``y``, the ``k`` nearest rows of ``x`` sorted by
+  (distance, index) — ties broken by the lower index — padded with ``inf`` / ``-1`` when ``x`` has
+  fewer than ``k`` rows.
+- :func:`radius` returns CSR lists of all rows of ``x`` within ``r`` (``<= r``) of each query,
+  each list sorted by (distance, index).
+
+Selection distances are recomputed here in float64 from the coordinates with one formula
+(:func:`sqdist`), whichever backend found the candidates; that makes rankings and ties
+identical across backends and across ranks. They are not differentiable: the distributed ops
+recompute differentiable distances from the selected coordinates.
+
+Backends
+--------
+``"kdtree"``  scipy ``cKDTree`` (CPU; CUDA inputs are moved to the CPU and back), ``workers=-1``.
+``"brute"``   tiled torch brute force on the tensors' device (CPU or GPU).
+``"cluster"`` ``torch_cluster`` when installed (``pip install meshshard[cluster]``).
+``"auto"``    ``"kdtree"`` on CPU; on GPU ``"cluster"`` when installed, else ``"brute"``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from meshshard.ops._backends import WITH_CLUSTER, require_cluster
+
+__all__ = ["BACKENDS", "available_backends", "knn", "radius", "resolve_backend", "sqdist"]
+
+BACKENDS = ("auto", "kdtree", "brute", "cluster")
+
+# brute force works on tiles of at most this many (query, point) pairs
+_TILE_PAIRS = 1 << 20
+
+
+def available_backends() -> list[str]:
+    """Concrete backends usable in this environment."""
+    return ["kdtree", "brute"] + (["cluster"] if WITH_CLUSTER else [])
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """Map ``"auto"`` to a concrete backend and check that the backend exists."""
+    if backend not in BACKENDS:
+        msg = f"backend={backend!r} is not one of {BACKENDS}"
+        raise ValueError(msg)
+    if backend == "auto":
+        if device.type == "cpu":
+            return "kdtree"
+        return "cluster" if WITH_CLUSTER else "brute"
+    if backend == "cluster":
+        require_cluster()
+    return backend
+
+
+def sqdist(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Squared Euclidean distances in float64, ``((y - x) ** 2).sum(-1)`` with broadcasting."""
+    return (y.double() - x.double()).pow(2).sum(-1)
+
+
+def _empty_knn(m: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.full((m, k), float("inf"), dtype=torch.float64, device=device),
+        torch.full((m, k), -1, dtype=torch.int64, device=device),
+    )
+
+
+def _sort_rows(d2: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort each row by (d2, idx); -1 / inf padding goes last."""
+    big = torch.iinfo(torch.int64).max
+    key_idx = torch.where(idx < 0, torch.full_like(idx, big), idx)
+    o = torch.argsort(key_idx, dim=1, stable=True)
+    d2, idx = d2.gather(1, o), idx.gather(1, o)
+    o = torch.argsort(d2, dim=1, stable=True)
+    return d2.gather(1, o), idx.gather(1, o)
+
+
+def knn(
+    x: torch.Tensor, y: torch.Tensor, k: int, *, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` nearest rows of ``x`` for every row of ``y`` (single process).
+
+    Parameters
+    ----------
+    x : Tensor of shape (n, d)
+        Points searched.
+    y : Tensor of shape (m, d)
+        Queries.
+    k : int
+        Neighbours per query (>= 1).
+    backend : {"auto", "kdtree", "brute", "cluster"}
+
+    Returns
+    -------
+    d2 : Tensor of shape (m, k), float64
+        Squared distances, ascending; ``inf`` where ``x`` has fewer than ``k`` rows.
+    idx : Tensor of shape (m, k), int64
+        Row indices into ``x``, ties broken by the lower index; ``-1`` as padding.
+
+    Example
+    -------
+    >>> d2, idx = knn(torch.rand(100, 3), torch.rand(5, 3), 4)
+    """
+    device = x.device
+    be = resolve_backend(backend, device)
+    m, n = y.shape[0], x.shape[0]
+    if m == 0 or n == 0:
+        return _empty_knn(m, k, device)
+    kk = min(k, n)
+    if be == "kdtree":
+        d2, idx = _knn_kdtree(x, y, kk)
+    elif be == "brute":
+        d2, idx = _knn_brute(x, y, kk)
+    else:
+        d2, idx = _knn_cluster(x, y, kk)
+    if kk < k:
+        pad_d, pad_i = _empty_knn(m, k - kk, device)
+        d2, idx = torch.cat([d2, pad_d], 1), torch.cat([idx, pad_i], 1)
+    return d2, idx
+
+
+def _knn_kdtree(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from scipy.spatial import cKDTree
+
+    device = x.device
+    xn = x.detach().double().cpu().numpy()
+    yn = y.detach().double().cpu().numpy()
+    n = xn.shape[0]
+    tree = cKDTree(xn)
+    kq = min(k + 1, n)  # one extra to see ties that cross the k-th place
+    _, ii = tree.query(yn, k=kq, workers=-1)
+    ii = np.asarray(ii, dtype=np.int64).reshape(yn.shape[0], kq)
+    xt, yt = torch.from_numpy(xn), torch.from_numpy(yn)
+    idx = torch.from_numpy(ii)
+    d2 = sqdist(yt[:, None, :], xt[idx])
+    d2, idx = _sort_rows(d2, idx)
+    if kq > k:
+        tied = torch.nonzero(d2[:, k - 1] == d2[:, k]).flatten()
+        for row in tied.tolist():  # exact ties across the cut: rare, resolved by a ball query
+            bound = float(d2[row, k - 1])
+            cand = tree.query_ball_point(yn[row], r=np.sqrt(bound) * (1 + 1e-9) + 1e-300)
+            cand = torch.as_tensor(np.sort(np.asarray(cand, dtype=np.int64)))
+            cd2 = sqdist(yt[row][None, :], xt[cand])
+            keep = cd2 <= bound
+            cd2, cand = cd2[keep], cand[keep]
+            o = torch.argsort(cd2, stable=True)[:k]
+            d2[row, :k], idx[row, :k] = cd2[o], cand[o]
+    return d2[:, :k].to(device), idx[:, :k].to(device)
+
+
+def _knn_brute(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = x.detach().double(), y.detach().double()
+    m, n = y.shape[0], x.shape[0]
+    col_chunk = max(k, min(n, 4096))
+    row_chunk = max(1, _TILE_PAIRS // col_chunk)
+    out_d, out_i = [], []
+    for r0 in range(0, m, row_chunk):
+        yc = y[r0 : r0 + row_chunk]
+        best_d = torch.empty((yc.shape[0], 0), dtype=torch.float64, device=x.device)
+        best_i = torch.empty((yc.shape[0], 0), dtype=torch.int64, device=x.device)
+        for c0 in range(0, n, col_chunk):
+            xc = x[c0 : c0 + col_chunk]
+            d2 = sqdist(yc[:, None, :], xc[None, :, :])
+            ii = torch.arange(c0, c0 + xc.shape[0], device=x.device).expand_as(d2)
+            # earlier candidates have lower indices, so a stable sort keeps (d2, idx) order
+            cd = torch.cat([best_d, d2], 1)
+            ci = torch.cat([best_i, ii], 1)
+            o = torch.argsort(cd, dim=1, stable=True)[:, :k]
+            best_d, best_i = cd.gather(1, o), ci.gather(1, o)
+            # re-sort by index so the next tile's stable merge keeps ties by index
+            o = torch.argsort(best_i, dim=1)
+            best_d, best_i = best_d.gather(1, o), best_i.gather(1, o)
+        best_d, best_i = _sort_rows(best_d, best_i)
+        out_d.append(best_d)
+        out_i.append(best_i)
+    return torch.cat(out_d), torch.cat(out_i)
+
+
+def _knn_cluster(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    tc = require_cluster()
+    kq = min(k + 1, x.shape[0])
+    ei = tc.knn(x.detach(), y.detach(), kq)
+    m = y.shape[0]
+    idx = torch.full((m, kq), -1, dtype=torch.int64, device=x.device)
+    counts = torch.bincount(ei[0], minlength=m)
+    start = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(ei.shape[1], device=x.device) - start[ei[0]]
+    idx[ei[0], pos] = ei[1]
+    d2 = torch.where(idx >= 0, sqdist(y[:, None, :], x[idx.clamp_min(0)]), float("inf"))
+    d2, idx = _sort_rows(d2, idx)
+    if kq > k:
+        tied = torch.nonzero(d2[:, k - 1] == d2[:, k]).flatten()
+        if tied.numel():  # resolve exact ties across the k-th place by brute force on those rows
+            td, ti = _knn_brute(x, y[tied], k)
+            d2[tied, :k], idx[tied, :k] = td, ti
+    return d2[:, :k], idx[:, :k]
+
+
+def radius(
+    x: torch.Tensor, y: torch.Tensor, r: float, *, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """All rows of ``x`` within distance ``r`` (``<= r``) of every row of ``y``.
+
+    Parameters
+    ----------
+    x : Tensor of shape (n, d)
+    y : Tensor of shape (m, d)
+    r : float
+        Radius (> 0).
+    backend : {"auto", "kdtree", "brute", "cluster"}
+
+    Returns
+    -------
+    ptr : Tensor of shape (m + 1,), int64
+        Query ``i``'s neighbours are ``idx[ptr[i]:ptr[i + 1]]``.
+    idx : Tensor of shape (E,), int64
+        Row indices into ``x``, per query sorted by (distance, index).
+    d2 : Tensor of shape (E,), float64
+        Squared distances.
+    """
+    device = x.device
+    be = resolve_backend(backend, device)
+    m, n = y.shape[0], x.shape[0]
+    if m == 0 or n == 0:
+        return (
+            torch.zeros(m + 1, dtype=torch.int64, device=device),
+            torch.empty(0, dtype=torch.int64, device=device),
+            torch.empty(0, dtype=torch.float64, device=device),
+        )
+    if be == "kdtree":
+        row, col = _radius_kdtree(x, y, r)
+    elif be == "brute":
+        row, col = _radius_brute(x, y, r)
+    else:
+        tc = require_cluster()
+        ei = tc.radius(x.detach(), y.detach(), r * (1 + 1e-6), max_num_neighbors=n)
+        row, col = ei[0], ei[1]
+    row, col = row.to(device), col.to(device)
+    d2 = sqdist(y[row], x[col]).to(device)
+    keep = d2.sqrt() <= r
+    row, col, d2 = row[keep], col[keep], d2[keep]
+    # order by (row, d2, col) with stable sorts from the last key to the first
+    o = torch.argsort(col, stable=True)
+    row, col, d2 = row[o], col[o], d2[o]
+    o = torch.argsort(d2, stable=True)
+    row, col, d2 = row[o], col[o], d2[o]
+    o = torch.argsort(row, stable=True)
+    row, col, d2 = row[o], col[o], d2[o]
+    ptr = torch.zeros(m + 1, dtype=torch.int64, device=device)
+    ptr[1:] = torch.cumsum(torch.bincount(row, minlength=m), 0)
+    return ptr, col, d2
+
+
+def _radius_kdtree(x: torch.Tensor, y: torch.Tensor, r: float) -> tuple[torch.Tensor, torch.Tensor]:
+    from scipy.spatial import cKDTree
+
+    xn = x.detach().double().cpu().numpy()
+    yn = y.detach().double().cpu().numpy()
+    lists = cKDTree(xn).query_ball_point(yn, r=r * (1 + 1e-9), workers=-1)
+    counts = np.fromiter((len(a) for a in lists), dtype=np.int64, count=len(lists))
+    row = np.repeat(np.arange(len(lists), dtype=np.int64), counts)
+    col = (
+        np.concatenate([np.asarray(a, dtype=np.int64) for a in lists])
+        if counts.sum()
+        else (np.empty(0, dtype=np.int64))
+    )
+    return torch.from_numpy(row), torch.from_numpy(col)
+
+
+def _radius_brute(x: torch.Tensor, y: torch.Tensor, r: float) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = x.detach().double(), y.detach().double()
+    m, n = y.shape[0], x.shape[0]
+    col_chunk = min(n, 4096)
+    row_chunk = max(1, _TILE_PAIRS // col_chunk)
+    rows, cols = [], []
+    lim = (r * (1 + 1e-9)) ** 2
+    for r0 in range(0, m, row_chunk):
+        yc = y[r0 : r0 + row_chunk]
+        for c0 in range(0, n, col_chunk):
+            d2 = sqdist(yc[:, None, :], x[None, c0 : c0 + col_chunk, :])
+            rr, cc = torch.nonzero(d2 <= lim, as_tuple=True)
+            rows.append(rr + r0)
+            cols.append(cc + c0)
+    return torch.cat(rows), torch.cat(cols)

@@ -1,0 +1,109 @@
+"""Distributed radius (ball) queries and knn/radius graphs against single-process oracles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial import cKDTree
+
+from meshshard.testing.distributed import run_ranks
+from tests.ops._data import oracle_knn, oracle_radius
+from tests.ops._fns import graph_cases, radius_cases
+from tests.ops._oracle import full
+
+CASES = {
+    2: [
+        {"x_sizes": [30, 50], "r": 0.25},
+        {"x_sizes": [0, 80], "r": 0.3, "loop": False},
+        {"x_sizes": [35, 45], "r": 0.05, "kind": "clustered", "method": "random", "loop": False},
+        {"x_sizes": [30, 50], "r": 1.0, "kind": "dupes", "cap": 4},  # ties + closest kept
+        {"x_sizes": [30, 50], "y_sizes": [0, 20], "r": 0.3, "cap": 3},
+        {"x_sizes": [30, 50], "r": 0.25, "backend": "brute", "loop": False},
+    ],
+    4: [
+        {"x_sizes": [1, 1, 6, 72], "r": 0.3, "loop": False},
+        {"x_sizes": [20, 0, 30, 30], "r": 0.05, "kind": "clustered", "method": "random"},
+    ],
+}
+
+_RESULTS: dict[int, list] = {}
+
+
+def _results(P: int) -> list:
+    if P not in _RESULTS:
+        _RESULTS[P] = run_ranks(radius_cases, P, CASES[P])
+    return _RESULTS[P]
+
+
+@pytest.mark.parametrize(("P", "ci"), [(P, i) for P, cs in CASES.items() for i in range(len(cs))])
+def test_radius_matches_oracle(P: int, ci: int) -> None:
+    from tests.ops._fns import _weights
+
+    case = CASES[P][ci]
+    per_rank = [r[ci] for r in _results(P)]
+    x = full(case, P, "x")
+    y = full(case, P, "y") if "y_sizes" in case else None
+    yq = x if y is None else y
+    loop = case.get("loop", True)
+    want = oracle_radius(x, yq, case["r"], exclude_self=y is None and not loop, cap=case.get("cap"))
+    got = []
+    for r in per_rank:
+        got += [r["index"][a:b] for a, b in zip(r["ptr"][:-1], r["ptr"][1:])]
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(g, w, err_msg=f"query {i} of case {case}")
+    if "cap" not in case and case.get("kind") != "dupes":  # cKDTree sets
+        ref = cKDTree(x).query_ball_point(yq, r=case["r"])
+        for g, s, i in zip(got, ref, range(len(got))):
+            s = set(s) - ({i} if (y is None and not loop) else set())
+            assert set(g.tolist()) == s
+    # padded format: same lists, width = cap or the global max count
+    width = case.get("cap") or max(len(w) for w in want)
+    pad_i = np.concatenate([r["pad_index"] for r in per_rank])
+    pad_d = np.concatenate([r["pad_dist"] for r in per_rank])
+    assert pad_i.shape == (yq.shape[0], width)
+    for i, w in enumerate(want):
+        np.testing.assert_array_equal(pad_i[i, : len(w)], w)
+        assert (pad_i[i, len(w) :] == -1).all() and np.isinf(pad_d[i, len(w) :]).all()
+    # distances and gradients against single-process autograd
+    xt = torch.tensor(x, requires_grad=True)
+    yt = xt if y is None else torch.tensor(y, requires_grad=True)
+    rows = torch.cat([torch.full((len(w),), i) for i, w in enumerate(want)]).long()
+    cols = torch.as_tensor(np.concatenate(want)).long()
+    d = torch.linalg.vector_norm(yt[rows] - xt[cols], dim=-1)
+    wts = torch.cat([_weights(r["dist"].shape, q) for q, r in enumerate(per_rank)])
+    (d * wts).sum().backward()
+    np.testing.assert_allclose(
+        np.concatenate([r["dist"] for r in per_rank]), d.detach(), atol=1e-12
+    )
+    np.testing.assert_allclose(np.concatenate([r["gx"] for r in per_rank]), xt.grad, atol=1e-10)
+    if y is not None:
+        np.testing.assert_allclose(np.concatenate([r["gy"] for r in per_rank]), yt.grad, atol=1e-10)
+
+
+def test_graphs_follow_torch_cluster_convention() -> None:
+    """knn_graph / radius_graph: flow='source_to_target' puts the neighbour in row 0 and the
+    centre in row 1 (torch_cluster's knn_graph default); 'target_to_source' the reverse."""
+    sizes = [7, 0, 13, 20]
+    res = run_ranks(graph_cases, 4, sizes)
+    x = full({"x_sizes": sizes}, 4)
+    N = x.shape[0]
+    centres = np.repeat(np.arange(N), 3)
+
+    st = np.concatenate([r["knn_st"] for r in res], 1)
+    np.testing.assert_array_equal(st[1], centres)
+    np.testing.assert_array_equal(st[0], oracle_knn(x, x, 3, exclude_self=True).reshape(-1))
+    ts = np.concatenate([r["knn_ts_loop"] for r in res], 1)
+    np.testing.assert_array_equal(ts[0], centres)
+    np.testing.assert_array_equal(ts[1], oracle_knn(x, x, 3).reshape(-1))
+    assert (ts[0] == ts[1]).sum() == N  # loop=True: every point is its own nearest
+
+    want = oracle_radius(x, x, 0.3, exclude_self=True)
+    rs = np.concatenate([r["rad_st"] for r in res], 1)
+    np.testing.assert_array_equal(rs[0], np.concatenate(want))
+    np.testing.assert_array_equal(rs[1], np.repeat(np.arange(N), [len(w) for w in want]))
+    want = oracle_radius(x, x, 0.3, exclude_self=True, cap=2)
+    rc = np.concatenate([r["rad_ts_cap"] for r in res], 1)
+    np.testing.assert_array_equal(rc[1], np.concatenate(want))
+    np.testing.assert_array_equal(rc[0], np.repeat(np.arange(N), [len(w) for w in want]))
