@@ -44,18 +44,43 @@ def _format_tree(d: dict, indent: int = 0) -> list[str]:
 
 
 def _inspect_store(path: Path, args: argparse.Namespace) -> int:
-    """``run_i.zarr``: the pipelines' store summary (surface/volume sharding, balance, halos)."""
+    """``run_i.zarr``: the pipelines' store summary, then a partition report per stored part
+    (surface, volume) on the kNN graph of its cell centres (stores keep no connectivity)."""
     try:
-        from meshshard.pipelines.store import inspect_store
+        from meshshard.pipelines.store import inspect_store, store_partition
     except ImportError as exc:
         msg = f"{path}: inspecting zarr stores needs meshshard.pipelines.store ({exc})"
         raise CLIError(msg) from exc
-    result = inspect_store(path)
+    from meshshard.partition import knn_graph
+    from meshshard.partition.report import format_report, render_png, report
+
+    summary = inspect_store(path)
+    out: dict = {"store": summary}
+    shown = None
+    for name in ("surface", "volume"):
+        if not isinstance(summary.get(name), dict):
+            continue
+        part, points = store_partition(path, name)
+        t0 = time.perf_counter()
+        graph = knn_graph(points, args.knn)
+        timings = {"graph": time.perf_counter() - t0}
+        out[name] = report(part, graph=graph, points=points, timings=timings,
+                           source=f"{path} [{name}]")  # fmt: skip
+        shown = shown or (part, points)
+    if args.png:
+        if shown is None:
+            msg = f"{path}: no surface or volume part to render"
+            raise CLIError(msg)
+        render_png(shown[0], args.png, points=shown[1])
+        out["png"] = str(args.png)
     if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True, default=str))
-    else:
-        print(f"meshshard store report: {path}")
-        print("\n".join(_format_tree(result, 1)))
+        print(json.dumps(out, indent=2, sort_keys=True, default=str))
+        return 0
+    print(f"meshshard store report: {path}")
+    print("\n".join(_format_tree(summary, 1)))
+    for name in ("surface", "volume"):
+        if name in out:
+            print(format_report(out[name]))
     return 0
 
 
