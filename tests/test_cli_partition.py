@@ -108,3 +108,35 @@ def test_inspect_file_on_the_fly_and_errors(mesh_file, tmp_path, capsys):
     assert "pass --parts P" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path)]) == 2
     assert "partition.npz: missing" in capsys.readouterr().err
+
+
+def test_inspect_zarr_store_reports_each_part(tmp_path, capsys):
+    from meshshard.pipelines.synthetic import make_synthetic_run
+
+    make_synthetic_run(tmp_path / "src", 1, surface_cells=1500, volume_cells=0, seed=0)
+    rc = main(["preprocess", "drivaerml", str(tmp_path / "src"), str(tmp_path / "out"),
+               "--parts", "3", "--surface", "--no-progress"])  # fmt: skip
+    assert rc == 0
+    capsys.readouterr()
+    store = tmp_path / "out" / "run_1.zarr"
+    png = tmp_path / "store.png"
+    assert main(["inspect", str(store), "--json", "--png", str(png)]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    surf = rep["surface"]
+    assert surf["parts"] == 3 and sum(surf["sizes"]) == rep["store"]["surface"]["rows"]
+    assert surf["sizes"] == rep["store"]["surface"]["sharding_shapes"]
+    assert surf["edge_cut"] > 0 and len(surf["halo_sizes"]) == 3
+    assert png.is_file() and png.stat().st_size > 0
+    assert main(["inspect", str(store)]) == 0
+    text = capsys.readouterr().out
+    assert "meshshard store report" in text and "edge cut:" in text and "[surface]" in text
+
+
+def test_inspect_directory_with_input_override(mesh_file, tmp_path, capsys):
+    out = tmp_path / "p"
+    assert main(["partition", str(mesh_file / "cloud.npy"), "-p", "2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--input", str(mesh_file / "cloud.npy"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_points"] == 400
+    assert main(["inspect", str(out), "--input", str(mesh_file / "grid.vtu")]) == 2
+    assert "has 400 rows; pass the matching --input/--on" in capsys.readouterr().err

@@ -27,23 +27,60 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--png", metavar="FILE", help="render the shards to a PNG (off-screen)")
 
 
+def _format_tree(d: dict, indent: int = 0) -> list[str]:
+    """Indented ``key: value`` lines of a nested dict; long lists are shortened."""
+    pad = "  " * indent
+    lines = []
+    for key, value in d.items():
+        if isinstance(value, dict):
+            lines.append(f"{pad}{key}:")
+            lines.extend(_format_tree(value, indent + 1))
+        elif isinstance(value, (list, tuple)) and len(value) > 8:
+            head = ", ".join(str(v) for v in value[:8])
+            lines.append(f"{pad}{key}: [{head}, ...] ({len(value)} items)")
+        else:
+            lines.append(f"{pad}{key}: {value}")
+    return lines
+
+
 def _inspect_store(path: Path, args: argparse.Namespace) -> int:
+    """``run_i.zarr``: the pipelines' store summary, then a partition report per stored part
+    (surface, volume) on the kNN graph of its cell centres (stores keep no connectivity)."""
     try:
-        from meshshard.pipelines.store import inspect_store
+        from meshshard.pipelines.store import inspect_store, store_partition
     except ImportError as exc:
         msg = f"{path}: inspecting zarr stores needs meshshard.pipelines.store ({exc})"
         raise CLIError(msg) from exc
-    from meshshard.partition.report import format_report
+    from meshshard.partition import knn_graph
+    from meshshard.partition.report import format_report, render_png, report
 
-    result = inspect_store(path)
-    reports = result if isinstance(result, dict) and "parts" not in result else {"": result}
+    summary = inspect_store(path)
+    out: dict = {"store": summary}
+    shown = None
+    for name in ("surface", "volume"):
+        if not isinstance(summary.get(name), dict):
+            continue
+        part, points = store_partition(path, name)
+        t0 = time.perf_counter()
+        graph = knn_graph(points, args.knn)
+        timings = {"graph": time.perf_counter() - t0}
+        out[name] = report(part, graph=graph, points=points, timings=timings,
+                           source=f"{path} [{name}]")  # fmt: skip
+        shown = shown or (part, points)
+    if args.png:
+        if shown is None:
+            msg = f"{path}: no surface or volume part to render"
+            raise CLIError(msg)
+        render_png(shown[0], args.png, points=shown[1])
+        out["png"] = str(args.png)
     if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+        print(json.dumps(out, indent=2, sort_keys=True, default=str))
         return 0
-    for name, rep in reports.items():
-        if name:
-            print(f"[{name}]")
-        print(format_report(rep) if isinstance(rep, dict) and "sizes" in rep else rep)
+    print(f"meshshard store report: {path}")
+    print("\n".join(_format_tree(summary, 1)))
+    for name in ("surface", "volume"):
+        if name in out:
+            print(format_report(out[name]))
     return 0
 
 

@@ -183,8 +183,8 @@ def metis(
     }
     if order is None:  # no coordinates: keep the original order inside each shard
         return Partition.from_assignment(assignment, parts, method="metis", params=params)
-    # rows of each shard in Hilbert order: stable sort of the curve order by shard label
-    label_dtype = np.int16 if parts < 2**15 else np.int64  # 16-bit keys take numpy's radix sort
-    stored = order[np.argsort(assignment[order].astype(label_dtype), kind="stable")]
+    from meshshard.partition.sfc import group_by_shard
+
+    stored = group_by_shard(assignment, parts, order)  # rows of each shard in Hilbert order
     sizes = np.bincount(assignment, minlength=parts)
     return Partition(assignment, stored, sizes, method="metis", params=params)

@@ -75,7 +75,7 @@ def rcb(
     Returns
     -------
     Partition
-        Shards are boxes; rows inside a shard keep their original relative order.
+        Shards are boxes; rows inside a shard follow the Hilbert curve (locality).
 
     Examples
     --------
@@ -118,10 +118,9 @@ def rcb(
             nxt.append((r0, r0 + k, a, m))
             nxt.append((r0 + k, r1, m, b))
         nodes = nxt
-    part = Partition.from_assignment(
-        assignment,
-        parts,
-        method="rcb",
-        params={"targets": t.tolist(), "weighted": w is not None},
-    )
-    return part
+    from meshshard.partition.sfc import curve_order, group_by_shard, hilbert_codes
+
+    stored = group_by_shard(assignment, parts, curve_order(hilbert_codes(pts)))
+    sizes = np.bincount(assignment, minlength=parts)
+    params = {"targets": t.tolist(), "weighted": w is not None}
+    return Partition(assignment, stored, sizes, method="rcb", params=params)

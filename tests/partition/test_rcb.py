@@ -50,3 +50,13 @@ def test_rcb_tiny_inputs_and_determinism():
     big = np.random.default_rng(3).random((500, 3))
     assert rcb(big, 6) == rcb(big.copy(), 6)
     assert (rcb(pts, 3).sizes == 1).all()
+
+
+def test_rcb_rows_inside_shards_follow_the_hilbert_curve():
+    from meshshard.partition import hilbert_codes
+
+    pts = np.random.default_rng(4).random((900, 3))
+    p = rcb(pts, 5)
+    codes = hilbert_codes(pts)[p.order].astype(np.float64)
+    for piece in p.split(codes):
+        assert np.all(np.diff(piece) >= 0)
