@@ -174,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         print("### Simulated traffic (rows sent per point)\n")
         print(
             "| P | shards | forwarded queries / pt | answer rows / pt | ring rows / pt "
-            "| ring / ours (queries) |"
+            "| ring / ours (queries) | bytes / pt ours | bytes / pt ring |"
         )
-        print("|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         for P in sims:
             for method in methods:
                 try:
