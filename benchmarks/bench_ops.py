@@ -182,12 +182,17 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     part, label = shard(pts, P, method)
                 except SystemExit as exc:
-                    print(f"| {P} | {method} | skipped: {exc} | | | |")
+                    print(f"| {P} | {method} | skipped: {exc} | | | | | |")
                     continue
                 r = simulate(part.apply(pts), part.sizes, args.k, args.nboxes)
                 ratio = (P - 1) / r["fwd"] if r["fwd"] else float("inf")
+                # float64 coordinates; a query row is (x, y, z, bound), an answer row is
+                # (slot, d2, index) + (x, y, z); a ring hop carries (x, y, z, index)
+                ours = r["fwd"] * 4 * 8 + r["ans"] * 6 * 8
+                ring = (P - 1) * 4 * 8
                 print(
-                    f"| {P} | {label} | {r['fwd']:.3f} | {r['ans']:.3f} | {P - 1} | {ratio:.0f}x |",
+                    f"| {P} | {label} | {r['fwd']:.3f} | {r['ans']:.3f} | {P - 1} "
+                    f"| {ratio:.0f}x | {ours:.1f} | {ring} |",
                     flush=True,
                 )
         print()
