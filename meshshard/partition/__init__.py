@@ -1,5 +1,50 @@
-"""Partitioners for unstructured meshes and point clouds, and the record of a cut."""
+"""Partitioners for unstructured meshes and point clouds, and the record of a cut.
 
+Front door: :func:`partition` (``method="hilbert" | "morton" | "rcb" | "metis"``). Every
+method takes per-point ``weights`` and per-shard ``targets`` and returns a :class:`Partition`.
+Heavy pieces (scipy.sparse graphs, pymetis, pyvista) load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from meshshard.partition.api import list_methods, partition, register_method
+from meshshard.partition.rcb import rcb
 from meshshard.partition.record import SCHEMA_VERSION, HaloPlan, Partition
+from meshshard.partition.sfc import hilbert, hilbert_codes, morton, morton_codes
 
-__all__ = ["SCHEMA_VERSION", "HaloPlan", "Partition"]
+_LAZY = {
+    "metis": "meshshard.partition.graphpart",
+    "knn_graph": "meshshard.partition.graph",
+    "dual_graph": "meshshard.partition.graph",
+    "metrics": "meshshard.partition.quality",
+    "halo_plan": "meshshard.partition.halo",
+    "halo_plan_graph": "meshshard.partition.halo",
+    "halo_plan_radius": "meshshard.partition.halo",
+    "read_points": "meshshard.partition.io",
+    "read_mesh": "meshshard.partition.io",
+}
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "HaloPlan",
+    "Partition",
+    "hilbert",
+    "hilbert_codes",
+    "list_methods",
+    "morton",
+    "morton_codes",
+    "rcb",
+    "partition",
+    "register_method",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    msg = f"module 'meshshard.partition' has no attribute {name!r}"
+    raise AttributeError(msg)

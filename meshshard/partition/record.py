@@ -147,6 +147,13 @@ class Partition:
         sizes = np.bincount(assignment, minlength=nparts)
         return cls(assignment, order, sizes, method=method, params=params or {})
 
+    def metrics(self, graph: Any = None, points: Any = None, weights: Any = None) -> dict:
+        """Quality numbers (imbalance, edge cut, communication volume, halos, neighbours,
+        components, bounding boxes); see :func:`meshshard.partition.quality.metrics`."""
+        from meshshard.partition.quality import metrics
+
+        return metrics(self, graph=graph, points=points, weights=weights)
+
     # ------------------------------------------------------------------ data movement
     def apply(self, array: Any) -> Any:
         """Reorder rows of ``array`` (numpy or torch, first dim N) into stored order."""

@@ -1,1 +1,36 @@
-"""meshshard.pipelines"""
+"""DrivaerML (and similar) CFD runs -> partition-aware sharded zarr stores -> ShardTensors.
+
+- :func:`read_run` reads a run directory (surface, volume, STL; non-dimensional fields).
+- :func:`make_synthetic_run` writes a DrivaerML-like run of any size.
+- :func:`preprocess_runs` / :func:`process_run` write ``run_<i>.zarr`` stores (atomic,
+  resumable, parallel); ``meshshard preprocess`` is the command.
+- :func:`load_shard` / :class:`ShardedRunDataset` read one rank's rows (no collective).
+- :func:`inspect_store` summarises a store (used by ``meshshard inspect run_i.zarr``).
+"""
+
+from __future__ import annotations
+
+from meshshard.pipelines.drivaerml import RunData, read_run
+from meshshard.pipelines.loader import ShardedRunDataset, load_halo, load_shard
+from meshshard.pipelines.preprocess import RunResult, preprocess_runs, process_run
+from meshshard.pipelines.schema import DRIVAERML, DatasetSchema, FieldSpec
+from meshshard.pipelines.store import StoreError, inspect_store, open_store
+from meshshard.pipelines.synthetic import make_synthetic_run
+
+__all__ = [
+    "DRIVAERML",
+    "DatasetSchema",
+    "FieldSpec",
+    "RunData",
+    "RunResult",
+    "ShardedRunDataset",
+    "StoreError",
+    "inspect_store",
+    "load_halo",
+    "load_shard",
+    "make_synthetic_run",
+    "open_store",
+    "preprocess_runs",
+    "process_run",
+    "read_run",
+]

@@ -82,7 +82,10 @@ def dispatch_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
         aten_handler = get_handler(single_call[0])
         if aten_handler is not None:
             return aten_handler(*single_call[1], **single_call[2])
-    flat, _ = tree_flatten((args, kwargs))
+    if not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args):
+        flat = args
+    else:
+        flat, _ = tree_flatten((args, kwargs))
     sts = [t for t in flat if isinstance(t, ShardTensor)]
     if sts and all(t._spec.is_replicated() for t in sts):
         return replicated_apply(func, args, kwargs)
@@ -90,6 +93,10 @@ def dispatch_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
         return pointwise_apply(func, args, kwargs)
     if getattr(_state, "fallback", False):
         return _gather_fallback(func, args, kwargs, ops)
+    err = getattr(_state, "last_trace_error", None)
+    if ops is None and isinstance(err, (RuntimeError, ValueError, IndexError, TypeError)):
+        msg = f"{_name(func)} fails on the global shapes of its ShardTensor arguments: {err}"
+        raise type(err)(msg) from err
     aten = ", ".join(sorted({str(o) for o in ops})) if ops else "unknown"
     fname = _name(func)
     msg = (
@@ -154,7 +161,10 @@ def _trace(func, args, kwargs):
 
     Returns (ops or None, single_call): ``single_call`` is (op, args, kwargs) with the original
     ShardTensors in place when the function is exactly one aten call on its inputs."""
-    flat, spec = tree_flatten((args, kwargs))
+    if not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args):
+        flat, spec = list(args), None
+    else:
+        flat, spec = tree_flatten((args, kwargs))
     key = None
     try:
         key = (func, tuple(_leaf_key(v) for v in flat))
@@ -162,6 +172,10 @@ def _trace(func, args, kwargs):
     except TypeError:
         key = None
     cached = _TRACE_CACHE.get(key) if key is not None else None
+    if cached is not None:
+        ops, single_op = cached
+        if single_op is None or get_handler(single_op) is None:
+            return ops, None  # classification known; no need to run on meta again
     metas = {}
 
     def to_meta(v):
@@ -173,17 +187,16 @@ def _trace(func, args, kwargs):
         return v
 
     meta_flat = [to_meta(v) for v in flat]
-    margs, mkwargs = tree_unflatten(meta_flat, spec)
+    margs, mkwargs = (meta_flat, {}) if spec is None else tree_unflatten(meta_flat, spec)
     rec = _Recorder()
     try:
         with rec:
             func(*margs, **mkwargs)
-    except Exception:
-        ops = cached
-        return ops, None
+    except Exception as exc:  # some functions cannot run on meta tensors
+        _state.last_trace_error = exc
+        return None, None
+    _state.last_trace_error = None
     ops = [c[0] for c in rec.calls]
-    if key is not None:
-        _TRACE_CACHE[key] = ops
     single = None
     if len(rec.calls) == 1:
         op, a, k = rec.calls[0]
@@ -201,6 +214,8 @@ def _trace(func, args, kwargs):
         k2 = tree_map(back, k)
         if mapped_ok:
             single = (op, a2, k2)
+    if key is not None:
+        _TRACE_CACHE[key] = (ops, single[0] if single is not None else None)
     return ops, single
 
 
@@ -252,6 +267,34 @@ def reduce_partials(st: ShardTensor, mesh_dims: Sequence[int] | None = None) -> 
     out = wrap(local, spec.with_changes(placements=tuple(placements)))
     cache[key] = out  # one reduction per Partial tensor, however many consumers it has
     return out
+
+
+def align_sizes(t: ShardTensor, operands: Sequence[Any], out_ndim: int) -> ShardTensor:
+    """Redistribute ``t`` to the shard sizes of the first operand that shards the same
+    (broadcast-aligned) dim on the same mesh dim, when they differ. Rows move only between the
+    ranks whose ranges differ (uneven all-to-all); differentiable; collective."""
+    spec = t._spec
+    target = list(spec.sizes)
+    changed = False
+    for i, p in enumerate(spec.placements):
+        if not isinstance(p, Shard):
+            continue
+        d = p.dim + out_ndim - spec.ndim
+        for o in operands:
+            if not isinstance(o, ShardTensor):
+                continue
+            q = o._spec.placements[i]
+            if isinstance(q, Shard) and q.dim + out_ndim - o._spec.ndim == d:
+                if o._spec.sizes[i] != spec.sizes[i] and sum(o._spec.sizes[i]) == sum(
+                    spec.sizes[i]
+                ):
+                    target[i] = o._spec.sizes[i]
+                    changed = True
+                break
+    if not changed:
+        return t
+    log.debug("redistributing %s to sizes %s to match another operand", spec.describe(), target)
+    return t.redistribute(spec.placements, target)
 
 
 def replicated_local(
@@ -367,7 +410,11 @@ def pointwise_apply(func, args, kwargs):
     """Elementwise functions with broadcasting: shard layouts must agree (after broadcasting
     alignment); replicated operands are cut to the local rows where they have the full size;
     Partial inputs pass through linear ops and are reduced before anything else."""
-    flat, tspec = tree_flatten((args, kwargs))
+    simple = not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args)
+    if simple:
+        flat, tspec = list(args), None
+    else:
+        flat, tspec = tree_flatten((args, kwargs))
     tensor_pos = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
     sts = [flat[i] for i in tensor_pos if isinstance(flat[i], ShardTensor)]
     mesh = check_same_mesh(sts)
@@ -400,8 +447,15 @@ def pointwise_apply(func, args, kwargs):
                     flat[j] = reduce_partials(flat[j], [i])
     tensors = [flat[i] for i in tensor_pos]
     shapes = [t._spec.shape if isinstance(t, ShardTensor) else t.shape for t in tensors]
-    out_shape = torch.broadcast_shapes(*shapes)
+    out_shape = shapes[0] if all(sh == shapes[0] for sh in shapes) else torch.broadcast_shapes(
+        *shapes
+    )
     nd = len(out_shape)
+    # same sharded dim, different sizes: move the later operands' rows to the first's layout
+    for j in tensor_pos:
+        if isinstance(flat[j], ShardTensor):
+            flat[j] = align_sizes(flat[j], [flat[k] for k in tensor_pos], nd)
+    tensors = [flat[i] for i in tensor_pos]
     placements: list = []
     sizes: list = []
     for i in range(mesh.ndim):
@@ -479,8 +533,11 @@ def pointwise_apply(func, args, kwargs):
                     if d >= 0:
                         aligned[i] = d
             local_flat[j] = replicated_local(t, spec_out, aligned)
-    a, k = tree_unflatten(local_flat, tspec)
-    out = func(*a, **k)
+    if simple:
+        out = func(*local_flat)
+    else:
+        a, k = tree_unflatten(local_flat, tspec)
+        out = func(*a, **k)
     if inplace_target is not None:
         inplace_target.__dict__.pop("_reduced_cache", None)
         if inplace_target._spec.placements != spec_out.placements or tuple(

@@ -280,11 +280,25 @@ def from_local(
             if not isinstance(p, Shard):
                 continue
             n = mesh.size(i)
-            bufs = [torch.empty_like(shape_t) for _ in range(n)]
+            # append a fingerprint of this rank's declared sizes so disagreeing declarations
+            # are seen by every rank
+            decl = -1
+            if sizes is not None:
+                decl = len(sizes[i]) + sum((k + 1) * 1_000_003 * int(v) for k, v in
+                                           enumerate(sizes[i])) % (1 << 61)
+            vec = torch.cat([shape_t, torch.tensor([decl], dtype=torch.int64,
+                                                   device=shape_t.device)])
+            bufs = [torch.empty_like(vec) for _ in range(n)]
             if n > 1:
-                dist.all_gather(bufs, shape_t, group=mesh.get_group(i))
+                dist.all_gather(bufs, vec, group=mesh.get_group(i))
             else:
-                bufs = [shape_t]
+                bufs = [vec]
+            if len({int(b[-1]) for b in bufs}) > 1:
+                problems.append(
+                    f"ranks declared different sharding sizes on mesh dim {i} (this rank: "
+                    f"{None if sizes is None else tuple(sizes[i])}); pass the same sizes on "
+                    "every rank"
+                )
             along = [tuple(b[1 : 1 + int(b[0])].tolist()) for b in bufs]
             for c, shp in enumerate(along):
                 other = [v for k, v in enumerate(shp) if k != p.dim]

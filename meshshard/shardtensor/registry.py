@@ -35,9 +35,15 @@ def _name(op: Any) -> str:
     mod = getattr(op, "__module__", None) or ""
     qual = getattr(op, "__qualname__", None) or getattr(op, "__name__", repr(op))
     if mod.startswith("torch._C"):
-        mod = {"torch._C._nn": "torch.nn.functional", "torch._C._linalg": "torch.linalg"}.get(
-            mod, "torch"
-        )
+        public, prefix = {
+            "torch._C._nn": ("torch.nn.functional", ""),
+            "torch._C._linalg": ("torch.linalg", "linalg_"),
+            "torch._C._fft": ("torch.fft", "fft_"),
+            "torch._C._special": ("torch.special", "special_"),
+        }.get(mod, ("torch", ""))
+        mod = public
+        if prefix and qual.startswith(prefix):
+            qual = qual[len(prefix) :]
     if "TensorBase" in qual:
         qual = qual.replace("TensorBase", "Tensor")
         mod = "torch"

@@ -31,6 +31,19 @@ def _slice_counts(sizes, start, stop, step):
     return out
 
 
+def _is_int_scalar(v) -> bool:
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return True
+    return (
+        isinstance(v, torch.Tensor)
+        and v.ndim == 0
+        and not v.dtype.is_floating_point
+        and v.dtype != torch.bool
+    )
+
+
 def _expand_index(idx, ndim):
     if not isinstance(idx, tuple):
         idx = (idx,)
@@ -54,22 +67,19 @@ def _getitem(x, idx):
     x = reduce_partials(x)
     spec = x._spec
     items = _expand_index(idx, spec.ndim)
-    local_idx = []
-    out_shape = []
+    local_idx: list = []
+    out_shape: list[int] = []
     placements = list(spec.placements)
     sizes = list(spec.sizes)
     gather_after = []  # (mesh dim, output dim) for int indices on sharded dims
+    in_to_out: dict[int, int] = {}
     d_in = 0
-    d_out = 0
     shard_of = spec.shard_dims()
+    n_adv = sum(isinstance(w, (torch.Tensor, list)) and not _is_int_scalar(w) for w in items)
     for v in items:
         if v is None:
             local_idx.append(None)
             out_shape.append(1)
-            for i, p in enumerate(placements):
-                if isinstance(p, Shard) and p.dim >= d_out and spec.placements[i].dim >= d_in:
-                    pass
-            d_out += 1
             continue
         N = spec.shape[d_in]
         i = shard_of.get(d_in)
@@ -78,21 +88,17 @@ def _getitem(x, idx):
             if step <= 0:
                 msg = "slice step must be positive"
                 raise ValueError(msg)
+            in_to_out[d_in] = len(out_shape)
             if i is None:
                 local_idx.append(v)
                 out_shape.append(len(range(start, stop, step)))
             else:
                 cnts = _slice_counts(spec.sizes[i], start, stop, step)
-                me = spec.coordinate()[i]
-                a, c = cnts[me]
+                a, c = cnts[spec.coordinate()[i]]
                 local_idx.append(slice(a, a + (c - 1) * step + 1 if c else a, step))
                 out_shape.append(sum(c for _, c in cnts))
-                placements[i] = Shard(d_out)
                 sizes[i] = tuple(c for _, c in cnts)
-            d_in += 1
-            d_out += 1
-        elif isinstance(v, int) or (isinstance(v, torch.Tensor) and v.ndim == 0
-                                    and not v.dtype.is_floating_point and v.dtype != torch.bool):
+        elif _is_int_scalar(v):
             v = int(v)
             if v < -N or v >= N:
                 msg = f"index {v} is out of bounds for dim {d_in} with size {N}"
@@ -102,49 +108,27 @@ def _getitem(x, idx):
                 local_idx.append(v)
             else:
                 cnts = _slice_counts(spec.sizes[i], v, v + 1, 1)
-                me = spec.coordinate()[i]
-                a, c = cnts[me]
+                a, c = cnts[spec.coordinate()[i]]
                 local_idx.append(slice(a, a + c))
+                in_to_out[d_in] = len(out_shape)
+                gather_after.append((i, len(out_shape)))
                 out_shape.append(1)
-                placements[i] = Shard(d_out)
                 sizes[i] = tuple(c for _, c in cnts)
-                gather_after.append((i, d_out))
-                d_out += 1
-            d_in += 1
         elif isinstance(v, (torch.Tensor, list)) and i is None:
             t = torch.as_tensor(v)
-            if t.dtype == torch.bool or t.ndim != 1 or sum(
-                isinstance(w, (torch.Tensor, list)) for w in items
-            ) > 1:
+            if t.dtype == torch.bool or t.ndim != 1 or n_adv > 1:
                 msg = "only one 1-D integer index tensor (on an unsharded dim) is supported"
                 raise NotImplementedError(msg)
             local_idx.append(t.to(x._local.device))
+            in_to_out[d_in] = len(out_shape)
             out_shape.append(t.numel())
-            d_in += 1
-            d_out += 1
         else:
             msg = (
                 f"index {type(v).__name__} on dim {d_in} of a ShardTensor is not supported "
                 "(sharded dims take ints and slices; use index_select for index tensors)"
             )
             raise NotImplementedError(msg)
-        # shift the shard dims of later dims
-    # recompute Shard dims for untouched sharded dims: map input dim -> output dim
-    in_to_out = {}
-    di = do = 0
-    for v in items:
-        if v is None:
-            do += 1
-            continue
-        if isinstance(v, int) or (isinstance(v, torch.Tensor) and v.ndim == 0):
-            in_to_out[di] = do if any(m for m, _ in gather_after if
-                                      spec.placements[m].dim == di) else None
-            if in_to_out[di] is not None:
-                do += 1
-        else:
-            in_to_out[di] = do
-            do += 1
-        di += 1
+        d_in += 1
     for i, p in enumerate(spec.placements):
         if isinstance(p, Shard):
             placements[i] = Shard(in_to_out[p.dim])

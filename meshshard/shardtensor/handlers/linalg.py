@@ -51,6 +51,20 @@ def contract(
     # Partial inputs are reduced before a contraction (once per tensor: reduce_partials caches),
     # so a Partial feeding several projections costs one all-reduce, not one per result.
     operands = [reduce_partials(o) if isinstance(o, ShardTensor) else o for o in operands]
+    # a letter sharded with different sizes in two operands: move rows to the first's layout
+    for i in range(mesh.ndim):
+        first = {}
+        for k, (o, L) in enumerate(zip(operands, letters)):
+            p = _placement(o, i)
+            if not isinstance(p, Shard):
+                continue
+            c = L[p.dim]
+            if c not in first:
+                first[c] = o._spec.sizes[i]
+            elif o._spec.sizes[i] != first[c] and sum(o._spec.sizes[i]) == sum(first[c]):
+                tgt = list(o._spec.sizes)
+                tgt[i] = first[c]
+                operands[k] = o.redistribute(o._spec.placements, tgt)
     sizes_of: dict[str, int] = {}
     for o, L in zip(operands, letters):
         for c, s in zip(L, _gshape(o)):

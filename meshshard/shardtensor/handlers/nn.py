@@ -45,7 +45,9 @@ def _softmax_impl(x, dim, log: bool, dtype=None):
     m = C.all_reduce(m, "max", group)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     z = local - m
-    s = C.all_reduce(torch.exp(z).sum(dim=d, keepdim=True), "sum", group)
+    # s meets local rows below: its gradient is summed over ranks (grad_all_reduce)
+    s = C.grad_all_reduce(C.all_reduce(torch.exp(z).sum(dim=d, keepdim=True), "sum", group),
+                          [group])
     out = z - torch.log(s) if log else torch.exp(z) / s
     return wrap(out, spec)
 
@@ -67,16 +69,18 @@ register_handler(F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax)(
 
 
 def _global_stats(local, dims, spec, mesh_dims):
-    """Mean and biased variance over ``dims`` with global counts (differentiable)."""
+    """Mean and biased variance over ``dims`` with global counts (differentiable). Both meet
+    local rows afterwards, so their gradients are summed over the ranks."""
     n = math.prod(spec.shape[d] for d in dims)
+    groups = [spec.mesh.get_group(i) for i in mesh_dims]
     s = local.sum(dim=dims, keepdim=True)
-    for i in mesh_dims:
-        s = C.all_reduce(s, "sum", spec.mesh.get_group(i))
-    mean = s / n
+    for g in groups:
+        s = C.all_reduce(s, "sum", g)
+    mean = C.grad_all_reduce(s / n, groups)
     v = ((local - mean) ** 2).sum(dim=dims, keepdim=True)
-    for i in mesh_dims:
-        v = C.all_reduce(v, "sum", spec.mesh.get_group(i))
-    return mean, v / n
+    for g in groups:
+        v = C.all_reduce(v, "sum", g)
+    return mean, C.grad_all_reduce(v / n, groups)
 
 
 @register_handler(F.layer_norm)

@@ -202,7 +202,8 @@ def _var_impl(x, dim, correction, keepdim):
         local = torch.var(x._local, dim=dims, correction=correction, keepdim=keepdim)
         return wrap(local, _out_spec(spec, dims, keepdim, Replicate()))
     n = math.prod(spec.shape[d] for d in dims)
-    mean = _global_sum(x._local, dims, True, spec) / n
+    groups = [spec.mesh.get_group(i) for i in _sharded_mesh_dims(spec, dims)]
+    mean = C.grad_all_reduce(_global_sum(x._local, dims, True, spec) / n, groups)
     dev2 = _global_sum((x._local - mean) ** 2, dims, keepdim, spec)
     var = dev2 / max(n - correction, 0)
     return wrap(var, _out_spec(spec, dims, keepdim, Replicate()))

@@ -1,0 +1,114 @@
+"""Preprocessing cost of one DrivaerML-sized surface vs reading the same VTP with pyvista.
+
+    python benchmarks/bench_pipeline.py                 # ~8.8M surface cells (DrivaerML size)
+    python benchmarks/bench_pipeline.py --cells 500000  # quick
+
+Every measurement runs in a fresh subprocess; peak memory is that process's ru_maxrss.
+"raw bytes" are the bytes of the arrays the VTP holds once read (points, cell offsets and
+connectivity, cell fields). "import" is the peak of a process that only imports pyvista, numpy,
+zarr and meshshard (subtracted in the "net" column). Targets: preprocess <= 1.5x read time,
+net peak <= 3x raw bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_CHILD = r"""
+import json, resource, sys, time, shutil
+what, path, out, parts = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+import numpy as np, pyvista as pv, zarr  # noqa: F401
+import meshshard.pipelines as mp
+from pathlib import Path
+res = {}
+if what == "generate":
+    t = time.perf_counter()
+    run = mp.make_synthetic_run(Path(path), 1, surface_cells=parts, volume_cells=0)
+    res = {"seconds": time.perf_counter() - t, "vtp": str(run.surface), "cells": run.surface_cells}
+elif what == "import":
+    pass
+elif what == "read":
+    t = time.perf_counter()
+    mesh = pv.read(path)
+    raw = mesh.points.nbytes
+    polys = mesh.GetPolys()
+    raw += polys.GetOffsetsArray().GetNumberOfValues() * polys.GetOffsetsArray().GetDataTypeSize()
+    c = polys.GetConnectivityArray()
+    raw += c.GetNumberOfValues() * c.GetDataTypeSize()
+    raw += sum(np.asarray(mesh.cell_data[k]).nbytes for k in mesh.cell_data.keys())
+    res["seconds"] = time.perf_counter() - t
+    res["raw_bytes"] = int(raw)
+elif what == "preprocess":
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.perf_counter()
+    r = mp.process_run(Path(path).parent, out, parts=parts, volume=False)
+    res["seconds"] = time.perf_counter() - t
+    res["status"] = r.status
+    res["out_bytes"] = sum(f.stat().st_size for f in Path(out).rglob("*") if f.is_file())
+res["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps(res))
+"""
+
+
+def _child(what: str, path: Path, out: Path, parts: int) -> dict:
+    cmd = [sys.executable, "-c", _CHILD, what, str(path), str(out), str(parts)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise SystemExit(f"{what} failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", type=int, default=8_800_000, help="surface cells")
+    ap.add_argument("--parts", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=2, help="best of N timings")
+    ap.add_argument("--dir", type=Path, default=None, help="work directory (default: temp)")
+    args = ap.parse_args()
+
+    # the parent stays small: ru_maxrss survives fork+exec, so a big parent would inflate the
+    # children's peaks; generation runs in a child too
+    tmp = tempfile.TemporaryDirectory() if args.dir is None else None
+    root = Path(tmp.name) if tmp else args.dir
+    made = _child("generate", root / "src", root, args.cells)
+    gen, vtp, cells = made["seconds"], Path(made["vtp"]), made["cells"]
+    out = root / "out" / "run_1.zarr"
+    base = _child("import", vtp, out, args.parts)
+    reads = [_child("read", vtp, out, args.parts) for _ in range(args.repeat)]
+    pres = [_child("preprocess", vtp, root / "out", args.parts) for _ in range(args.repeat)]
+    read_s = min(r["seconds"] for r in reads)
+    pre_s = min(r["seconds"] for r in pres)
+    raw = reads[0]["raw_bytes"]
+    gib = 1 << 30
+
+    def row(name: str, sec: float, rss: int) -> str:
+        net = rss - base["maxrss"]
+        return (
+            f"| {name:<22} | {sec:8.2f} | {rss / gib:8.2f} | {net / gib:8.2f} | "
+            f"{net / raw:7.2f} |"
+        )
+
+    print(
+        f"surface cells: {cells:,}   VTP file: {vtp.stat().st_size / gib:.2f} GiB   "
+        f"raw arrays: {raw / gib:.2f} GiB   parts: {args.parts}   (generated in {gen:.1f} s)"
+    )
+    print("| step                   | time (s) | peak GiB | net GiB  | net/raw |")
+    print("|------------------------|----------|----------|----------|---------|")
+    print(row("import only", 0.0, base["maxrss"]))
+    print(row("pyvista.read (VTP)", read_s, max(r["maxrss"] for r in reads)))
+    print(row("meshshard process_run", pre_s, max(r["maxrss"] for r in pres)))
+    print(
+        f"preprocess / read time: {pre_s / read_s:.2f}x (target <= 1.5x); "
+        f"store size {pres[0]['out_bytes'] / gib:.2f} GiB"
+    )
+    if tmp:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

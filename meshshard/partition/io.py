@@ -1,0 +1,256 @@
+"""Reading meshes and point clouds for the CLI: ``.vtp .vtu .vtk .ply .stl`` (pyvista) and
+``.npy`` (points). Errors name the file and say what was wrong with it."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "MESH_SUFFIXES",
+    "Geometry",
+    "cell_centers",
+    "load_geometry",
+    "read_mesh",
+    "read_points",
+]
+
+log = logging.getLogger(__name__)
+
+MESH_SUFFIXES = (".vtp", ".vtu", ".vtk", ".ply", ".stl")
+
+
+def _check_file(path: str | Path, suffixes: tuple[str, ...]) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        msg = f"{p}: no such file"
+        raise FileNotFoundError(msg)
+    if p.suffix.lower() not in suffixes:
+        msg = f"{p}: unsupported file type {p.suffix!r}; use one of {', '.join(suffixes)}"
+        raise ValueError(msg)
+    return p
+
+
+def read_mesh(path: str | Path) -> Any:
+    """Read a mesh with pyvista; VTK reader errors and warnings become a ValueError.
+
+    Parameters
+    ----------
+    path : str or Path
+        ``.vtp``, ``.vtu``, ``.vtk``, ``.ply`` or ``.stl``.
+
+    Returns
+    -------
+    pyvista.DataSet
+
+    Raises
+    ------
+    FileNotFoundError
+        The file does not exist.
+    ValueError
+        Unsupported suffix, unreadable/truncated file, or a mesh without points.
+    """
+    import pyvista as pv
+    from pyvista.core.utilities.observers import VtkErrorCatcher
+
+    p = _check_file(path, MESH_SUFFIXES)
+    if p.suffix.lower() == ".ply":
+        _check_ply(p)  # VTK's PLY reader crashes the process on truncated binary files
+    with warnings.catch_warnings(record=True) as caught, VtkErrorCatcher() as vtk_errors:
+        warnings.simplefilter("always")
+        try:
+            mesh = pv.read(p)
+        except Exception as exc:
+            msg = f"{p}: unreadable mesh file ({type(exc).__name__}: {exc})"
+            raise ValueError(msg) from exc
+    problems = [str(e.alert).strip() for e in vtk_errors.events]
+    problems += [str(w.message).strip() for w in caught if "error" in str(w.message).lower()]
+    if problems:
+        first = problems[0].splitlines()[0][:200]
+        msg = f"{p}: unreadable or truncated mesh file (VTK reported: {first})"
+        raise ValueError(msg)
+    if isinstance(mesh, pv.MultiBlock):
+        msg = f"{p}: holds a multi-block dataset; save one block (e.g. mesh[0]) and retry"
+        raise ValueError(msg)
+    if mesh.n_points == 0:
+        msg = f"{p}: the mesh has no points (empty or truncated file)"
+        raise ValueError(msg)
+    return mesh
+
+
+_PLY_SIZES = {
+    "char": 1, "int8": 1, "uchar": 1, "uint8": 1, "short": 2, "int16": 2, "ushort": 2,
+    "uint16": 2, "int": 4, "int32": 4, "uint": 4, "uint32": 4, "float": 4, "float32": 4,
+    "double": 8, "float64": 8,
+}  # fmt: skip
+
+
+def _check_ply(p: Path) -> None:
+    """Refuse a PLY file shorter than its header promises (lower bound on the body size)."""
+    size = p.stat().st_size
+    with open(p, "rb") as fh:
+        head = fh.read(min(size, 65536))
+    end = head.find(b"end_header")
+    if not head.startswith(b"ply") or end < 0:
+        msg = f"{p}: not a PLY file or the header is truncated (no 'end_header')"
+        raise ValueError(msg)
+    body_start = head.index(b"\n", end) + 1 if b"\n" in head[end:] else len(head)
+    lines = head[:end].decode("ascii", "replace").splitlines()
+    fmt = next((ln.split()[1] for ln in lines if ln.startswith("format")), "ascii")
+    need = 0
+    rows = 0
+    count = 0
+    for ln in lines:
+        parts = ln.split()
+        if not parts:
+            continue
+        if parts[0] == "element":
+            count = int(parts[2])
+            rows += count
+        elif parts[0] == "property" and parts[1] == "list":
+            # at least the count and three indices per face
+            need += count * (_PLY_SIZES.get(parts[2], 1) + 3 * _PLY_SIZES.get(parts[3], 4))
+        elif parts[0] == "property":
+            need += count * _PLY_SIZES.get(parts[1], 4)
+    if fmt == "ascii":
+        with open(p, "rb") as fh:
+            fh.seek(body_start)
+            have = sum(1 for line in fh if line.strip())
+        if have < rows:
+            msg = f"{p}: truncated PLY file ({have} data lines, the header promises {rows})"
+            raise ValueError(msg)
+    elif size - body_start < need:
+        msg = (
+            f"{p}: truncated PLY file ({size - body_start} body bytes, the header promises "
+            f"at least {need})"
+        )
+        raise ValueError(msg)
+
+
+def read_points(path: str | Path) -> np.ndarray:
+    """Point coordinates of a ``.npy`` array of shape (N, 2|3) or of a mesh file's vertices.
+
+    Returns
+    -------
+    ndarray of shape (N, 3) or (N, 2), float64
+    """
+    p = _check_file(path, (*MESH_SUFFIXES, ".npy"))
+    if p.suffix.lower() != ".npy":
+        return np.asarray(read_mesh(p).points, dtype=np.float64)
+    try:
+        arr = np.load(p, allow_pickle=False)
+    except Exception as exc:  # ValueError/EOFError/UnpicklingError on corrupt files
+        msg = f"{p}: unreadable or truncated .npy file ({exc})"
+        raise ValueError(msg) from exc
+    if arr.ndim != 2 or arr.shape[1] not in (2, 3):
+        msg = f"{p}: expected points of shape (N, 3) or (N, 2), found {arr.shape}"
+        raise ValueError(msg)
+    return np.asarray(arr, dtype=np.float64)
+
+
+def cell_centers(mesh: Any) -> np.ndarray:
+    """Vertex average of every cell (vectorised over the connectivity), shape (ncells, 3).
+
+    Equals VTK's cell centre for simplices, parallelograms and parallelepipeds; for other
+    cells it is the vertex centroid.
+    """
+    from meshshard.partition.graph import mesh_connectivity
+
+    conn, off, _ = mesh_connectivity(mesh)
+    pts = np.asarray(mesh.points, dtype=np.float64)
+    counts = np.diff(off)
+    if (counts == 0).any():
+        msg = "the mesh has cells without vertices; clean it (e.g. mesh.clean()) first"
+        raise ValueError(msg)
+    sums = np.add.reduceat(pts[conn], off[:-1], axis=0) if counts.size else np.zeros((0, 3))
+    return sums / counts[:, None]
+
+
+@dataclass
+class Geometry:
+    """What a partition is computed on: the points (cell centres or vertices) and the mesh.
+
+    Attributes
+    ----------
+    points : ndarray of shape (N, D)
+        Cell centres when ``on == "cells"``, otherwise vertex coordinates.
+    on : {"cells", "points"}
+    mesh : pyvista.DataSet or None
+        None for ``.npy`` point clouds.
+    source : str
+        The file path.
+    """
+
+    points: np.ndarray
+    on: str
+    mesh: Any = None
+    source: str = ""
+
+    def field(self, name: str) -> np.ndarray:
+        """Cell (``on="cells"``) or point array ``name``, shape (N,); errors list the fields."""
+        if self.mesh is None:
+            msg = f"{self.source}: a .npy point cloud has no fields; drop --weights {name}"
+            raise ValueError(msg)
+        data = self.mesh.cell_data if self.on == "cells" else self.mesh.point_data
+        if name not in data:
+            have = ", ".join(data.keys()) or "none"
+            msg = f"{self.source}: no {self.on[:-1]} field {name!r} (available: {have})"
+            raise ValueError(msg)
+        arr = np.asarray(data[name])
+        if arr.ndim != 1:
+            msg = f"{self.source}: field {name!r} has shape {arr.shape}; weights need one value"
+            raise ValueError(msg)
+        return arr
+
+    def graph(self, kind: str | None = None, knn: int = 8) -> Any:
+        """Adjacency: the dual graph of the cells (default on cells) or a kNN graph."""
+        from meshshard.partition.graph import dual_graph, knn_graph
+
+        kind = kind or ("dual" if self.on == "cells" else "knn")
+        if kind == "dual":
+            if self.on != "cells":
+                msg = "the dual graph connects cells; use --graph knn when partitioning points"
+                raise ValueError(msg)
+            return dual_graph(self.mesh)
+        if kind == "knn":
+            return knn_graph(self.points, knn)
+        msg = f"unknown graph {kind!r}; use 'dual' or 'knn'"
+        raise ValueError(msg)
+
+
+def load_geometry(path: str | Path, on: str | None = None) -> Geometry:
+    """Read ``path`` (mesh or ``.npy``) and pick what to partition.
+
+    Parameters
+    ----------
+    path : str or Path
+    on : {"cells", "points"}, optional
+        Default: cells when the mesh has cells (other than bare vertices), else points.
+    """
+    p = Path(path)
+    if on not in (None, "cells", "points"):
+        msg = f"on={on!r} must be 'cells' or 'points'"
+        raise ValueError(msg)
+    if p.suffix.lower() == ".npy":
+        if on == "cells":
+            msg = f"{p}: a .npy point cloud has no cells; use --on points"
+            raise ValueError(msg)
+        return Geometry(read_points(p), "points", None, str(p))
+    mesh = read_mesh(p)
+    import pyvista as pv
+
+    only_verts = isinstance(mesh, pv.PolyData) and mesh.n_verts == mesh.n_cells
+    has_cells = mesh.n_cells > 0 and not only_verts
+    if on is None:
+        on = "cells" if has_cells else "points"
+    if on == "cells":
+        if not has_cells:
+            msg = f"{p}: the mesh has no cells to partition; use --on points"
+            raise ValueError(msg)
+        return Geometry(cell_centers(mesh), "cells", mesh, str(p))
+    return Geometry(np.asarray(mesh.points, dtype=np.float64), "points", mesh, str(p))

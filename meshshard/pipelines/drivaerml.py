@@ -1,0 +1,436 @@
+"""Read one DrivaerML run directory into numpy arrays (original cell order).
+
+A run directory ``run_<i>/`` holds ``boundary_<i>.vtp`` (surface, cell data), ``volume_<i>.vtu``
+(volume, cell data) and ``drivaer_<i>.stl`` (the body). :func:`read_run` returns surface cell
+centres, normals, areas and non-dimensional fields, volume cell centres and fields, and the STL
+(vertices, triangles, centres, areas).
+
+Memory. Only the arrays named in the schema are read: every other cell and point array is
+disabled in the VTK reader before the file is parsed. The geometry (points and connectivity)
+of a file is always read whole, because VTK's XML readers cannot stream cells; with
+``max_volume_cells`` the centres and fields of only a random (seeded) subset of volume cells are
+computed and kept. The peak is therefore about the VTK geometry + the requested arrays + the
+kept output, not the whole file's arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from meshshard.pipelines.geometry import cell_centres, polygon_geometry, vtk_cells
+from meshshard.pipelines.schema import DRIVAERML, DatasetSchema, FieldSpec
+
+__all__ = [
+    "RunData",
+    "StlData",
+    "SurfaceData",
+    "VolumeData",
+    "file_fingerprint",
+    "read_run",
+    "read_stl",
+    "read_surface",
+    "read_volume",
+    "run_index",
+]
+
+log = logging.getLogger(__name__)
+
+_MIB = 1 << 20
+
+
+def file_fingerprint(path: str | Path) -> dict:
+    """``{"name", "size", "mtime_ns", "sha256"}`` of a source file; the hash covers the first
+    and the last MiB only (plus the size), so it is cheap on multi-GB volume files yet catches
+    replaced, truncated or re-exported files."""
+    path = Path(path)
+    st = path.stat()
+    h = hashlib.sha256(str(st.st_size).encode())
+    with open(path, "rb") as fh:
+        h.update(fh.read(_MIB))
+        if st.st_size > 2 * _MIB:
+            fh.seek(st.st_size - _MIB)
+            h.update(fh.read(_MIB))
+        elif st.st_size > _MIB:
+            h.update(fh.read())
+    return {
+        "name": path.name,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "sha256": h.hexdigest(),
+    }
+
+
+@dataclass
+class SurfaceData:
+    """Surface cells of one run; row ``j`` is source cell ``source_index[j]``.
+
+    Attributes
+    ----------
+    centers, normals : ndarray of shape (n, 3), float32
+    areas : ndarray of shape (n,), float32
+    fields : ndarray of shape (n, F), float32, non-dimensional
+    columns : dict[str, list[int]]
+        Field name -> ``[start, stop)`` columns of ``fields``.
+    scales : dict[str, float]
+        Field name -> the factor the raw values were divided by.
+    source_index : ndarray of shape (n,), int64
+    n_source_cells : int
+    dropped_nan : int
+    """
+
+    centers: np.ndarray
+    normals: np.ndarray
+    areas: np.ndarray
+    fields: np.ndarray
+    columns: dict[str, list[int]]
+    scales: dict[str, float]
+    source_index: np.ndarray
+    n_source_cells: int
+    dropped_nan: int = 0
+
+
+@dataclass
+class VolumeData:
+    """Volume cells of one run (``centers`` (n, 3), ``fields`` (n, F), as in SurfaceData)."""
+
+    centers: np.ndarray
+    fields: np.ndarray
+    columns: dict[str, list[int]]
+    scales: dict[str, float]
+    source_index: np.ndarray
+    n_source_cells: int
+    dropped_nan: int = 0
+
+
+@dataclass
+class StlData:
+    """The body: ``coordinates`` (V, 3), ``faces`` (T, 3) int64, ``centers`` (T, 3),
+    ``areas`` (T,)."""
+
+    coordinates: np.ndarray
+    faces: np.ndarray
+    centers: np.ndarray
+    areas: np.ndarray
+
+    @property
+    def length(self) -> float:
+        """Extent along x (the car's length)."""
+        x = self.coordinates[:, 0]
+        return float(x.max() - x.min())
+
+
+@dataclass
+class RunData:
+    """Everything read from one run directory."""
+
+    name: str
+    index: int
+    surface: SurfaceData | None
+    volume: VolumeData | None
+    stl: StlData | None
+    length: float | None
+    sources: dict[str, dict] = field(default_factory=dict)
+
+
+def run_index(run_dir: str | Path, schema: DatasetSchema = DRIVAERML) -> int:
+    """``12`` for ``.../run_12``; a clear error for any other name."""
+    name = Path(run_dir).name
+    m = re.fullmatch(re.escape(schema.run_prefix) + r"(\d+)", name)
+    if not m:
+        msg = (
+            f"{run_dir}: run directories must be named {schema.run_prefix}<number> "
+            f"(e.g. {schema.run_prefix}1); rename it or pass a DatasetSchema(run_prefix=...)"
+        )
+        raise ValueError(msg)
+    return int(m.group(1))
+
+
+def _require(path: Path, what: str) -> None:
+    if not path.is_file():
+        msg = f"{path}: missing {what} file (a run directory holds its {what} as {path.name})"
+        raise FileNotFoundError(msg)
+
+
+def _read_cells(path: Path, specs: tuple[FieldSpec, ...]):
+    """Read ``path`` with only ``specs``' cell arrays enabled; returns (mesh, present specs)."""
+    import pyvista as pv
+
+    try:
+        with pv.VtkErrorCatcher(raise_errors=True):
+            reader = pv.get_reader(str(path))
+            available = list(reader.cell_array_names)
+            missing = [s.name for s in specs if s.required and s.name not in available]
+            if missing:
+                msg = (
+                    f"{path}: cell field(s) {missing} missing; the file has {available}. "
+                    "Fix the file or name its fields with DatasetSchema(surface_fields=..., "
+                    "volume_fields=...)"
+                )
+                raise KeyError(msg)
+            reader.disable_all_point_arrays()
+            reader.disable_all_cell_arrays()
+            present = tuple(s for s in specs if s.name in available)
+            for s in present:
+                reader.enable_cell_array(s.name)
+            mesh = reader.read()
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    except (RuntimeError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        msg = f"{path}: truncated or corrupt VTK file ({first[:300]}); re-export or re-download it"
+        raise ValueError(msg) from exc
+    if mesh is None or mesh.n_cells == 0:
+        msg = f"{path}: has 0 cells; the file is empty, truncated or not a cell mesh"
+        raise ValueError(msg)
+    return mesh, present
+
+
+def _fields(
+    path: Path,
+    mesh,
+    specs: tuple[FieldSpec, ...],
+    schema: DatasetSchema,
+    length: float | None,
+    rows: np.ndarray | None,
+) -> tuple[np.ndarray, dict[str, list[int]], dict[str, float]]:
+    n = mesh.n_cells if rows is None else rows.size
+    width = sum(s.components for s in specs)
+    out = np.empty((n, width), dtype=np.float32)
+    columns: dict[str, list[int]] = {}
+    scales: dict[str, float] = {}
+    col = 0
+    for s in specs:
+        arr = np.asarray(mesh.cell_data[s.name])
+        arr = arr.reshape(arr.shape[0], -1)
+        if arr.shape[1] != s.components:
+            msg = (
+                f"{path}: field {s.name!r} has {arr.shape[1]} components, the schema expects "
+                f"{s.components}; fix FieldSpec({s.name!r}, components=...)"
+            )
+            raise ValueError(msg)
+        if rows is not None:
+            arr = arr[rows]
+        scale = schema.scale(s.kind, length)
+        out[:, col : col + s.components] = arr / scale if scale != 1.0 else arr
+        columns[s.name] = [col, col + s.components]
+        scales[s.name] = scale
+        col += s.components
+    return out, columns, scales
+
+
+def _nan_rows(path: Path, fields: np.ndarray, columns: dict, drop_nan: bool) -> np.ndarray | None:
+    """Rows to keep (None = all) after the NaN policy; raises when NaNs are not to be dropped."""
+    bad = ~np.isfinite(fields)
+    if not bad.any():
+        return None
+    if not drop_nan:
+        counts = {
+            name: int(bad[:, a:b].any(axis=1).sum())
+            for name, (a, b) in columns.items()
+            if bad[:, a:b].any()
+        }
+        desc = ", ".join(f"{name}: {c} cells" for name, c in counts.items())
+        msg = (
+            f"{path}: non-finite (NaN/inf) field values in {desc} of {fields.shape[0]}; "
+            "pass drop_nan=True (meshshard preprocess --drop-nan) to drop those cells"
+        )
+        raise ValueError(msg)
+    return np.flatnonzero(~bad.any(axis=1))
+
+
+def read_stl(path: str | Path) -> StlData:
+    """Read an STL body (triangulated if needed)."""
+    import pyvista as pv
+
+    path = Path(path)
+    _require(path, "STL")
+    try:
+        with pv.VtkErrorCatcher(raise_errors=True):
+            mesh = pv.read(str(path))
+    except (RuntimeError, OSError) as exc:
+        msg = f"{path}: truncated or corrupt STL file ({str(exc).strip()[:300]})"
+        raise ValueError(msg) from exc
+    if mesh.n_cells == 0:
+        msg = f"{path}: has 0 triangles; the file is empty or truncated"
+        raise ValueError(msg)
+    if not mesh.is_all_triangles:
+        mesh = mesh.triangulate()
+    points = np.asarray(mesh.points, dtype=np.float32)
+    offsets, conn = vtk_cells(mesh.GetPolys())
+    centers, _, areas = polygon_geometry(points, offsets, conn)
+    return StlData(
+        coordinates=points,
+        faces=conn.reshape(-1, 3).astype(np.int64),
+        centers=centers,
+        areas=areas,
+    )
+
+
+def read_surface(
+    path: str | Path,
+    *,
+    schema: DatasetSchema = DRIVAERML,
+    length: float | None = None,
+    drop_nan: bool = False,
+) -> SurfaceData:
+    """Surface cell centres, normals, areas and non-dimensional fields of a ``.vtp`` file."""
+    path = Path(path)
+    _require(path, "surface")
+    mesh, specs = _read_cells(path, schema.surface_fields)
+    if mesh.GetNumberOfPolys() == 0:
+        msg = f"{path}: has 0 cells (no polygons); the file is empty or truncated"
+        raise ValueError(msg)
+    n_other = mesh.GetNumberOfCells() - mesh.GetNumberOfPolys()
+    if n_other:
+        msg = (
+            f"{path}: {n_other} cells are not polygons (vertices, lines or strips); "
+            "a boundary file must hold polygons only (run pyvista's triangulate/clean first)"
+        )
+        raise ValueError(msg)
+    fields, columns, scales = _fields(path, mesh, specs, schema, length, None)
+    n = mesh.n_cells
+    points = np.asarray(mesh.points)
+    offsets, conn = vtk_cells(mesh.GetPolys())
+    del mesh
+    keep = _nan_rows(path, fields, columns, drop_nan)
+    centers, normals, areas = polygon_geometry(points, offsets, conn)
+    del points, offsets, conn
+    if keep is not None:
+        centers, fields, normals, areas = centers[keep], fields[keep], normals[keep], areas[keep]
+        log.warning("%s: dropped %d cells with NaN fields", path, n - keep.size)
+    return SurfaceData(
+        centers=centers.astype(np.float32, copy=False),
+        normals=normals.astype(np.float32, copy=False),
+        areas=areas.astype(np.float32, copy=False),
+        fields=fields,
+        columns=columns,
+        scales=scales,
+        source_index=np.arange(n, dtype=np.int64) if keep is None else keep.astype(np.int64),
+        n_source_cells=n,
+        dropped_nan=0 if keep is None else n - keep.size,
+    )
+
+
+def read_volume(
+    path: str | Path,
+    *,
+    schema: DatasetSchema = DRIVAERML,
+    length: float | None = None,
+    drop_nan: bool = False,
+    max_cells: int | None = None,
+    seed: int = 0,
+) -> VolumeData:
+    """Volume cell centres and non-dimensional fields of a ``.vtu`` file.
+
+    ``max_cells`` keeps a seeded random subset of that many cells (sorted by source index);
+    only their centres are computed and only their field rows are kept.
+    """
+    path = Path(path)
+    _require(path, "volume")
+    if max_cells is not None and max_cells < 1:
+        msg = f"max_cells={max_cells} must be >= 1 (or None for every cell)"
+        raise ValueError(msg)
+    mesh, specs = _read_cells(path, schema.volume_fields)
+    n = mesh.n_cells
+    rows = None
+    if max_cells is not None and max_cells < n:
+        rng = np.random.default_rng(seed)
+        rows = np.sort(rng.choice(n, size=max_cells, replace=False)).astype(np.int64)
+    fields, columns, scales = _fields(path, mesh, specs, schema, length, rows)
+    points = np.asarray(mesh.points)
+    offsets, conn = vtk_cells(mesh.GetCells())
+    del mesh
+    keep = _nan_rows(path, fields, columns, drop_nan)
+    source = np.arange(n, dtype=np.int64) if rows is None else rows
+    dropped = 0
+    if keep is not None:
+        dropped = fields.shape[0] - keep.size
+        fields, source = fields[keep], source[keep]
+        log.warning("%s: dropped %d cells with NaN fields", path, dropped)
+    centers = cell_centres(points, offsets, conn, None if source.size == n else source)
+    return VolumeData(
+        centers=centers.astype(np.float32, copy=False),
+        fields=fields,
+        columns=columns,
+        scales=scales,
+        source_index=source,
+        n_source_cells=n,
+        dropped_nan=dropped,
+    )
+
+
+def read_run(
+    run_dir: str | Path,
+    *,
+    schema: DatasetSchema = DRIVAERML,
+    surface: bool = True,
+    volume: bool = True,
+    drop_nan: bool = False,
+    max_volume_cells: int | None = None,
+    seed: int = 0,
+) -> RunData:
+    """Read a DrivaerML run directory.
+
+    Parameters
+    ----------
+    run_dir : path
+        ``.../run_<i>`` holding the schema's files.
+    schema : DatasetSchema
+        File names, field names, ``u_inf``, ``rho``.
+    surface, volume : bool
+        Which parts to read (the STL is read whenever present).
+    drop_nan : bool
+        Drop cells with non-finite field values instead of raising.
+    max_volume_cells : int, optional
+        Keep at most this many volume cells (seeded random subset).
+    seed : int
+        Seed for the subset.
+
+    Returns
+    -------
+    RunData
+
+    Raises
+    ------
+    FileNotFoundError
+        A required file is missing (named).
+    ValueError
+        Missing fields, corrupt/truncated files, zero cells, NaN values (without ``drop_nan``).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        msg = f"{run_dir}: not a directory"
+        raise FileNotFoundError(msg)
+    i = run_index(run_dir, schema)
+    sources: dict[str, dict] = {}
+    stl = None
+    stl_path = run_dir / schema.stl_file.format(i=i)
+    if stl_path.is_file():
+        stl = read_stl(stl_path)
+        sources["stl"] = file_fingerprint(stl_path)
+    length = schema.length if schema.length is not None else (stl.length if stl else None)
+    surf = vol = None
+    if surface:
+        p = run_dir / schema.surface_file.format(i=i)
+        surf = read_surface(p, schema=schema, length=length, drop_nan=drop_nan)
+        sources["surface"] = file_fingerprint(p)
+    if volume:
+        p = run_dir / schema.volume_file.format(i=i)
+        vol = read_volume(
+            p,
+            schema=schema,
+            length=length,
+            drop_nan=drop_nan,
+            max_cells=max_volume_cells,
+            seed=seed,
+        )
+        sources["volume"] = file_fingerprint(p)
+    log.debug("read %s (pid %d)", run_dir, os.getpid())
+    return RunData(run_dir.name, i, surf, vol, stl, length, sources)

@@ -1,0 +1,249 @@
+"""Read one rank's rows of a sharded run store: no collective, one contiguous slice per array.
+
+Rank ``r`` of ``world_size`` reads stored rows ``ptr[r]:ptr[r + 1]`` of every requested array,
+where ``ptr`` is the store's ``partition_ptr``. When ``world_size`` divides the store's
+``nparts``, every rank takes ``nparts // world_size`` neighbouring parts (the partitioners keep
+neighbouring parts close, so merged shards stay compact).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meshshard.pipelines.store import (
+    STL_KEYS,
+    SURFACE_KEYS,
+    VOLUME_KEYS,
+    StoreError,
+    open_store,
+)
+
+__all__ = ["ShardedRunDataset", "load_halo", "load_shard", "rank_rows"]
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_KEYS = {"surface": SURFACE_KEYS, "volume": VOLUME_KEYS, "stl": STL_KEYS}
+
+
+def rank_rows(ptr: Sequence[int], world_size: int, *, store: str = "store") -> np.ndarray:
+    """Row pointer (length ``world_size + 1``) of ``world_size`` ranks over a store cut into
+    ``len(ptr) - 1`` parts.
+
+    Raises
+    ------
+    ValueError
+        When ``world_size`` does not divide the number of parts.
+    """
+    ptr = np.asarray(ptr, dtype=np.int64)
+    nparts = ptr.size - 1
+    if world_size < 1:
+        msg = f"world_size={world_size} must be >= 1"
+        raise ValueError(msg)
+    if nparts % world_size:
+        divisors = [d for d in range(1, nparts + 1) if nparts % d == 0]
+        msg = (
+            f"{store}: stored with {nparts} parts, which {world_size} ranks cannot share "
+            f"(world_size must divide nparts: one of {divisors}); run with such a world size "
+            f"or re-run meshshard preprocess --parts {world_size} --overwrite"
+        )
+        raise ValueError(msg)
+    return ptr[:: nparts // world_size]
+
+
+def _device(mesh, device):
+    import torch
+
+    if device is not None:
+        return torch.device(device)
+    if mesh is not None and mesh.device_type != "cpu":
+        return torch.device(mesh.device_type, torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def load_shard(
+    store: str | Path,
+    rank: int,
+    world_size: int,
+    *,
+    mesh: Any = None,
+    part: str = "surface",
+    keys: Sequence[str] | None = None,
+    device: Any = None,
+) -> dict[str, Any]:
+    """This rank's rows of a run store, as ShardTensors (with ``mesh``) or local tensors.
+
+    No collective: every rank computes the sharding shapes from the store's ``partition_ptr``.
+
+    Parameters
+    ----------
+    store : path
+        A ``run_<i>.zarr`` written by :func:`meshshard.pipelines.preprocess_runs`.
+    rank, world_size : int
+        This rank and the number of ranks sharing the sample.
+    mesh : DeviceMesh, optional
+        1-D device mesh of ``world_size`` ranks; when given, values are
+        :class:`~meshshard.shardtensor.ShardTensor` with placement ``Shard(0)`` and the
+        store's sharding shapes.
+    part : {"surface", "volume", "stl"}
+        ``"stl"`` arrays are not sharded: every rank gets them whole (plain tensors).
+    keys : sequence of str, optional
+        Arrays to read (default: the part's centres, normals/areas and fields). ``"<part>_perm"``
+        (stored row -> source cell id) may be added.
+    device : torch.device, optional
+        Default: the mesh's device type, else CPU.
+
+    Returns
+    -------
+    dict
+        key -> ShardTensor of global shape (N, ...) (with ``mesh``), or key -> Tensor of local
+        shape (n_rank, ...) plus ``"sharding_sizes"``: int64 Tensor of shape (world_size,).
+
+    Raises
+    ------
+    StoreError
+        Incomplete/corrupt store, newer schema, or a part the store lacks.
+    ValueError
+        ``world_size`` does not divide the store's ``nparts``; bad rank; unknown key.
+    """
+    import torch
+
+    if part not in _DEFAULT_KEYS:
+        msg = f"part={part!r} must be one of {sorted(_DEFAULT_KEYS)}"
+        raise ValueError(msg)
+    if not 0 <= rank < world_size:
+        msg = f"rank={rank} out of range for world_size={world_size}"
+        raise ValueError(msg)
+    if mesh is not None and mesh.size(0) != world_size:
+        msg = f"mesh has {mesh.size(0)} ranks but world_size={world_size}"
+        raise ValueError(msg)
+    group, attrs = open_store(store)
+    if part != "stl" and attrs.get(part) is None:
+        msg = f"{store}: has no {part} part; preprocess it with --{part}"
+        raise StoreError(msg)
+    keys = tuple(keys) if keys is not None else _DEFAULT_KEYS[part]
+    present = attrs.get("arrays", {})
+    for k in keys:
+        if k not in present:
+            msg = f"{store}: no array {k!r}; it has {sorted(present)}"
+            raise StoreError(msg) if k.startswith(part) else ValueError(msg)
+    dev = _device(mesh, device)
+    if part == "stl":
+        return {k: torch.from_numpy(np.asarray(group[k][...])).to(dev) for k in keys}
+    ptr = rank_rows(attrs[part]["partition_ptr"], world_size, store=str(store))
+    sizes = np.diff(ptr).tolist()
+    lo, hi = int(ptr[rank]), int(ptr[rank + 1])
+    out: dict[str, Any] = {}
+    for k in keys:
+        local = torch.from_numpy(np.ascontiguousarray(group[k][lo:hi])).to(dev)
+        if mesh is None:
+            out[k] = local
+        else:
+            from meshshard.shardtensor import Shard, from_local
+
+            # every rank derives the same sizes from the store: no shape all-gather needed
+            out[k] = from_local(local, mesh, [Shard(0)], sharding_shapes=sizes, validate=False)
+    if mesh is None:
+        out["sharding_sizes"] = torch.tensor(sizes, dtype=torch.int64)
+    return out
+
+
+def load_halo(store: str | Path, rank: int, *, part: str = "surface") -> dict[str, np.ndarray]:
+    """This rank's halo routing (stored when preprocessing had ``--halo-radius``).
+
+    Returns ``send_ptr`` (P+1,), ``send_idx`` (local rows), ``recv_ptr`` (P+1,), ``recv_idx``
+    (global stored rows), as in :class:`~meshshard.partition.HaloPlan`. Requires
+    world_size == nparts.
+    """
+    group, attrs = open_store(store)
+    a = attrs.get(part)
+    if a is None or a.get("halo") is None:
+        msg = f"{store}: no halo routing for {part}; preprocess with --halo-radius R"
+        raise StoreError(msg)
+    nparts = attrs["nparts"]
+    if not 0 <= rank < nparts:
+        msg = f"rank={rank} out of range: the halo plan has {nparts} parts"
+        raise ValueError(msg)
+    out = {}
+    for side in ("send", "recv"):
+        split = np.asarray(group[f"{part}_halo_{side}_split"][...])
+        out[f"{side}_ptr"] = np.asarray(group[f"{part}_halo_{side}_ptr"][rank])
+        out[f"{side}_idx"] = np.asarray(
+            group[f"{part}_halo_{side}_idx"][int(split[rank]) : int(split[rank + 1])]
+        )
+    return out
+
+
+class ShardedRunDataset:
+    """A torch-style map dataset over the ``run_*.zarr`` stores under ``root``.
+
+    Item ``i`` is :func:`load_shard` of the ``i``-th store (sorted by run number) for this
+    rank: a dict of ShardTensors (with ``mesh``) or of local tensors plus ``sharding_sizes``.
+    Use ``DataLoader(ds, batch_size=None)`` (samples have different sizes).
+
+    Parameters
+    ----------
+    root : path
+        Directory holding ``run_<i>.zarr`` stores (temporaries are ignored).
+    rank, world_size : int, optional
+        Default: from ``mesh``, else from an initialised ``torch.distributed``, else 0 and 1.
+    mesh, part, keys, device
+        As in :func:`load_shard`.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        mesh: Any = None,
+        part: str = "surface",
+        keys: Sequence[str] | None = None,
+        device: Any = None,
+    ):
+        import re
+
+        self.root = Path(root)
+        if not self.root.is_dir():
+            msg = f"{self.root}: no such directory of run stores"
+            raise FileNotFoundError(msg)
+        found = []
+        for p in self.root.iterdir():
+            m = re.fullmatch(r"(.*?)(\d+)\.zarr", p.name)
+            if m and p.is_dir():
+                found.append((m.group(1), int(m.group(2)), p))
+        self.stores = [p for _, _, p in sorted(found)]
+        if not self.stores:
+            msg = f"{self.root}: no run_<i>.zarr stores; run meshshard preprocess first"
+            raise FileNotFoundError(msg)
+        if mesh is not None:
+            rank = mesh.get_local_rank(0) if rank is None else rank
+            world_size = mesh.size(0) if world_size is None else world_size
+        if rank is None or world_size is None:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                rank, world_size = dist.get_rank(), dist.get_world_size()
+            else:
+                rank, world_size = 0, 1
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.mesh, self.part, self.keys, self.device = mesh, part, keys, device
+
+    def __len__(self) -> int:
+        return len(self.stores)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return load_shard(
+            self.stores[i],
+            self.rank,
+            self.world_size,
+            mesh=self.mesh,
+            part=self.part,
+            keys=self.keys,
+            device=self.device,
+        )

@@ -1,0 +1,423 @@
+"""The sharded run store: one zarr v3 group ``run_<i>.zarr`` per run.
+
+Layout (PhysicsNeMo's DrivaerML keys, rows in partition order)::
+
+    surface_mesh_centers (N, 3) f4   surface_normals (N, 3) f4   surface_areas (N,) f4
+    surface_fields (N, F) f4         surface_perm (N,) i8     stored row -> source cell id
+    volume_mesh_centers (M, 3) f4    volume_fields (M, G) f4    volume_perm (M,) i8
+    stl_coordinates (V, 3) f4        stl_faces (T, 3) i8        stl_centers (T, 3) f4
+    stl_areas (T,) f4
+    <part>_halo_{send,recv}_{ptr,idx,split}   (only with a halo radius)
+
+Attributes (``group.attrs``): ``schema_version``, ``complete`` (written last), ``run``,
+``nparts``, ``sources`` (fingerprints of the source files, see
+:func:`meshshard.pipelines.drivaerml.file_fingerprint`), ``dataset`` (field names, ``u_inf``,
+``rho``, length), ``request`` (the options that produced the store), ``arrays`` (expected
+shapes), and per part (``surface``, ``volume``): ``partition_ptr``, ``sharding_shapes``,
+``method``, ``params``, ``columns``, ``scales``, ``chunk``, ``chunk_aligned``, ``halo``.
+
+Chunks: zarr 3.1 has only regular chunk grids, so the chunk length along rows is the largest
+divisor of every shard offset that is <= ``target_chunk`` rows (each rank then reads whole
+chunks only); when the offsets share no divisor >= 1024 rows (or half an average shard, for
+small samples) it is ``target_chunk`` (128Ki rows) and ``chunk_aligned`` is false.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "STORE_SCHEMA_VERSION",
+    "StoreError",
+    "choose_chunk",
+    "inspect_store",
+    "open_store",
+    "store_status",
+    "write_store",
+]
+
+log = logging.getLogger(__name__)
+
+STORE_SCHEMA_VERSION = 1
+#: test hook: os._exit(86) after writing this many arrays (simulates a crash mid-write)
+CRASH_ENV = "MESHSHARD_TEST_CRASH_AFTER_ARRAYS"
+
+SURFACE_KEYS = ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fields")
+VOLUME_KEYS = ("volume_mesh_centers", "volume_fields")
+STL_KEYS = ("stl_coordinates", "stl_faces", "stl_centers", "stl_areas")
+
+
+class StoreError(ValueError):
+    """A store is incomplete, corrupt, stale or from a newer meshshard."""
+
+
+def choose_chunk(
+    offsets: np.ndarray, n: int, *, target: int = 1 << 17, min_chunk: int = 1024
+) -> tuple[int, bool]:
+    """Chunk length along rows and whether every shard boundary falls on a chunk boundary."""
+    inner = [int(o) for o in offsets[1:-1] if 0 < o < n]
+    if n == 0:
+        return 1, True
+    if not inner:
+        return max(1, min(n, target)), True
+    g = 0
+    for o in inner:
+        g = math.gcd(g, o)
+    best = 0
+    for d in range(1, math.isqrt(g) + 1):
+        if g % d == 0:
+            for c in (d, g // d):
+                if c <= target and c > best:
+                    best = c
+    # a divisor is only worth it when chunks stay large: >= min_chunk rows, or (small samples)
+    # at least half an average shard
+    if best >= min(min_chunk, -(-n // (2 * (len(offsets) - 1)))):
+        return best, True
+    return max(1, min(n, target)), False
+
+
+def _compressors(name: str | None):
+    if name is None or name == "none":
+        return None
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    if name == "zstd":
+        return ZstdCodec(level=1)
+    if name == "lz4":
+        return BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
+    msg = f"compressor={name!r} is not one of 'lz4', 'zstd', None"
+    raise ValueError(msg)
+
+
+class _Writer:
+    """Writes arrays one after another in a background thread, so that the next array's
+    partition-order gather overlaps the previous array's compression and I/O (at most one
+    array in flight)."""
+
+    def __init__(self, group, compressor: str | None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.group = group
+        self.compressors = _compressors(compressor)
+        self.shapes: dict[str, list[int]] = {}
+        crash = os.environ.get(CRASH_ENV)
+        self.crash_after = int(crash) if crash else None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zarr-writer")
+        self._pending = None
+
+    def put(self, name: str, data: np.ndarray, chunk_rows: int) -> None:
+        self.wait()
+        self._pending = self._pool.submit(self._put, name, data, chunk_rows)
+
+    def wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def _put(self, name: str, data: np.ndarray, chunk_rows: int) -> None:
+        chunks = (max(1, min(chunk_rows, data.shape[0] or 1)),) + data.shape[1:]
+        arr = self.group.create_array(
+            name, shape=data.shape, dtype=data.dtype, chunks=chunks, compressors=self.compressors
+        )
+        if data.size:
+            arr[...] = data
+        self.shapes[name] = list(data.shape)
+        if self.crash_after is not None and len(self.shapes) >= self.crash_after:
+            log.error("%s=%d: simulating a crash", CRASH_ENV, self.crash_after)
+            os._exit(86)
+
+
+def write_store(
+    path: str | Path,
+    run,
+    partitions: dict[str, Any],
+    halos: dict[str, Any],
+    *,
+    request: dict,
+    dataset: dict,
+    compressor: str | None = "lz4",
+    target_chunk: int = 1 << 17,
+) -> dict:
+    """Write ``run`` (a :class:`~meshshard.pipelines.drivaerml.RunData`) into a new zarr group
+    at ``path`` in partition order; attributes last, ``complete: true`` marking a finished
+    store. ``path`` must not exist (the caller writes to a temporary name and renames).
+
+    Parameters
+    ----------
+    partitions : dict
+        ``"surface"``/``"volume"`` -> :class:`~meshshard.partition.Partition` of that part's rows.
+    halos : dict
+        part -> :class:`~meshshard.partition.HaloPlan` or None.
+    request, dataset : dict
+        JSON options and dataset description recorded in the attributes.
+
+    Returns
+    -------
+    dict
+        The attributes written.
+    """
+    import zarr
+
+    path = Path(path)
+    group = zarr.open_group(str(path), mode="w-", zarr_format=3)
+    w = _Writer(group, compressor)
+    try:
+        return _write_all(group, w, run, partitions, halos, request, dataset, target_chunk)
+    finally:
+        w.close()
+
+
+def _write_all(group, w: _Writer, run, partitions, halos, request, dataset, target_chunk) -> dict:
+    attrs: dict[str, Any] = {
+        "schema_version": STORE_SCHEMA_VERSION,
+        "run": run.name,
+        "index": run.index,
+        "sources": run.sources,
+        "dataset": dataset,
+        "request": request,
+        "length": run.length,
+    }
+    nparts = None
+    for part, data in (("surface", run.surface), ("volume", run.volume)):
+        if data is None:
+            continue
+        part_ = partitions[part]
+        nparts = part_.nparts
+        off = part_.offsets
+        chunk, aligned = choose_chunk(off, part_.num_points, target=target_chunk)
+        order = part_.order
+        if part == "surface":
+            arrays = [
+                ("surface_mesh_centers", "centers"),
+                ("surface_normals", "normals"),
+                ("surface_areas", "areas"),
+                ("surface_fields", "fields"),
+            ]
+        else:
+            arrays = [("volume_mesh_centers", "centers"), ("volume_fields", "fields")]
+        for key, attr in arrays:
+            w.put(key, getattr(data, attr)[order], chunk)
+        w.put(f"{part}_perm", data.source_index[order], chunk)
+        halo_attrs = None
+        plan = halos.get(part)
+        if plan is not None:
+            P = plan.nparts
+            for side in ("send", "recv"):
+                idx = getattr(plan, f"{side}_idx")
+                ptr = getattr(plan, f"{side}_ptr")
+                split = np.concatenate([[0], np.cumsum([len(i) for i in idx])]).astype(np.int64)
+                flat = np.concatenate([np.asarray(i, np.int64) for i in idx])
+                w.put(f"{part}_halo_{side}_idx", flat, 1 << 20)
+                w.put(f"{part}_halo_{side}_split", split, P + 1)
+                w.put(f"{part}_halo_{side}_ptr", np.stack([np.asarray(p) for p in ptr]), P)
+            halo_attrs = {
+                "kind": plan.kind,
+                "params": plan.params,
+                "halo_sizes": plan.halo_sizes().tolist(),
+            }
+        attrs[part] = {
+            "partition_ptr": off.tolist(),
+            "sharding_shapes": part_.sizes.tolist(),
+            "method": part_.method,
+            "params": part_.params,
+            "columns": data.columns,
+            "scales": data.scales,
+            "n_rows": int(part_.num_points),
+            "n_source_cells": int(data.n_source_cells),
+            "dropped_nan": int(data.dropped_nan),
+            "chunk": chunk,
+            "chunk_aligned": aligned,
+            "halo": halo_attrs,
+        }
+    if run.stl is not None:
+        s = run.stl
+        w.put("stl_coordinates", s.coordinates, target_chunk)
+        w.put("stl_faces", s.faces, target_chunk)
+        w.put("stl_centers", s.centers, target_chunk)
+        w.put("stl_areas", s.areas, target_chunk)
+    w.wait()
+    attrs["nparts"] = nparts
+    attrs["arrays"] = w.shapes
+    attrs["complete"] = True
+    group.attrs.update(json.loads(json.dumps(attrs)))  # plain JSON types only
+    return attrs
+
+
+def _read_attrs(path: Path) -> dict:
+    """Attributes of a store; StoreError naming the path when unreadable or too new."""
+    meta = path / "zarr.json"
+    if not meta.is_file():
+        msg = f"{path}: not a zarr v3 group (no zarr.json); rerun meshshard preprocess"
+        raise StoreError(msg)
+    try:
+        attrs = json.loads(meta.read_text()).get("attributes", {})
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        msg = f"{meta}: corrupt metadata ({exc}); rerun meshshard preprocess --overwrite"
+        raise StoreError(msg) from exc
+    version = attrs.get("schema_version")
+    if isinstance(version, int) and version > STORE_SCHEMA_VERSION:
+        msg = (
+            f"{path}: schema_version={version} is newer than this meshshard understands "
+            f"({STORE_SCHEMA_VERSION}); upgrade meshshard"
+        )
+        raise StoreError(msg)
+    if version is None or not attrs.get("complete"):
+        msg = f"{path}: incomplete store (no complete attributes); rerun meshshard preprocess"
+        raise StoreError(msg)
+    return attrs
+
+
+def _check_arrays(path: Path, attrs: dict) -> None:
+    for name, shape in attrs.get("arrays", {}).items():
+        meta = path / name / "zarr.json"
+        try:
+            found = json.loads(meta.read_text())["shape"]
+        except (OSError, KeyError, json.JSONDecodeError) as exc:
+            msg = f"{path}: array {name!r} missing or corrupt ({exc}); rerun meshshard preprocess"
+            raise StoreError(msg) from exc
+        if list(found) != list(shape):
+            msg = f"{path}: array {name!r} has shape {found}, expected {shape}"
+            raise StoreError(msg)
+
+
+def open_store(path: str | Path):
+    """Open a finished store read-only after checking version, completeness and shapes.
+
+    Returns
+    -------
+    (zarr.Group, dict)
+        The group and its attributes.
+
+    Raises
+    ------
+    StoreError
+        Naming the store when it is incomplete, corrupt or from a newer meshshard.
+    """
+    import zarr
+
+    path = Path(path)
+    if not path.is_dir():
+        msg = f"{path}: no such store"
+        raise FileNotFoundError(msg)
+    attrs = _read_attrs(path)
+    _check_arrays(path, attrs)
+    return zarr.open_group(str(path), mode="r"), attrs
+
+
+def store_status(path: str | Path, *, sources: dict, request: dict) -> str | None:
+    """``None`` when the store at ``path`` is finished and up to date for ``sources`` (file
+    fingerprints) and ``request`` (options); otherwise the reason it must be (re)written.
+
+    Raises
+    ------
+    StoreError
+        When the store is from a newer meshshard (never overwritten silently).
+    """
+    path = Path(path)
+    if not path.exists():
+        return "missing"
+    try:
+        attrs = _read_attrs(path)
+        _check_arrays(path, attrs)
+    except StoreError as exc:
+        if "newer" in str(exc):
+            raise
+        return str(exc)
+    if attrs.get("sources") != sources:
+        return "source files changed (size, mtime or checksum differ)"
+    stored, wanted = attrs.get("request") or {}, json.loads(json.dumps(request))
+    if stored != wanted:
+        diff = [
+            f"{k} {stored.get(k)!r} -> {wanted.get(k)!r}"
+            for k in sorted(set(stored) | set(wanted))
+            if stored.get(k) != wanted.get(k)
+        ]
+        return "options changed: " + ", ".join(diff)
+    return None
+
+
+def inspect_store(path: str | Path) -> dict:
+    """A JSON-ready summary of a store, for ``meshshard inspect run_i.zarr``.
+
+    Returns
+    -------
+    dict
+        ``path``, ``run``, ``schema_version``, ``nparts``, ``sources``, ``arrays``
+        (name -> shape), and per part: ``sharding_shapes``, ``partition_ptr``, ``method``,
+        ``params``, ``balance`` (max/mean shard size), ``chunk``, ``chunk_aligned``,
+        ``columns``, ``halo`` (None or ghost rows per shard).
+    """
+    path = Path(path)
+    _, attrs = open_store(path)
+    out: dict[str, Any] = {
+        "path": str(path),
+        "run": attrs.get("run"),
+        "schema_version": attrs["schema_version"],
+        "nparts": attrs.get("nparts"),
+        "sources": attrs.get("sources"),
+        "arrays": attrs.get("arrays"),
+        "dataset": attrs.get("dataset"),
+    }
+    for part in ("surface", "volume"):
+        a = attrs.get(part)
+        if a is None:
+            continue
+        sizes = np.asarray(a["sharding_shapes"], dtype=np.float64)
+        out[part] = {
+            "rows": a["n_rows"],
+            "source_cells": a["n_source_cells"],
+            "dropped_nan": a["dropped_nan"],
+            "sharding_shapes": a["sharding_shapes"],
+            "partition_ptr": a["partition_ptr"],
+            "method": a["method"],
+            "params": a["params"],
+            "balance": float(sizes.max() / sizes.mean()) if sizes.sum() else 1.0,
+            "chunk": a["chunk"],
+            "chunk_aligned": a["chunk_aligned"],
+            "columns": a["columns"],
+            "halo": a["halo"],
+        }
+    return out
+
+
+def store_partition(path: str | Path, part: str = "surface"):
+    """The :class:`~meshshard.partition.Partition` a store was written with, and the cell
+    centres in source order, for the partition inspector.
+
+    Rows dropped at preprocessing (``--drop-nan``) are not part of it: the partition is over
+    the stored rows, numbered in increasing source-cell order.
+
+    Returns
+    -------
+    (Partition, ndarray of shape (N, 3))
+    """
+    from meshshard.partition.record import Partition
+
+    group, attrs = open_store(path)
+    a = attrs.get(part)
+    if a is None:
+        msg = f"{path}: has no {part} part"
+        raise StoreError(msg)
+    perm = np.asarray(group[f"{part}_perm"][...], dtype=np.int64)
+    sizes = np.diff(np.asarray(a["partition_ptr"], dtype=np.int64))
+    order = np.empty_like(perm)
+    order[np.argsort(perm, kind="stable")] = np.arange(perm.size)  # compressed source index
+    assignment = np.empty_like(perm)
+    assignment[order] = np.repeat(np.arange(sizes.size), sizes)
+    centres = np.asarray(group[f"{part}_mesh_centers"][...])
+    points = np.empty_like(centres)
+    points[order] = centres
+    return Partition(assignment, order, sizes, method=a["method"], params=dict(a["params"])), points

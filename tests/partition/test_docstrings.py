@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["api", "sfc", "rcb", "graph", "graphpart", "quality", "halo"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name):
+    mod = importlib.import_module(f"meshshard.partition.{name}")
+    result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
+    assert result.attempted > 0

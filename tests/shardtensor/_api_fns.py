@@ -1,0 +1,190 @@
+"""Rank functions for ShardTensor API and bad-input tests."""
+
+from __future__ import annotations
+
+import traceback
+import warnings
+
+import torch
+
+
+def _mesh(ws):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (ws,))
+
+
+def _catch(fn):
+    try:
+        fn()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def construction(rank, ws, sizes):
+    from meshshard.shardtensor import Replicate, Shard, from_local, scatter
+
+    mesh = _mesh(ws)
+    N = sum(sizes)
+    full = torch.arange(N * 3, dtype=torch.float32).reshape(N, 3)
+    off = sum(sizes[:rank])
+    local = full[off : off + sizes[rank]]
+    out = {}
+    st = from_local(local, mesh, [Shard(0)])  # inferred with one collective
+    out["inferred"] = st.sharding_sizes()
+    out["shape"] = tuple(st.shape)
+    out["local_shape"] = tuple(st.to_local().shape)
+    out["sharding_shapes"] = [tuple(s) for s in st.sharding_shapes()[0]]
+    out["full_equal"] = torch.equal(st.full_tensor(), full)
+    # scatter from rank 0 with the given sizes
+    sc = scatter(full if rank == 0 else None, mesh, sizes, src=0)
+    out["scatter_equal"] = torch.equal(sc.to_local(), local)
+    # redistribute: rebalance to a caller-chosen layout, then to Replicate and back
+    new = tuple(reversed(sizes))
+    rb = st.redistribute(sizes=list(new))
+    noff = sum(new[:rank])
+    out["rebalance_equal"] = torch.equal(rb.to_local(), full[noff : noff + new[rank]])
+    rep = st.redistribute([Replicate()])
+    out["replicate_equal"] = torch.equal(rep.to_local(), full)
+    back = rep.redistribute([Shard(0)], sizes=list(sizes))
+    out["back_equal"] = torch.equal(back.to_local(), local)
+    # Partial -> Replicate through a reduction, and sum == plain sum
+    out["sum"] = st.sum().item()
+    out["sum_ref"] = full.sum().item()
+    # gradients through redistribute (rebalance) reach the original local rows
+    leaf = local.clone().requires_grad_(True)
+    st2 = from_local(leaf, mesh, [Shard(0)], sizes)
+    (st2.redistribute(sizes=list(new)) * 2).sum().backward()
+    out["rebalance_grad_ok"] = torch.equal(leaf.grad, torch.full_like(leaf, 2.0))
+    # grads of a ShardTensor leaf are visible through .grad
+    out["grad_is_shardtensor"] = type(st2.grad).__name__ == "ShardTensor"
+    return out
+
+
+def bad_declared_sizes(rank, ws):
+    from meshshard.shardtensor import Shard, from_local
+
+    mesh = _mesh(ws)
+    local = torch.zeros(3 if rank == 0 else 5, 2)
+    # every rank declares (4, 4): wrong on both; with validate=True all ranks raise, none hang
+    return _catch(lambda: from_local(local, mesh, [Shard(0)], [4, 4]))
+
+
+def bad_declared_one_rank(rank, ws):
+    from meshshard.shardtensor import Shard, from_local
+
+    mesh = _mesh(ws)
+    local = torch.zeros(3 if rank == 0 else 5, 2)
+    # rank 1 declares the truth, rank 0 a lie that matches its own local shape
+    sizes = [3, 6] if rank == 0 else [3, 5]
+    return _catch(lambda: from_local(local, mesh, [Shard(0)], sizes))
+
+
+def bad_shapes_outside_shard_dim(rank, ws):
+    from meshshard.shardtensor import Shard, from_local
+
+    mesh = _mesh(ws)
+    local = torch.zeros(3, 2 if rank == 0 else 4)
+    return _catch(lambda: from_local(local, mesh, [Shard(0)]))
+
+
+def bad_misc(rank, ws):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.shardtensor import Replicate, Shard, from_local
+
+    mesh = _mesh(ws)
+    sizes = (3, 5)
+    a = from_local(torch.ones(sizes[rank], 2), mesh, [Shard(0)], sizes)
+    out = {}
+    out["placements_vs_mesh"] = _catch(
+        lambda: from_local(torch.ones(2, 2), mesh, [Shard(0), Replicate()])
+    )
+    out["shard_dim_range"] = _catch(lambda: from_local(torch.ones(2, 2), mesh, [Shard(5)]))
+    other_mesh = init_device_mesh("cpu", (ws,), mesh_dim_names=("other",))
+    b = from_local(torch.ones(sizes[rank], 2), other_mesh, [Shard(0)], sizes)
+    out["different_meshes"] = _catch(lambda: a + b)
+    c = from_local(torch.ones(8, 1), mesh, [Shard(1)], (1, 1))  # global (8, 2), dim 1 sharded
+    out["different_dims"] = _catch(lambda: a * c)
+    out["bad_global_shapes"] = _catch(lambda: a + torch.ones(3, 3))
+    out["no_rule"] = _catch(lambda: torch.fft.fft(a))
+    out["item_of_sharded"] = _catch(lambda: a.item())
+    # binary op between the same dim with different sizes is redistributed, not refused
+    d = from_local(torch.ones((4, 4)[rank], 2) * 2, mesh, [Shard(0)], (4, 4))
+    s = a * d
+    out["auto_redistribute_sizes"] = (s.sharding_sizes(), float(s.sum().item()))
+    return out
+
+
+def fallback_and_registry(rank, ws):
+    from meshshard.shardtensor import (
+        NoShardingRuleError,
+        Shard,
+        allow_gather_fallback,
+        from_local,
+        list_handlers,
+        register_handler,
+        unregister_handler,
+    )
+
+    mesh = _mesh(ws)
+    sizes = (3, 5)
+    full = torch.arange(16.0).reshape(8, 2)
+    off = sum(sizes[:rank])
+    a = from_local(full[off : off + sizes[rank]], mesh, [Shard(0)], sizes)
+    out = {}
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with allow_gather_fallback():
+            r1 = torch.flip(a, dims=(0,))
+            r2 = torch.flip(a, dims=(0,))
+        out["fallback_equal"] = torch.equal(r1.full_tensor(), torch.flip(full, dims=(0,)))
+        out["fallback_sizes"] = r2.sharding_sizes()
+        out["warnings"] = sum("flip" in str(x.message) for x in w)
+    try:
+        torch.flip(a, dims=(0,))
+        out["no_rule"] = None
+    except NoShardingRuleError as exc:
+        out["no_rule"] = str(exc)
+
+    # a user rule at function level, and refusal to overwrite
+    # (a rule for flips along unsharded dims: purely local)
+    @register_handler(torch.flip)
+    def flip_rule(x, dims):
+        return from_local(torch.flip(x.to_local(), dims), x.device_mesh, x.placements,
+                          x.sharding_sizes(), validate=False)
+
+    try:
+        r = torch.flip(a, dims=(1,))
+        out["user_rule_sizes"] = r.sharding_sizes()
+        out["user_rule_equal"] = torch.equal(r.full_tensor(), torch.flip(full, dims=(1,)))
+        out["overwrite"] = _catch(lambda: register_handler(torch.flip)(flip_rule))
+        register_handler(torch.flip, override=True)(flip_rule)
+        out["listed"] = any("flip" in n for n in list_handlers()["function"])
+    finally:
+        unregister_handler(torch.flip)
+
+    # an aten-level rule, used for any function that is exactly that aten op
+    calls = []
+
+    @register_handler(torch.ops.aten.flip.default)
+    def aten_flip(x, dims):
+        calls.append(dims)
+        return from_local(torch.flip(x.to_local(), dims), x.device_mesh, x.placements,
+                          x.sharding_sizes(), validate=False)
+
+    try:
+        torch.flip(a, dims=(1,))
+        a.flip(1)
+        out["aten_calls"] = len(calls)
+    finally:
+        unregister_handler(torch.ops.aten.flip.default)
+    return out
+
+
+def error_text(rank, ws):
+    try:
+        return construction(rank, ws, (3, 5))
+    except Exception:
+        return traceback.format_exc()

@@ -1,0 +1,60 @@
+import pytest
+
+from meshshard.testing import run_ranks
+from tests.shardtensor import _api_fns as F
+
+
+@pytest.mark.parametrize("sizes", [(3, 5), (0, 8), (2, 0, 5, 1)])
+def test_construction_conversion_redistribute(sizes):
+    for rank, r in enumerate(run_ranks(F.construction, len(sizes), sizes)):
+        assert r["inferred"] == sizes
+        assert r["shape"] == (sum(sizes), 3)
+        assert r["local_shape"] == (sizes[rank], 3)
+        assert r["sharding_shapes"] == [(s, 3) for s in sizes]
+        for key in ("full_equal", "scatter_equal", "rebalance_equal", "replicate_equal",
+                    "back_equal", "rebalance_grad_ok", "grad_is_shardtensor"):
+            assert r[key] is True, key
+        assert r["sum"] == r["sum_ref"]
+
+
+def test_declared_sizes_wrong_on_every_rank_raise_everywhere():
+    errs = run_ranks(F.bad_declared_sizes, 2, timeout=60)
+    assert all(e and "disagree with the actual local sizes (3, 5)" in e for e in errs), errs
+
+
+def test_declared_sizes_wrong_on_one_rank_raise_everywhere_no_hang():
+    errs = run_ranks(F.bad_declared_one_rank, 2, timeout=60)
+    assert "declared sharding sizes (3, 6)" in errs[0], errs
+    assert all(e and "ranks declared different sharding sizes" in e for e in errs), errs
+    assert all(e is not None for e in errs), errs
+
+
+def test_local_shapes_must_agree_outside_sharded_dim():
+    errs = run_ranks(F.bad_shapes_outside_shard_dim, 2, timeout=60)
+    assert all(e and "may differ only in the sharded dim" in e for e in errs), errs
+
+
+def test_bad_layouts_give_clear_errors_on_every_rank():
+    for r in run_ranks(F.bad_misc, 2, timeout=60):
+        assert "2 entries but the DeviceMesh has 1" in r["placements_vs_mesh"]
+        assert "out of range" in r["shard_dim_range"]
+        assert "different DeviceMeshes" in r["different_meshes"]
+        assert "sharded differently" in r["different_dims"]
+        assert "broadcast" in r["bad_global_shapes"]
+        assert "no sharding rule for torch.fft.fft" in r["no_rule"]
+        assert "aten" in r["no_rule"] and "register_handler" in r["no_rule"]
+        assert "sharded" in r["item_of_sharded"]
+        assert r["auto_redistribute_sizes"] == ((3, 5), 32.0)
+
+
+def test_gather_fallback_warns_once_and_registry():
+    for r in run_ranks(F.fallback_and_registry, 2, timeout=60):
+        assert r["fallback_equal"] is True
+        assert r["fallback_sizes"] == (3, 5)
+        assert r["warnings"] == 1
+        assert r["no_rule"] and "aten.flip.default" in r["no_rule"]
+        assert r["user_rule_sizes"] == (3, 5)
+        assert r["user_rule_equal"] is True
+        assert "already registered" in r["overwrite"] and "override=True" in r["overwrite"]
+        assert r["listed"] is True
+        assert r["aten_calls"] == 2

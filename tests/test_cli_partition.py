@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import json
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+import pyvista as pv
+
+from meshshard.cli import main
+from meshshard.partition import Partition
+from meshshard.partition.report import shard_palette
+
+
+@pytest.fixture(scope="module")
+def mesh_file(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    grid = pv.ImageData(dimensions=(11, 9, 7)).cast_to_unstructured_grid()
+    grid.cell_data["work"] = np.where(grid.cell_centers().points[:, 0] < 3, 4.0, 1.0)
+    grid.save(d / "grid.vtu")
+    np.save(d / "cloud.npy", np.random.default_rng(0).random((400, 3)))
+    return d
+
+
+@pytest.mark.parametrize("method", ["hilbert", "morton", "rcb", "metis"])
+def test_partition_writes_partition_and_metrics(mesh_file, tmp_path, capsys, method):
+    out = tmp_path / "out"
+    rc = main(["partition", str(mesh_file / "grid.vtu"), "--parts", "3", "--method", method,
+               "--out", str(out)])  # fmt: skip
+    assert rc == 0
+    part = Partition.load(out)
+    assert part.nparts == 3 and part.num_points == 10 * 8 * 6 and part.method == method
+    assert part.params["on"] == "cells" and part.params["input"].endswith("grid.vtu")
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["sizes"] == part.sizes.tolist() and m["edge_cut"] > 0
+    text = capsys.readouterr().out
+    assert "edge cut:" in text and "communication volume:" in text and "contiguity:" in text
+
+
+def test_partition_weights_targets_points_and_force(mesh_file, tmp_path, capsys):
+    out = tmp_path / "o"
+    args = ["partition", str(mesh_file / "grid.vtu"), "-p", "2", "-m", "rcb", "--weights",
+            "work", "--targets", "0.25,0.75", "--out", str(out), "--json"]  # fmt: skip
+    assert main(args) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["imbalance_weighted"] < 1.05
+    assert m["loads"][1] == pytest.approx(3 * m["loads"][0], rel=0.05)
+    assert main(args) == 2  # exists
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert main([*args, "--force"]) == 0
+    cloud = ["partition", str(mesh_file / "cloud.npy"), "-p", "4", "--out", str(tmp_path / "c")]
+    assert main(cloud) == 0
+    assert Partition.load(tmp_path / "c").params["on"] == "points"
+
+
+@pytest.mark.parametrize(
+    "argv,err",
+    [
+        (["-p", "0"], "parts=0 must be >= 1"),
+        (["-p", "2", "--targets", "0.5,0.6"], "targets must sum to 1"),
+        (["-p", "2", "--targets", "a,b"], "comma-separated fractions"),
+        (["-p", "2", "--weights", "nope"], "no cell field 'nope'"),
+        (["-p", "2", "--on", "points", "--graph", "dual"], "use --graph knn"),
+    ],
+)
+def test_partition_user_errors_exit_2(mesh_file, tmp_path, capsys, argv, err):
+    rc = main(["partition", str(mesh_file / "grid.vtu"), *argv, "--out", str(tmp_path / "x")])
+    assert rc == 2
+    assert err in capsys.readouterr().err
+
+
+def test_partition_missing_and_truncated_input(mesh_file, tmp_path, capsys):
+    missing = ["partition", str(tmp_path / "no.vtu"), "-p", "2", "--out", str(tmp_path / "z")]
+    assert main(missing) == 2
+    assert "no.vtu: no such file" in capsys.readouterr().err
+    b = (mesh_file / "grid.vtu").read_bytes()
+    (tmp_path / "cut.vtu").write_bytes(b[: len(b) // 3])
+    cut = ["partition", str(tmp_path / "cut.vtu"), "-p", "2", "--out", str(tmp_path / "y")]
+    assert main(cut) == 2
+    assert "cut.vtu: unreadable or truncated" in capsys.readouterr().err
+
+
+def test_inspect_directory_json_and_png(mesh_file, tmp_path, capsys):
+    out = tmp_path / "p"
+    assert main(["partition", str(mesh_file / "grid.vtu"), "-p", "4", "-m", "metis",
+                 "--out", str(out)]) == 0  # fmt: skip
+    saved = json.loads((out / "metrics.json").read_text())
+    capsys.readouterr()
+    png = tmp_path / "shards.png"
+    assert main(["inspect", str(out), "--json", "--png", str(png)]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    for key in ("edge_cut", "comm_volume", "halo_volume", "imbalance", "components"):
+        assert rep[key] == saved[key]
+    img = mpimg.imread(png)[..., :3]
+    body = np.round(img[:, : int(img.shape[1] * 0.85)] * 255).astype(int)  # left of the bar
+    for colour in shard_palette(4):
+        hits = (np.abs(body - colour).sum(axis=-1) <= 6).sum()
+        assert hits > 500, colour  # every shard's colour is visible on the mesh
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "most overweight part" in text and "neighbours per part: max" in text
+
+
+def test_inspect_file_on_the_fly_and_errors(mesh_file, tmp_path, capsys):
+    assert main(["inspect", str(mesh_file / "cloud.npy"), "-p", "3", "-m", "rcb"]) == 0
+    assert "parts: 3  points: 400" in capsys.readouterr().out
+    assert main(["inspect", str(mesh_file / "cloud.npy")]) == 2
+    assert "pass --parts P" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path)]) == 2
+    assert "partition.npz: missing" in capsys.readouterr().err
