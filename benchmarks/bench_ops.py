@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cloud", choices=["uniform", "clustered"], default="uniform")
     ap.add_argument("--ranks", default="2,4", help="real gloo rank counts ('' to skip)")
     ap.add_argument("--sim", default="8,64", help="simulated rank counts ('' to skip)")
-    ap.add_argument("--methods", default="rcb,hilbert,morton")
+    ap.add_argument("--methods", default="rcb,hilbert,morton,metis")
     ap.add_argument("--nboxes", type=int, default=16)
     args = ap.parse_args(argv)
     from scipy.spatial import cKDTree
