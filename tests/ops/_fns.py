@@ -252,9 +252,17 @@ def shardtensor_api(rank: int, P: int, sizes: list[int], ysizes: list[int], plan
     )
     sc = ops.scatter_to_owners(vals, idx, "sum", like=feats)
     res["scatter"] = (sc.sharding_sizes(), sc.to_local().numpy())
+    mesh2 = init_device_mesh("cpu", (1, P))
     errors = {}
     for name, call in {
         "mixed": lambda: ops.knn(x, 2, yloc),
+        "other_mesh": lambda: ops.knn(
+            x,
+            2,
+            from_local(
+                yloc.detach(), mesh2, [Replicate(), Shard(0)], sharding_shapes={1: ysizes}
+            ),
+        ),
         "replicate": lambda: ops.knn(
             from_local(torch.zeros(3, 3, dtype=torch.float64), mesh, [Replicate()]), 2
         ),
