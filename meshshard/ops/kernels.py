@@ -188,7 +188,9 @@ def _knn_brute(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor, 
 def _knn_cluster(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     tc = require_cluster()
     kq = min(k + 1, x.shape[0])
-    ei = tc.knn(x.detach(), y.detach(), kq)
+    # forwarded queries arrive as float64; torch_cluster wants one dtype (the cast is exact
+    # for queries that started in x's dtype; distances are recomputed in float64 below)
+    ei = tc.knn(x.detach(), y.detach().to(x.dtype), kq)
     m = y.shape[0]
     idx = torch.full((m, kq), -1, dtype=torch.int64, device=x.device)
     counts = torch.bincount(ei[0], minlength=m)
@@ -242,7 +244,7 @@ def radius(
         row, col = _radius_brute(x, y, r)
     else:
         tc = require_cluster()
-        ei = tc.radius(x.detach(), y.detach(), r * (1 + 1e-6), max_num_neighbors=n)
+        ei = tc.radius(x.detach(), y.detach().to(x.dtype), r * (1 + 1e-6), max_num_neighbors=n)
         row, col = ei[0], ei[1]
     row, col = row.to(device), col.to(device)
     d2 = sqdist(y[row], x[col]).to(device)
