@@ -142,7 +142,13 @@ def _knn_kdtree(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor,
     xt, yt = torch.from_numpy(xn), torch.from_numpy(yn)
     idx = torch.from_numpy(ii)
     d2 = sqdist(yt[:, None, :], xt[idx])
-    d2, idx = _sort_rows(d2, idx)
+    # cKDTree's order is by its own distances: re-sort only rows that are not already in
+    # (d2, idx) order under ours (ties, or last-bit differences)
+    step_d = d2[:, 1:] - d2[:, :-1]
+    bad = ((step_d < 0) | ((step_d == 0) & (idx[:, 1:] < idx[:, :-1]))).any(1)
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten()
+        d2[rows], idx[rows] = _sort_rows(d2[rows], idx[rows])
     if kq > k:
         tied = torch.nonzero(d2[:, k - 1] == d2[:, k]).flatten()
         for row in tied.tolist():  # exact ties across the cut: rare, resolved by a ball query
