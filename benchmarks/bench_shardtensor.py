@@ -3,7 +3,8 @@
 1. Dispatch overhead: ShardTensor on a 1-rank process group vs plain torch, same process,
    same threads, at 1k / 100k / 1M points.
 2. Scaling: 2 gloo ranks (1 thread each, uneven 45/55 split) vs 1 process (1 thread).
-3. Memory: per-rank peak RSS growth during the step, 2 ranks vs 1 process, at the largest N.
+3. Memory: per-rank saved activations and peak RSS growth, 2 even ranks vs 1 process, at the
+   largest N (see bench_memory.py).
 
     python benchmarks/bench_shardtensor.py                 # 1k, 100k, 1M points
     python benchmarks/bench_shardtensor.py --points 1000,100000 --repeats 3
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import time
 
 import torch
@@ -21,15 +21,6 @@ import torch
 from meshshard.testing import run_ranks
 
 MODEL = dict(space_dim=3, fun_dim=2, out_dim=2, n_hidden=32, n_layers=2, heads=2, slices=16)
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _data(n: int, seed: int = 0):
@@ -73,7 +64,7 @@ def overhead_rank(rank, world_size, n, repeats, threads):
     return plain, sharded
 
 
-def scaling_rank(rank, world_size, n, repeats, measure_memory):
+def scaling_rank(rank, world_size, n, repeats):
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.models import Transolver
@@ -93,10 +84,6 @@ def scaling_rank(rank, world_size, n, repeats, measure_memory):
     parts = [a[:, sl].clone() for a in (c, f, t)]
     del c, f, t
     sc, sf, st = (from_local(a, mesh, [Shard(1)], sizes) for a in parts)
-    if measure_memory:
-        base = _rss_mb()
-        _step(model, sc, sf, st)
-        return {"peak_growth_mb": _peak_mb() - base}
     return {"time": _time(lambda: _step(model, sc, sf, st), repeats)}
 
 
@@ -123,21 +110,23 @@ def main(argv=None) -> int:
     print("| points | 1 process (s) | 2 ranks (s) | speed-up |")
     print("|---:|---:|---:|---:|")
     for n in sizes:
-        one = run_ranks(scaling_rank, 1, n, args.repeats, False, timeout=3600)[0]["time"]
-        two = max(r["time"] for r in run_ranks(scaling_rank, 2, n, args.repeats, False,
+        one = run_ranks(scaling_rank, 1, n, args.repeats, timeout=3600)[0]["time"]
+        two = max(r["time"] for r in run_ranks(scaling_rank, 2, n, args.repeats,
                                                timeout=3600))
         print(f"| {n:,} | {one:.3f} | {two:.3f} | {one / two:.2f}x |", flush=True)
     n = sizes[-1]
-    one = run_ranks(scaling_rank, 1, n, 1, True, timeout=3600)[0]["peak_growth_mb"]
-    two = run_ranks(scaling_rank, 2, n, 1, True, timeout=3600)
+    from bench_memory import step_memory
+
+    one = run_ranks(step_memory, 1, n, timeout=3600)[0]
+    two = run_ranks(step_memory, 2, n, timeout=3600)
     print()
-    print(f"Peak memory growth during one step at {n:,} points (RSS, per process):")
-    print("| layout | rank | peak growth (MB) | vs 1 process |")
-    print("|---|---:|---:|---:|")
-    print(f"| 1 process | 0 | {one:.0f} | 1.00 |")
+    print(f"Memory of one step at {n:,} points, 2 even ranks vs 1 process (per process):")
+    print("| layout | rank | saved activations (MB) | ratio | peak RSS growth (MB) | ratio |")
+    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| 1 process | 0 | {one['act_mb']:.0f} | 1.00 | {one['rss_mb']:.0f} | 1.00 |")
     for r, rep in enumerate(two):
-        g = rep["peak_growth_mb"]
-        print(f"| 2 ranks (45/55) | {r} | {g:.0f} | {g / one:.2f} |")
+        print(f"| 2 ranks | {r} | {rep['act_mb']:.0f} | {rep['act_mb'] / one['act_mb']:.2f} | "
+              f"{rep['rss_mb']:.0f} | {rep['rss_mb'] / one['rss_mb']:.2f} |")
     return 0
 
 

@@ -101,8 +101,13 @@ def load_sample(
     mesh: Any,
     *,
     knn: int,
+    standardise_target: bool = True,
 ) -> dict[str, Any]:
     """Inputs and targets for one run store, sharded over ``mesh`` (collective: kNN features).
+
+    Coordinates and geometric features are standardised with the sample's global statistics;
+    targets too unless ``standardise_target=False`` (keep the store's non-dimensional fields,
+    e.g. for validation errors in physical units).
 
     Returns ``{"coords": (1, N, 3), "features": (1, N, 3 + 4), "target": (1, N, C)}``.
     """
@@ -117,7 +122,8 @@ def load_sample(
         geo = geometric_features(coords, normals, knn)
         coords_n = _standardise(coords)
         geo = _standardise(geo)
-        target = _standardise(target)
+        if standardise_target:
+            target = _standardise(target)
     features = torch.cat([normals, geo], dim=-1)
     return {
         "coords": coords_n.unsqueeze(0),

@@ -550,16 +550,18 @@ def pointwise_apply(func, args, kwargs):
             )
             raise LayoutError(msg)
         return inplace_target
-    return wrap_outputs(out, lambda o: spec_out if o.shape == spec_out.local_shape() else
-                        _spec_from_local_shape(spec_out, o))
+    return wrap_outputs(out, lambda o: _checked(spec_out, o))
 
 
-def _spec_from_local_shape(spec: ShardSpec, o: torch.Tensor) -> ShardSpec:
-    msg = (
-        f"internal: local result shape {tuple(o.shape)} does not match the layout "
-        f"{spec.describe()}"
-    )
-    raise RuntimeError(msg)
+def _checked(spec: ShardSpec, o: torch.Tensor) -> ShardSpec:
+    """The output spec, after checking the local result has the shape it promises."""
+    if o.shape != spec.local_shape():
+        msg = (
+            f"internal: local result shape {tuple(o.shape)} does not match the layout "
+            f"{spec.describe()}"
+        )
+        raise RuntimeError(msg)
+    return spec
 
 
 def _gather_fallback(func, args, kwargs, ops):

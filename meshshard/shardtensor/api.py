@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
 from meshshard.shardtensor.spec import ShardSpec, normalize_placements
@@ -422,8 +422,3 @@ _DTYPES = [
     torch.uint8,
     torch.bool,
 ]
-
-# re-exported placements are torch's own
-Shard = Shard
-Replicate = Replicate
-Partial = Partial

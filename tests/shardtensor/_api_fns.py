@@ -52,6 +52,12 @@ def construction(rank, ws, sizes):
     # Partial -> Replicate through a reduction, and sum == plain sum
     out["sum"] = st.sum().item()
     out["sum_ref"] = full.sum().item()
+    # Partial placements: sum, avg, max reduce across ranks
+    from meshshard.shardtensor import Partial
+
+    v = torch.tensor([float(rank + 1), float(-rank)])
+    for op in ("sum", "avg", "max"):
+        out[f"partial_{op}"] = from_local(v, mesh, [Partial(op)]).full_tensor().tolist()
     # gradients through redistribute (rebalance) reach the original local rows
     leaf = local.clone().requires_grad_(True)
     st2 = from_local(leaf, mesh, [Shard(0)], sizes)

@@ -110,6 +110,14 @@ case("nn", "dropout_eval_gelu", lambda N: _inputs_bn(N),
      lambda x, y: F.dropout(F.gelu(x), p=0.5, training=False) + y)
 case("nn", "sdpa_query_sharded", lambda N: _inputs_bn(N, extra=[(2, 5, 6), (2, 5, 6)]),
      lambda x, y, k, v: F.scaled_dot_product_attention(x, k, v) + y)
+def _sdpa_tokens(x, y):
+    tok = torch.einsum("bnc,bnd->bcd", x, y) / x.shape[1]  # Partial over the points
+    q = tok.reshape(2, 1, 6, 6)
+    att = F.scaled_dot_product_attention(q, q * 0.5, q.tanh())  # all replicated
+    return torch.einsum("bhcd,bnd->bnc", att, y)
+
+
+case("nn", "sdpa_replicated_tokens", lambda N: _inputs_bn(N), _sdpa_tokens)
 case("nn", "normalize", lambda N: _inputs_bn(N),
      lambda x, y: F.normalize(x, dim=-1) + F.normalize(y, dim=1))
 

@@ -15,6 +15,10 @@ def test_construction_conversion_redistribute(sizes):
                     "back_equal", "rebalance_grad_ok", "grad_is_shardtensor"):
             assert r[key] is True, key
         assert r["sum"] == r["sum_ref"]
+        P = len(sizes)
+        assert r["partial_sum"] == [P * (P + 1) / 2, -P * (P - 1) / 2]
+        assert r["partial_avg"] == pytest.approx([(P + 1) / 2, -(P - 1) / 2])
+        assert r["partial_max"] == [float(P), 0.0]
 
 
 def test_declared_sizes_wrong_on_every_rank_raise_everywhere():

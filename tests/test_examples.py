@@ -1,0 +1,21 @@
+"""The README's quickstart runs as written under torchrun (2 gloo ranks)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quickstart_under_torchrun():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(ROOT / "examples" / "quickstart.py")],
+        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "sizes [6667, 13333]" in r.stdout
+    assert "rank 0: 6667 points" in r.stdout and "rank 1: 13333 points" in r.stdout
+    assert "weight gradients equal a single-device run" in r.stdout

@@ -1,0 +1,84 @@
+"""Training helpers: checkpoints, the torchrun example, store/world-size mismatches."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from meshshard.testing import RankError, run_ranks
+from meshshard.train import TrainConfig, load_checkpoint, make_model, save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_checkpoint_roundtrip_atomic_and_corrupt(tmp_path):
+    cfg = TrainConfig(n_hidden=8, n_layers=1, heads=2, slices=4)
+    model = make_model(cfg, 3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    path = save_checkpoint(tmp_path / "ck.pt", model, opt, 7, cfg, extra={"a": [1.0]})
+    assert not list(tmp_path.glob("*.tmp-*"))  # temporary file renamed away
+    ck = load_checkpoint(path)
+    assert ck["step"] == 7 and ck["extra"] == {"a": [1.0]}
+    for k, v in model.state_dict().items():
+        assert torch.equal(ck["model"][k], v)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="bad.pt: corrupt or unreadable checkpoint"):
+        load_checkpoint(bad)
+    assert bad.read_bytes() == b"not a checkpoint"  # nothing overwritten
+    torch.save({"something": 1}, tmp_path / "foreign.pt")
+    with pytest.raises(ValueError, match="not a meshshard checkpoint"):
+        load_checkpoint(tmp_path / "foreign.pt")
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    from meshshard.pipelines import make_synthetic_run, preprocess_runs
+
+    root = tmp_path_factory.mktemp("train")
+    for i in (1, 2):
+        make_synthetic_run(root / "raw", index=i, surface_cells=1500, volume_cells=0, seed=i)
+    preprocess_runs(root / "raw", root / "stores", parts=4, volume=False, progress=False)
+    return root / "stores"
+
+
+def _example(*args, cwd):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_drivaerml.py"), *map(str, args)],
+        capture_output=True, text=True, cwd=cwd, timeout=600,
+    )
+
+
+def test_example_trains_checkpoints_resumes_and_validates(stores, tmp_path):
+    ck = tmp_path / "ck.pt"
+    common = ["--hidden", "8", "--layers", "1", "--slices", "4", "--checkpoint", ck]
+    r = _example(stores, "--steps", "3", *common, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "step 3/3" in r.stderr and "validation" in r.stderr
+    assert load_checkpoint(ck)["step"] == 3
+    r = _example(stores, "--steps", "5", "--resume", *common, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stderr and "step 4/5" in r.stderr and "step 1/5" not in r.stderr
+    assert load_checkpoint(ck)["step"] == 5
+    ck.write_bytes(b"garbage")
+    r = _example(stores, "--steps", "6", "--resume", *common, cwd=tmp_path)
+    assert r.returncode == 2 and "corrupt or unreadable checkpoint" in r.stderr
+    assert ck.read_bytes() == b"garbage"
+
+
+def _load_with_world(rank, world_size, store):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.train import load_sample
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    load_sample(store, rank, world_size, mesh, knn=4)
+
+
+def test_world_size_that_does_not_fit_the_store(stores):
+    with pytest.raises(RankError) as info:
+        run_ranks(_load_with_world, 3, str(stores / "run_1.zarr"), timeout=60)
+    assert len(info.value.failures) == 3
+    assert all("world_size must divide nparts" in t for t in info.value.failures.values())
