@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cloud", choices=["uniform", "clustered"], default="uniform")
     ap.add_argument("--ranks", default="2,4", help="real gloo rank counts ('' to skip)")
     ap.add_argument("--sim", default="8,64", help="simulated rank counts ('' to skip)")
-    ap.add_argument("--methods", default="rcb,hilbert,morton")
+    ap.add_argument("--methods", default="rcb,hilbert,morton,metis")
     ap.add_argument("--nboxes", type=int, default=16)
     args = ap.parse_args(argv)
     from scipy.spatial import cKDTree
@@ -174,20 +174,25 @@ def main(argv: list[str] | None = None) -> int:
         print("### Simulated traffic (rows sent per point)\n")
         print(
             "| P | shards | forwarded queries / pt | answer rows / pt | ring rows / pt "
-            "| ring / ours (queries) |"
+            "| ring / ours (queries) | bytes / pt ours | bytes / pt ring |"
         )
-        print("|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         for P in sims:
             for method in methods:
                 try:
                     part, label = shard(pts, P, method)
                 except SystemExit as exc:
-                    print(f"| {P} | {method} | skipped: {exc} | | | |")
+                    print(f"| {P} | {method} | skipped: {exc} | | | | | |")
                     continue
                 r = simulate(part.apply(pts), part.sizes, args.k, args.nboxes)
                 ratio = (P - 1) / r["fwd"] if r["fwd"] else float("inf")
+                # float64 coordinates; a query row is (x, y, z, bound), an answer row is
+                # (slot, d2, index) + (x, y, z); a ring hop carries (x, y, z, index)
+                ours = r["fwd"] * 4 * 8 + r["ans"] * 6 * 8
+                ring = (P - 1) * 4 * 8
                 print(
-                    f"| {P} | {label} | {r['fwd']:.3f} | {r['ans']:.3f} | {P - 1} | {ratio:.0f}x |",
+                    f"| {P} | {label} | {r['fwd']:.3f} | {r['ans']:.3f} | {P - 1} "
+                    f"| {ratio:.0f}x | {ours:.1f} | {ring} |",
                     flush=True,
                 )
         print()

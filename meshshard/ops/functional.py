@@ -189,25 +189,36 @@ def _knn(x, k, y, *, loop, group, x_sizes, backend, nboxes, stats):
         torch.arange(P, device=device), torch.tensor(back_counts, device=device)
     )
     ans_q = qid[send_off[a_src] + ans[:, 0].long()]
-    g_loc = torch.where(i_loc >= 0, i_loc + offset, -1)
-    cand_q = torch.cat([torch.arange(m, device=device).repeat_interleave(k), ans_q])
-    cand_d2 = torch.cat([d2_loc.reshape(-1), ans[:, 1]])
-    cand_g = torch.cat([g_loc.reshape(-1), ans[:, 2].long()])
-    cand_row = torch.cat([i_loc.reshape(-1), n + torch.arange(ans.shape[0], device=device)])
-    valid = cand_g >= 0
-    cand_q, cand_d2 = cand_q[valid], cand_d2[valid]
-    cand_g, cand_row = cand_g[valid], cand_row[valid]
-    o = _lexsort3(cand_q, cand_d2, cand_g)
-    cand_q, cand_g, cand_row = cand_q[o], cand_g[o], cand_row[o]
-    counts = torch.bincount(cand_q, minlength=m)
-    if m and int(counts.min()) < k:  # pragma: no cover - guarded by validation and bounds
+    index = torch.where(i_loc >= 0, i_loc + offset, -1)  # local answers, already sorted
+    rows = i_loc.clone()
+    hq = torch.unique(ans_q)  # only queries that got remote candidates need a merge
+    if hq.numel():
+        pos = torch.full((m,), -1, dtype=torch.int64, device=device)
+        pos[hq] = torch.arange(hq.numel(), device=device)
+        cand_q = torch.cat(
+            [torch.arange(hq.numel(), device=device).repeat_interleave(k), pos[ans_q]]
+        )
+        cand_d2 = torch.cat([d2_loc[hq].reshape(-1), ans[:, 1]])
+        cand_g = torch.cat([index[hq].reshape(-1), ans[:, 2].long()])
+        cand_row = torch.cat([i_loc[hq].reshape(-1), n + torch.arange(ans.shape[0], device=device)])
+        valid = cand_g >= 0
+        cand_q, cand_d2 = cand_q[valid], cand_d2[valid]
+        cand_g, cand_row = cand_g[valid], cand_row[valid]
+        o = _lexsort3(cand_q, cand_d2, cand_g)
+        cand_q, cand_g, cand_row = cand_q[o], cand_g[o], cand_row[o]
+        counts = torch.bincount(cand_q, minlength=hq.numel())
+        if int(counts.min()) < k:  # pragma: no cover - guarded by validation and bounds
+            msg = "knn: internal error, a query collected fewer than k candidates"
+            raise RuntimeError(msg)
+        start = torch.cumsum(counts, 0) - counts
+        take = (start[:, None] + torch.arange(k, device=device)[None, :]).reshape(-1)
+        index[hq] = cand_g[take].reshape(-1, k)
+        rows[hq] = cand_row[take].reshape(-1, k)
+    if m and bool((index < 0).any()):  # pragma: no cover - guarded by validation and bounds
         msg = "knn: internal error, a query collected fewer than k candidates"
         raise RuntimeError(msg)
-    start = torch.cumsum(counts, 0) - counts
-    take = (start[:, None] + torch.arange(k, device=device)[None, :]).reshape(-1)
-    index = cand_g[take].reshape(m, k)
     pool = torch.cat([x, ans_xyz.reshape(-1, dim)])
-    nbr = pool[cand_row[take]].reshape(m, k, dim)
+    nbr = pool[rows.reshape(-1)].reshape(m, k, dim)
     dist_out = torch.linalg.vector_norm(yq[:, None, :] - nbr, dim=-1)
 
     if stats is not None:

@@ -121,21 +121,34 @@ def knn(
     return d2, idx
 
 
-def _knn_kdtree(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _tree(points: np.ndarray):
+    """cKDTree with sliding-midpoint splits and no node shrinking: about 2x faster to build and
+    faster to query than the defaults on 300k uniform points here (same answers)."""
     from scipy.spatial import cKDTree
+
+    return cKDTree(points, balanced_tree=False, compact_nodes=False)
+
+
+def _knn_kdtree(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
     device = x.device
     xn = x.detach().double().cpu().numpy()
     yn = y.detach().double().cpu().numpy()
     n = xn.shape[0]
-    tree = cKDTree(xn)
+    tree = _tree(xn)
     kq = min(k + 1, n)  # one extra to see ties that cross the k-th place
     _, ii = tree.query(yn, k=kq, workers=-1)
     ii = np.asarray(ii, dtype=np.int64).reshape(yn.shape[0], kq)
     xt, yt = torch.from_numpy(xn), torch.from_numpy(yn)
     idx = torch.from_numpy(ii)
     d2 = sqdist(yt[:, None, :], xt[idx])
-    d2, idx = _sort_rows(d2, idx)
+    # cKDTree's order is by its own distances: re-sort only rows that are not already in
+    # (d2, idx) order under ours (ties, or last-bit differences)
+    step_d = d2[:, 1:] - d2[:, :-1]
+    bad = ((step_d < 0) | ((step_d == 0) & (idx[:, 1:] < idx[:, :-1]))).any(1)
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten()
+        d2[rows], idx[rows] = _sort_rows(d2[rows], idx[rows])
     if kq > k:
         tied = torch.nonzero(d2[:, k - 1] == d2[:, k]).flatten()
         for row in tied.tolist():  # exact ties across the cut: rare, resolved by a ball query
@@ -181,7 +194,9 @@ def _knn_brute(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor, 
 def _knn_cluster(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     tc = require_cluster()
     kq = min(k + 1, x.shape[0])
-    ei = tc.knn(x.detach(), y.detach(), kq)
+    # forwarded queries arrive as float64; torch_cluster wants one dtype (the cast is exact
+    # for queries that started in x's dtype; distances are recomputed in float64 below)
+    ei = tc.knn(x.detach(), y.detach().to(x.dtype), kq)
     m = y.shape[0]
     idx = torch.full((m, kq), -1, dtype=torch.int64, device=x.device)
     counts = torch.bincount(ei[0], minlength=m)
@@ -235,7 +250,7 @@ def radius(
         row, col = _radius_brute(x, y, r)
     else:
         tc = require_cluster()
-        ei = tc.radius(x.detach(), y.detach(), r * (1 + 1e-6), max_num_neighbors=n)
+        ei = tc.radius(x.detach(), y.detach().to(x.dtype), r * (1 + 1e-6), max_num_neighbors=n)
         row, col = ei[0], ei[1]
     row, col = row.to(device), col.to(device)
     d2 = sqdist(y[row], x[col]).to(device)
@@ -254,11 +269,10 @@ def radius(
 
 
 def _radius_kdtree(x: torch.Tensor, y: torch.Tensor, r: float) -> tuple[torch.Tensor, torch.Tensor]:
-    from scipy.spatial import cKDTree
 
     xn = x.detach().double().cpu().numpy()
     yn = y.detach().double().cpu().numpy()
-    lists = cKDTree(xn).query_ball_point(yn, r=r * (1 + 1e-9), workers=-1)
+    lists = _tree(xn).query_ball_point(yn, r=r * (1 + 1e-9), workers=-1)
     counts = np.fromiter((len(a) for a in lists), dtype=np.int64, count=len(lists))
     row = np.repeat(np.arange(len(lists), dtype=np.int64), counts)
     col = (

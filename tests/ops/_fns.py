@@ -142,8 +142,12 @@ def bad_inputs(rank: int, P: int) -> dict:
     """Each bad call must raise on every rank (no hang), then the group still works."""
     import torch.distributed as dist
 
-    from meshshard.ops.functional import knn, radius
-    from meshshard.ops.halo import gather_neighbors
+    from meshshard.ops.functional import knn, knn_graph, radius
+    from meshshard.ops.halo import gather_neighbors, halo_exchange, scatter_to_owners
+    from tests.ops._data import knn_halo_plan
+
+    plan = knn_halo_plan(np.random.default_rng(0).random((11, 3)), [5, 6])
+    plan3 = knn_halo_plan(np.random.default_rng(0).random((11, 3)), [5, 3, 3])
 
     good = torch.rand(5 + rank, 3, dtype=torch.float64)
     bad_nan = good.clone()
@@ -170,6 +174,15 @@ def bad_inputs(rank: int, P: int) -> dict:
         ),
         "gather_float_index": lambda: gather_neighbors(good, torch.tensor([0.0])),
         "backend": lambda: knn(good, 3, backend="faiss"),
+        "nboxes": lambda: knn(good, 3, nboxes=0),
+        "format": lambda: radius(good, 0.5, format="coo"),
+        "cap": lambda: radius(good, 0.5, max_num_neighbors=0),
+        "flow": lambda: knn_graph(good, 2, flow="up"),
+        "halo_rows": lambda: halo_exchange(good if rank == 0 else good[:2], plan),
+        "halo_parts": lambda: halo_exchange(good, plan3),
+        "scatter_reduce": lambda: scatter_to_owners(
+            good, torch.tensor([0, 1]), "min", sizes=[5, 6]
+        ),
         "grad_one_rank": lambda: knn(good.clone().requires_grad_(rank == 0), 3),
     }
     out = {}
@@ -239,9 +252,17 @@ def shardtensor_api(rank: int, P: int, sizes: list[int], ysizes: list[int], plan
     )
     sc = ops.scatter_to_owners(vals, idx, "sum", like=feats)
     res["scatter"] = (sc.sharding_sizes(), sc.to_local().numpy())
+    mesh2 = init_device_mesh("cpu", (1, P))
     errors = {}
     for name, call in {
         "mixed": lambda: ops.knn(x, 2, yloc),
+        "other_mesh": lambda: ops.knn(
+            x,
+            2,
+            from_local(
+                yloc.detach(), mesh2, [Replicate(), Shard(0)], sharding_shapes={1: ysizes}
+            ),
+        ),
         "replicate": lambda: ops.knn(
             from_local(torch.zeros(3, 3, dtype=torch.float64), mesh, [Replicate()]), 2
         ),

@@ -50,6 +50,7 @@ def test_radius_graph_halo_gather_scatter_shardtensor(outcome) -> None:
         assert r["scatter"][0] == tuple(sizes)
         assert "pass both as ShardTensors" in r["errors"]["mixed"]
         assert "must be sharded along dim 0" in r["errors"]["replicate"]
+        assert "different device meshes" in r["errors"]["other_mesh"]
     # gather == the points at the knn indices; scatter counts how often each point is a neighbour
     idx = res[0]["knn"][1]
     np.testing.assert_array_equal(res[0]["gather"][2], x[idx])

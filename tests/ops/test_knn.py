@@ -28,6 +28,11 @@ CASES = {
         {"x_sizes": [20, 0, 30, 30], "k": 8, "kind": "clustered", "method": "random"},
         {"x_sizes": [25, 25, 15, 15], "k": 5, "kind": "dupes", "loop": False},
         {"x_sizes": [1, 1, 1, 1], "y_sizes": [10, 0, 5, 5], "k": 3, "method": "random"},
+        # the library's partitioners (sizes are theirs), uniform and strongly clustered clouds
+        {"x_sizes": [300], "k": 8, "loop": False, "method": "morton"},
+        {"x_sizes": [300], "k": 8, "loop": False, "method": "hilbert", "kind": "clustered"},
+        {"x_sizes": [300], "k": 8, "method": "rcb", "kind": "clustered"},
+        {"x_sizes": [300], "k": 8, "loop": False, "method": "metis"},
     ],
 }
 

@@ -24,6 +24,8 @@ CASES = {
     4: [
         {"x_sizes": [1, 1, 6, 72], "r": 0.3, "loop": False},
         {"x_sizes": [20, 0, 30, 30], "r": 0.05, "kind": "clustered", "method": "random"},
+        {"x_sizes": [300], "r": 0.15, "loop": False, "method": "hilbert"},
+        {"x_sizes": [300], "r": 0.03, "method": "metis", "kind": "clustered", "cap": 6},
     ],
 }
 

@@ -25,6 +25,13 @@ EXPECT = {
     "gather_out_of_range": ["rank 1", "[0, 50]", "0..10"],
     "gather_float_index": ["integer tensor", ".long()"],
     "backend": ["'faiss'", "kdtree"],
+    "nboxes": ["nboxes=0 must be an int >= 1"],
+    "format": ["format='coo'", "'padded' or 'csr'"],
+    "cap": ["max_num_neighbors=0", "None or an int >= 1"],
+    "flow": ["flow='up'", "source_to_target"],
+    "halo_rows": ["halo_exchange"],
+    "halo_parts": ["3 shards but the group has 2 ranks"],
+    "scatter_reduce": ["reduce='min'", "'sum', 'mean', 'max'"],
     "grad_one_rank": ["requires_grad", "[1, 0]", "same way on every rank"],
 }
 
@@ -44,6 +51,12 @@ def test_error_on_every_rank(outcome, name: str) -> None:
         expect = EXPECT[name]
         if name == "gather_out_of_range" and rank == 0:
             expect = ["invalid input on rank(s) [1]"]
+        if name == "halo_rows":
+            expect = (
+                ["rank 1 holds (2, 3) but the plan expects 6 rows"]
+                if rank == 1
+                else ["invalid input on rank(s) [1]"]
+            )
         for part in expect:
             assert part in msg, f"{name} on rank {rank}: {part!r} not in {msg!r}"
 
