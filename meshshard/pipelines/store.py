@@ -274,6 +274,12 @@ def _read_attrs(path: Path) -> dict:
             f"({STORE_SCHEMA_VERSION}); upgrade meshshard"
         )
         raise StoreError(msg)
+    if isinstance(version, int) and version < STORE_SCHEMA_VERSION:
+        msg = (
+            f"{path}: schema_version={version} was written by an older meshshard (this one "
+            f"reads {STORE_SCHEMA_VERSION}); rerun meshshard preprocess with --overwrite"
+        )
+        raise StoreError(msg)
     if version is None or not attrs.get("complete"):
         msg = f"{path}: incomplete store (no complete attributes); rerun meshshard preprocess"
         raise StoreError(msg)
@@ -333,8 +339,8 @@ def store_status(path: str | Path, *, sources: dict, request: dict) -> str | Non
         attrs = _read_attrs(path)
         _check_arrays(path, attrs)
     except StoreError as exc:
-        if "newer" in str(exc):
-            raise
+        if "newer" in str(exc) or "older" in str(exc):
+            raise  # never replaced without --overwrite
         return str(exc)
     if attrs.get("sources") != sources:
         return "source files changed (size, mtime or checksum differ)"

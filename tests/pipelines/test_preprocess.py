@@ -217,6 +217,23 @@ def test_newer_schema_version_is_refused(runs_src, tmp_path):
     assert _attrs(out / "run_2.zarr")["schema_version"] == 1
 
 
+def test_older_schema_version_is_refused_and_left_alone(runs_src, tmp_path):
+    out = tmp_path / "out"
+    process_run(runs_src / "run_2", out, parts=2)
+    meta = out / "run_2.zarr" / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["schema_version"] = 0
+    meta.write_text(json.dumps(doc))
+    before = meta.read_bytes()
+    with pytest.raises(StoreError, match=r"run_2\.zarr: schema_version=0 .*older.*--overwrite"):
+        load_shard(out / "run_2.zarr", 0, 2)
+    with pytest.raises(StoreError, match="older"):
+        process_run(runs_src / "run_2", out, parts=2)
+    assert meta.read_bytes() == before  # nothing overwritten without --overwrite
+    process_run(runs_src / "run_2", out, parts=2, overwrite=True)
+    assert _attrs(out / "run_2.zarr")["schema_version"] == 1
+
+
 def test_paths_that_escape_dst_are_refused(runs_src, tmp_path):
     for bad in ("../run_1", "..", "a/b", ""):
         with pytest.raises(ValueError, match="would escape"):
