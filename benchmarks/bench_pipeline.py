@@ -26,6 +26,9 @@ opt = json.loads(sys.argv[5])
 import numpy as np, pyvista as pv, zarr  # noqa: F401
 import meshshard.pipelines as mp
 from pathlib import Path
+if what in ("preprocess", "prevol"):
+    from meshshard.pipelines._alloc import tune_allocator
+    tune_allocator()  # as `meshshard preprocess` does
 res = {}
 if what == "generate":
     t = time.perf_counter()

@@ -39,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from meshshard.pipelines import DRIVAERML, preprocess_runs
+    from meshshard.pipelines._alloc import tune_allocator
+
+    tune_allocator()  # this process is ours: keep freed arrays for reuse (see _alloc)
 
     schema = replace(DRIVAERML, u_inf=args.u_inf, rho=args.rho)
     results = preprocess_runs(

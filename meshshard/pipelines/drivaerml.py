@@ -158,8 +158,57 @@ def _require(path: Path, what: str) -> None:
         raise FileNotFoundError(msg)
 
 
+_XML_READERS = {".vtp": "vtkXMLPolyDataReader", ".vtu": "vtkXMLUnstructuredGridReader"}
+
+
 def _read_cells(path: Path, specs: tuple[FieldSpec, ...]):
-    """Read ``path`` with only ``specs``' cell arrays enabled; returns (mesh, present specs)."""
+    """Read ``path`` with only ``specs``' cell arrays enabled; returns (mesh, present specs).
+
+    VTK XML files are read in one pass with the array selection set before the header is
+    parsed (unknown arrays default to off): changing the selection after the header is known
+    parses it again, ~0.35 s on an 8.8M-cell surface.
+    """
+    cls = _XML_READERS.get(path.suffix.lower())
+    if cls is None:
+        return _read_cells_generic(path, specs)
+    import pyvista as pv
+    from vtkmodules import vtkIOXML
+
+    try:
+        with pv.VtkErrorCatcher(raise_errors=True):
+            reader = getattr(vtkIOXML, cls)()
+            reader.SetFileName(str(path))
+            reader.GetPointDataArraySelection().SetUnknownArraySetting(0)
+            cells = reader.GetCellDataArraySelection()
+            cells.SetUnknownArraySetting(0)
+            for s in specs:
+                cells.EnableArray(s.name)
+            reader.Update()
+        mesh = pv.wrap(reader.GetOutput())
+    except (RuntimeError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        msg = f"{path}: truncated or corrupt VTK file ({first[:300]}); re-export or re-download it"
+        raise ValueError(msg) from exc
+    if mesh is None or mesh.n_cells == 0:
+        msg = f"{path}: has 0 cells; the file is empty, truncated or not a cell mesh"
+        raise ValueError(msg)
+    read = set(mesh.cell_data.keys())
+    names = [cells.GetArrayName(i) for i in range(cells.GetNumberOfArrays())]
+    # disabled names were discovered in the file; enabled ones are in it iff they were read
+    available = [n for n in names if n in read or not cells.ArrayIsEnabled(n)]
+    missing = [s.name for s in specs if s.required and s.name not in read]
+    if missing:
+        msg = (
+            f"{path}: cell field(s) {missing} missing; the file has {available}. "
+            "Fix the file or name its fields with DatasetSchema(surface_fields=..., "
+            "volume_fields=...)"
+        )
+        raise ValueError(msg)
+    return mesh, tuple(s for s in specs if s.name in read)
+
+
+def _read_cells_generic(path: Path, specs: tuple[FieldSpec, ...]):
+    """Any format pyvista reads (legacy .vtk, ...): selection through pyvista's reader."""
     import pyvista as pv
 
     try:

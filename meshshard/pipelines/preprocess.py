@@ -341,8 +341,12 @@ def preprocess_runs(
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
+            from meshshard.pipelines._alloc import tune_allocator
+
             ctx = mp.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            with ProcessPoolExecutor(
+                max_workers=workers, mp_context=ctx, initializer=tune_allocator
+            ) as pool:
                 futs = {pool.submit(_safe_process, d, str(dst), kwargs): d for d in mine}
                 for f in as_completed(futs):
                     results[futs[f]] = f.result()
