@@ -161,6 +161,8 @@ class ShardTensor(torch.Tensor):
             f"dtype={self.dtype}, device={self._local.device})"
         )
 
+    __str__ = __repr__
+
     def __reduce_ex__(self, protocol):
         msg = "a ShardTensor cannot be pickled; save .to_local() and its sharding sizes instead"
         raise TypeError(msg)

@@ -194,3 +194,11 @@ def error_text(rank, ws):
         return construction(rank, ws, (3, 5))
     except Exception:
         return traceback.format_exc()
+
+
+def printing(rank, ws):
+    from meshshard.shardtensor import Shard, from_local
+
+    mesh = _mesh(ws)
+    a = from_local(torch.ones((3, 5)[rank], 2), mesh, [Shard(0)], (3, 5))
+    return repr(a), str(a), f"{a.sum():.1f}", len(a)

@@ -62,3 +62,11 @@ def test_gather_fallback_warns_once_and_registry():
         assert "already registered" in r["overwrite"] and "override=True" in r["overwrite"]
         assert r["listed"] is True
         assert r["aten_calls"] == 2
+
+
+def test_repr_str_format_len():
+    for r, s, f, n in run_ranks(F.printing, 2, timeout=60):
+        assert "ShardTensor" in r and "S(0)[3, 5]" in r and "global (8, 2)" in r
+        assert s == r
+        assert f == "16.0"
+        assert n == 8

@@ -147,6 +147,8 @@ def _bool(x):
 
 @register_handler(torch.Tensor.__format__)
 def _format(x, spec):
+    """Formats a scalar's value (a Partial scalar is reduced: collective); else the repr."""
+    x = reduce_partials(x)
     if x._local.numel() == 1 and x._spec.is_replicated():
         return x._local.item().__format__(spec)
     return repr(x)
