@@ -25,7 +25,11 @@ class CLIError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="meshshard", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="meshshard",
+        description="Domain parallelism for irregular scientific data: partition, inspect, "
+        "preprocess DrivaerML runs, and the demo.",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
