@@ -1,5 +1,3 @@
-import time
-
 import pytest
 
 from meshshard.testing import RankError, run_ranks
@@ -26,13 +24,13 @@ def test_uneven_all_to_all_on_gloo():
 
 
 def test_failure_reports_traceback_and_does_not_hang():
-    t0 = time.monotonic()
     with pytest.raises(RankError) as info:
-        run_ranks(_fns.fail_on_rank_one, 2, timeout=60)
-    assert time.monotonic() - t0 < 40
-    assert 1 in info.value.failures
+        run_ranks(_fns.fail_on_rank_one, 2, timeout=600)
     assert "deliberate failure on rank 1" in info.value.failures[1]
     assert "rank 1" in str(info.value)
+    # rank 0 was blocked in a collective: it fails (peer gone) or is stopped once rank 1
+    # failed; it is not left waiting for the 600 s timeout
+    assert "timed out" not in info.value.failures[0]
 
 
 def test_hung_rank_times_out():
