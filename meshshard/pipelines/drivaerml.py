@@ -161,6 +161,18 @@ def _require(path: Path, what: str) -> None:
 _XML_READERS = {".vtp": "vtkXMLPolyDataReader", ".vtu": "vtkXMLUnstructuredGridReader"}
 
 
+def _corrupt(path: Path, exc: BaseException) -> ValueError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    msg = f"{path}: truncated or corrupt VTK file ({first[:300]}); re-export or re-download it"
+    return ValueError(msg)
+
+
+def _require_cells(path: Path, mesh) -> None:
+    if mesh is None or mesh.n_cells == 0:
+        msg = f"{path}: has 0 cells; the file is empty, truncated or not a cell mesh"
+        raise ValueError(msg)
+
+
 def _read_cells(path: Path, specs: tuple[FieldSpec, ...]):
     """Read ``path`` with only ``specs``' cell arrays enabled; returns (mesh, present specs).
 
@@ -186,12 +198,8 @@ def _read_cells(path: Path, specs: tuple[FieldSpec, ...]):
             reader.Update()
         mesh = pv.wrap(reader.GetOutput())
     except (RuntimeError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        msg = f"{path}: truncated or corrupt VTK file ({first[:300]}); re-export or re-download it"
-        raise ValueError(msg) from exc
-    if mesh is None or mesh.n_cells == 0:
-        msg = f"{path}: has 0 cells; the file is empty, truncated or not a cell mesh"
-        raise ValueError(msg)
+        raise _corrupt(path, exc) from exc
+    _require_cells(path, mesh)
     read = set(mesh.cell_data.keys())
     names = [cells.GetArrayName(i) for i in range(cells.GetNumberOfArrays())]
     # disabled names were discovered in the file; enabled ones are in it iff they were read
@@ -236,12 +244,8 @@ def _read_cells_generic(path: Path, specs: tuple[FieldSpec, ...]):
     except KeyError as exc:
         raise ValueError(exc.args[0]) from None
     except (RuntimeError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        msg = f"{path}: truncated or corrupt VTK file ({first[:300]}); re-export or re-download it"
-        raise ValueError(msg) from exc
-    if mesh is None or mesh.n_cells == 0:
-        msg = f"{path}: has 0 cells; the file is empty, truncated or not a cell mesh"
-        raise ValueError(msg)
+        raise _corrupt(path, exc) from exc
+    _require_cells(path, mesh)
     return mesh, present
 
 
