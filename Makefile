@@ -25,8 +25,13 @@ test: lint
 demo: venv
 	$(BIN)/meshshard demo
 
+# quick sizes; README "Results" lists the full-size commands
 bench: venv
-	$(BIN)/python benchmarks/bench_partition.py
+	$(BIN)/python benchmarks/bench_partition.py --sizes 1e6
+	$(BIN)/python benchmarks/bench_shardtensor.py --points 1000,100000
+	$(BIN)/python benchmarks/bench_memory.py --points 2e5
+	$(BIN)/python benchmarks/bench_ops.py --n 200000
+	$(BIN)/python benchmarks/bench_pipeline.py --cells 500000
 
 clean:
 	rm -rf $(VENV) build *.egg-info
