@@ -76,8 +76,9 @@ def geometric_features(coords: torch.Tensor, normals: torch.Tensor, k: int) -> t
     from meshshard import ops
 
     dist_, idx = ops.knn(coords, k, loop=False)
-    nb_normals = ops.gather_neighbors(normals, idx)  # (N, k, 3)
-    nb_coords = ops.gather_neighbors(coords, idx)  # (N, k, 3)
+    # one exchange for both: the same neighbour rows are requested for coordinates and normals
+    nb = ops.gather_neighbors(torch.cat([coords, normals], dim=-1), idx)  # (N, k, 6)
+    nb_coords, nb_normals = nb[..., :3], nb[..., 3:]
     mean_d = torch.log(dist_.mean(dim=1, keepdim=True) + 1e-6)
     kth_d = torch.log(dist_[:, k - 1 :] + 1e-6)
     agree = (nb_normals * normals.unsqueeze(1)).sum(dim=-1).mean(dim=1, keepdim=True)

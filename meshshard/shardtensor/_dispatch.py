@@ -425,13 +425,11 @@ def pointwise_apply(func, args, kwargs):
         if args and isinstance(args[0], ShardTensor):
             inplace_target = args[0]
     # reduce Partials that cannot pass through
+    n_scalars = sum(isinstance(v, (int, float, complex)) and not isinstance(v, bool) for v in args)
     for i in range(mesh.ndim):
         has_partial = any(
             isinstance(t, ShardTensor) and isinstance(t._spec.placements[i], Partial)
             for t in tensors
-        )
-        n_scalars = sum(
-            isinstance(v, (int, float, complex)) and not isinstance(v, bool) for v in args
         )
         if has_partial and not _partial_ok(func, tensors, i, n_scalars):
             if inplace_target is not None and isinstance(

@@ -129,10 +129,10 @@ def _max_min_dim(x, dim, keepdim, kind):
     f = torch.max if kind == "max" else torch.min
     local = x._local
     spec = _out_spec(x._spec, (d,), keepdim, Replicate())
+    rt = torch.return_types.max if kind == "max" else torch.return_types.min
     if not mesh_dims:
         v, ix = f(local, dim=d, keepdim=keepdim)
-        return torch.return_types.max((wrap(v, spec), wrap(ix, spec))) if kind == "max" else \
-            torch.return_types.min((wrap(v, spec), wrap(ix, spec)))
+        return rt((wrap(v, spec), wrap(ix, spec)))
     (i,) = mesh_dims
     group = x._spec.mesh.get_group(i)
     offset = x._spec.offset(d)
@@ -150,7 +150,6 @@ def _max_min_dim(x, dim, keepdim, kind):
         import torch.distributed as dist
 
         dist.all_reduce(cand, op=dist.ReduceOp.MIN, group=group)
-    rt = torch.return_types.max if kind == "max" else torch.return_types.min
     return rt((wrap(vg, spec), wrap(cand, spec)))
 
 
