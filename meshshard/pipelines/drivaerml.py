@@ -5,12 +5,18 @@ A run directory ``run_<i>/`` holds ``boundary_<i>.vtp`` (surface, cell data), ``
 centres, normals, areas and non-dimensional fields, volume cell centres and fields, and the STL
 (vertices, triangles, centres, areas).
 
-Memory. Only the arrays named in the schema are read: every other cell and point array is
-disabled in the VTK reader before the file is parsed. The geometry (points and connectivity)
-of a file is always read whole, because VTK's XML readers cannot stream cells; with
-``max_volume_cells`` the centres and fields of only a random (seeded) subset of volume cells are
-computed and kept. The peak is therefore about the VTK geometry + the requested arrays + the
-kept output, not the whole file's arrays.
+Reading. VTK XML files (``.vtp``, ``.vtu``) are read by :mod:`meshshard.pipelines.vtkxml`,
+which decodes only the points, the cells and the arrays named in the schema, decompressing in
+parallel; files it does not decode (ASCII, LZ4, several pieces, polyhedra, damaged files) and
+other formats go through VTK with every other array disabled before the file is parsed. Set
+``MESHSHARD_READER=vtk`` to send every file through VTK.
+
+Memory. Compressed or base64 geometry (points and connectivity) is decoded whole; raw appended
+data (VTK's ``appended`` mode without compression, the usual layout of large volume files) is
+memory-mapped, so only the pages the computation touches are read. With ``max_volume_cells``
+the centres and fields of only a random (seeded) subset of volume cells are computed and kept.
+The peak is therefore about the decoded geometry + the requested arrays + the kept output, not
+the whole file's arrays.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import numpy as np
 
 from meshshard.pipelines.geometry import cell_centres, polygon_geometry, vtk_cells
 from meshshard.pipelines.schema import DRIVAERML, DatasetSchema, FieldSpec
+from meshshard.pipelines.vtkxml import CellMesh, UnsupportedVtkXml, read_cells
 
 __all__ = [
     "RunData",
@@ -158,6 +165,8 @@ def _require(path: Path, what: str) -> None:
         raise FileNotFoundError(msg)
 
 
+#: ``vtk`` sends every file through VTK's readers (default ``auto``: meshshard's XML reader first)
+READER_ENV = "MESHSHARD_READER"
 _XML_READERS = {".vtp": "vtkXMLPolyDataReader", ".vtu": "vtkXMLUnstructuredGridReader"}
 
 
@@ -173,22 +182,79 @@ def _require_cells(path: Path, mesh) -> None:
         raise ValueError(msg)
 
 
-def _read_cells(path: Path, specs: tuple[FieldSpec, ...]):
-    """Read ``path`` with only ``specs``' cell arrays enabled; returns (mesh, present specs).
+def _read_cells(
+    path: Path, specs: tuple[FieldSpec, ...], *, polys: bool
+) -> tuple[CellMesh, tuple[FieldSpec, ...]]:
+    """Points, cells (the polygons when ``polys``) and ``specs``' cell arrays of ``path``, and
+    the specs present.
 
-    VTK XML files are read in one pass with the array selection set before the header is
-    parsed (unknown arrays default to off): changing the selection after the header is known
-    parses it again, ~0.35 s on an 8.8M-cell surface.
+    VTK XML files go through meshshard's own reader (:mod:`meshshard.pipelines.vtkxml`: only
+    the named arrays are decoded, in parallel); a file it does not decode -- ASCII data, LZ4,
+    several pieces, a damaged file -- is read by VTK, whose verdict then stands.
     """
-    cls = _XML_READERS.get(path.suffix.lower())
-    if cls is None:
-        return _read_cells_generic(path, specs)
+    if path.suffix.lower() in _XML_READERS and os.environ.get(READER_ENV, "auto") != "vtk":
+        try:
+            mesh = read_cells(path, [s.name for s in specs])
+        except UnsupportedVtkXml as exc:
+            log.debug("%s: read with VTK (%s)", path, exc)
+        else:
+            return _checked(path, mesh, specs)
+    return _checked(path, _read_vtk(path, specs, polys), specs)
+
+
+def _checked(
+    path: Path, mesh: CellMesh, specs: tuple[FieldSpec, ...]
+) -> tuple[CellMesh, tuple[FieldSpec, ...]]:
+    if mesh.n_cells == 0:
+        msg = f"{path}: has 0 cells; the file is empty, truncated or not a cell mesh"
+        raise ValueError(msg)
+    missing = [s.name for s in specs if s.required and s.name not in mesh.cell_data]
+    if missing:
+        msg = (
+            f"{path}: cell field(s) {missing} missing; the file has {mesh.cell_array_names}. "
+            "Fix the file or name its fields with DatasetSchema(surface_fields=..., "
+            "volume_fields=...)"
+        )
+        raise ValueError(msg)
+    return mesh, tuple(s for s in specs if s.name in mesh.cell_data)
+
+
+def _read_vtk(path: Path, specs: tuple[FieldSpec, ...], polys: bool) -> CellMesh:
+    """:func:`_read_cells` through VTK's readers."""
+    if path.suffix.lower() in _XML_READERS:
+        mesh, names = _read_xml_vtk(path, specs)
+    else:
+        mesh, names = _read_cells_generic(path, specs)
+    _require_cells(path, mesh)
+    if polys:
+        offsets, conn = vtk_cells(mesh.GetPolys())
+        other = mesh.GetNumberOfCells() - mesh.GetNumberOfPolys()
+    else:
+        offsets, conn = vtk_cells(mesh.GetCells())
+        other = 0
+    return CellMesh(
+        points=np.asarray(mesh.points),
+        offsets=offsets,
+        connectivity=conn,
+        cell_data={s.name: np.asarray(mesh.cell_data[s.name]) for s in specs if s.name in names},
+        cell_array_names=names,
+        n_other_cells=other,
+    )
+
+
+def _read_xml_vtk(path: Path, specs: tuple[FieldSpec, ...]):
+    """A VTK XML file read by VTK in one pass, only ``specs``' cell arrays enabled; returns
+    (mesh, names of every cell array in the file).
+
+    The selection is set before the header is parsed (unknown arrays default to off): changing
+    it after the header is known parses it again, ~0.35 s on an 8.8M-cell surface.
+    """
     import pyvista as pv
     from vtkmodules import vtkIOXML
 
     try:
         with pv.VtkErrorCatcher(raise_errors=True):
-            reader = getattr(vtkIOXML, cls)()
+            reader = getattr(vtkIOXML, _XML_READERS[path.suffix.lower()])()
             reader.SetFileName(str(path))
             reader.GetPointDataArraySelection().SetUnknownArraySetting(0)
             cells = reader.GetCellDataArraySelection()
@@ -203,16 +269,7 @@ def _read_cells(path: Path, specs: tuple[FieldSpec, ...]):
     read = set(mesh.cell_data.keys())
     names = [cells.GetArrayName(i) for i in range(cells.GetNumberOfArrays())]
     # disabled names were discovered in the file; enabled ones are in it iff they were read
-    available = [n for n in names if n in read or not cells.ArrayIsEnabled(n)]
-    missing = [s.name for s in specs if s.required and s.name not in read]
-    if missing:
-        msg = (
-            f"{path}: cell field(s) {missing} missing; the file has {available}. "
-            "Fix the file or name its fields with DatasetSchema(surface_fields=..., "
-            "volume_fields=...)"
-        )
-        raise ValueError(msg)
-    return mesh, tuple(s for s in specs if s.name in read)
+    return mesh, [n for n in names if n in read or not cells.ArrayIsEnabled(n)]
 
 
 def _read_cells_generic(path: Path, specs: tuple[FieldSpec, ...]):
@@ -246,12 +303,12 @@ def _read_cells_generic(path: Path, specs: tuple[FieldSpec, ...]):
     except (RuntimeError, OSError) as exc:
         raise _corrupt(path, exc) from exc
     _require_cells(path, mesh)
-    return mesh, present
+    return mesh, available
 
 
 def _fields(
     path: Path,
-    mesh,
+    mesh: CellMesh,
     specs: tuple[FieldSpec, ...],
     schema: DatasetSchema,
     length: float | None,
@@ -264,7 +321,7 @@ def _fields(
     scales: dict[str, float] = {}
     col = 0
     for s in specs:
-        arr = np.asarray(mesh.cell_data[s.name])
+        arr = mesh.cell_data[s.name]
         arr = arr.reshape(arr.shape[0], -1)
         if arr.shape[1] != s.components:
             msg = (
@@ -343,21 +400,19 @@ def read_surface(
     """Surface cell centres, normals, areas and non-dimensional fields of a ``.vtp`` file."""
     path = Path(path)
     _require(path, "surface")
-    mesh, specs = _read_cells(path, schema.surface_fields)
-    if mesh.GetNumberOfPolys() == 0:
+    mesh, specs = _read_cells(path, schema.surface_fields, polys=True)
+    if mesh.offsets.size <= 1:
         msg = f"{path}: has 0 cells (no polygons); the file is empty or truncated"
         raise ValueError(msg)
-    n_other = mesh.GetNumberOfCells() - mesh.GetNumberOfPolys()
-    if n_other:
+    if mesh.n_other_cells:
         msg = (
-            f"{path}: {n_other} cells are not polygons (vertices, lines or strips); "
+            f"{path}: {mesh.n_other_cells} cells are not polygons (vertices, lines or strips); "
             "a boundary file must hold polygons only (run pyvista's triangulate/clean first)"
         )
         raise ValueError(msg)
     fields, columns, scales = _fields(path, mesh, specs, schema, length, None)
     n = mesh.n_cells
-    points = np.asarray(mesh.points)
-    offsets, conn = vtk_cells(mesh.GetPolys())
+    points, offsets, conn = mesh.points, mesh.offsets, mesh.connectivity
     del mesh
     keep = _nan_rows(path, fields, columns, drop_nan)
     centers, normals, areas = polygon_geometry(points, offsets, conn)
@@ -397,15 +452,14 @@ def read_volume(
     if max_cells is not None and max_cells < 1:
         msg = f"max_cells={max_cells} must be >= 1 (or None for every cell)"
         raise ValueError(msg)
-    mesh, specs = _read_cells(path, schema.volume_fields)
+    mesh, specs = _read_cells(path, schema.volume_fields, polys=False)
     n = mesh.n_cells
     rows = None
     if max_cells is not None and max_cells < n:
         rng = np.random.default_rng(seed)
         rows = np.sort(rng.choice(n, size=max_cells, replace=False)).astype(np.int64)
     fields, columns, scales = _fields(path, mesh, specs, schema, length, rows)
-    points = np.asarray(mesh.points)
-    offsets, conn = vtk_cells(mesh.GetCells())
+    points, offsets, conn = mesh.points, mesh.offsets, mesh.connectivity
     del mesh
     keep = _nan_rows(path, fields, columns, drop_nan)
     source = np.arange(n, dtype=np.int64) if rows is None else rows
