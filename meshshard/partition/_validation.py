@@ -26,8 +26,11 @@ def _to_numpy(a: Any) -> np.ndarray:
     return np.asarray(a)
 
 
-def as_points(points: Any, name: str = "points") -> np.ndarray:
+def as_points(points: Any, name: str = "points", *, keep_float: bool = False) -> np.ndarray:
     """Validate coordinates and return them as a float64 array of shape (N, D), D in {2, 3}.
+
+    With ``keep_float`` a float32 array stays float32 (no copy): for callers that compute in
+    float64 chunk by chunk anyway.
 
     Raises
     ------
@@ -51,8 +54,10 @@ def as_points(points: Any, name: str = "points") -> np.ndarray:
             "reshape to one row per point (e.g. points.reshape(-1, 3))"
         )
         raise ValueError(msg)
-    arr = np.ascontiguousarray(arr, dtype=np.float64)
-    if not np.isfinite(arr).all():
+    keep = keep_float and arr.dtype in (np.float32, np.float64)
+    arr = np.ascontiguousarray(arr, dtype=arr.dtype if keep else np.float64)
+    # NaN propagates through min/max and inf shows in them: two reductions, no (N, D) temporary
+    if arr.size and not (np.isfinite(arr.min()) and np.isfinite(arr.max())):
         finite = np.isfinite(arr).all(axis=1)
         bad = np.flatnonzero(~finite)
         msg = (

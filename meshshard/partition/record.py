@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SCHEMA_VERSION", "HaloPlan", "Partition"]
+__all__ = ["SCHEMA_VERSION", "HaloPlan", "Partition", "shard_labels"]
 
 SCHEMA_VERSION = 1
 
@@ -29,6 +29,20 @@ def _as_int64(a: Any, name: str) -> np.ndarray:
         msg = f"{name} must hold integers, got dtype {arr.dtype}"
         raise TypeError(msg)
     return arr.astype(np.int64, copy=False)
+
+
+def shard_labels(sizes: Any, dtype: Any = np.int64) -> np.ndarray:
+    """``[0]*sizes[0] + [1]*sizes[1] + ...`` as an array: the shard of every stored row.
+
+    One slice fill per shard; ``np.repeat`` with a counts array copies element by element and
+    is several times slower on millions of rows."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    out = np.empty(int(sizes.sum()), dtype=dtype)
+    start = 0
+    for p, size in enumerate(sizes.tolist()):
+        out[start : start + size] = p
+        start += size
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,9 +97,14 @@ class Partition:
         if not check.all():
             msg = "order is not a permutation of range(N)"
             raise ValueError(msg)
-        if n and not np.array_equal(assignment[order], np.repeat(np.arange(sizes.size), sizes)):
-            msg = "order does not make every shard contiguous in shard order"
-            raise ValueError(msg)
+        if n:
+            stored = assignment[order]
+            start = 0
+            for p, size in enumerate(sizes.tolist()):
+                if size and not (stored[start : start + size] == p).all():
+                    msg = "order does not make every shard contiguous in shard order"
+                    raise ValueError(msg)
+                start += size
         for name, arr in (("assignment", assignment), ("order", order), ("sizes", sizes)):
             arr.setflags(write=False)
             object.__setattr__(self, name, arr)

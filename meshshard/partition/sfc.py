@@ -17,7 +17,7 @@ from meshshard.partition._validation import (
     check_targets,
     check_weights,
 )
-from meshshard.partition.record import Partition
+from meshshard.partition.record import Partition, shard_labels
 
 __all__ = [
     "curve_order",
@@ -44,8 +44,9 @@ def _quantise(points: np.ndarray, bits: int) -> np.ndarray:
         return np.zeros(points.shape, dtype=np.uint32)
     # Column-wise reductions and chunked arithmetic: (N, 3) reductions along axis 0 and
     # large float temporaries are several times slower than this on big inputs.
-    lo = np.array([points[:, i].min() for i in range(points.shape[1])])
-    hi = np.array([points[:, i].max() for i in range(points.shape[1])])
+    # float64 bounds: float32 points then quantise exactly as their float64 copy would
+    lo = np.array([points[:, i].min() for i in range(points.shape[1])], dtype=np.float64)
+    hi = np.array([points[:, i].max() for i in range(points.shape[1])], dtype=np.float64)
     extent = float((hi - lo).max())
     cells = (1 << bits) - 1
     q = np.zeros(points.shape, dtype=np.uint32)
@@ -105,7 +106,7 @@ def morton_codes(points: Any, bits: int | None = None) -> np.ndarray:
     -------
     ndarray of shape (N,), uint64
     """
-    pts = as_points(points)
+    pts = as_points(points, keep_float=True)
     dim = pts.shape[1]
     bits = default_bits(pts.shape[0], dim) if bits is None else _check_bits(bits, dim)
     q = _quantise(pts, bits)
@@ -130,7 +131,7 @@ def hilbert_codes(points: Any, bits: int | None = None) -> np.ndarray:
     ndarray of shape (N,), uint64
         Consecutive codes are face-adjacent grid cells.
     """
-    pts = as_points(points)
+    pts = as_points(points, keep_float=True)
     dim = pts.shape[1]
     bits = default_bits(pts.shape[0], dim) if bits is None else _check_bits(bits, dim)
     q = _quantise(pts, bits)
@@ -274,7 +275,7 @@ def _sfc_partition(
     allow_empty: bool = False,
     bits: int | None = None,
 ) -> Partition:
-    pts = as_points(points)
+    pts = as_points(points, keep_float=True)
     n, dim = pts.shape
     parts = check_parts(parts, n, allow_empty=allow_empty)
     w = check_weights(weights, n)
@@ -285,7 +286,7 @@ def _sfc_partition(
     ptr = split_curve(None if w is None else w[order], n, t, allow_empty=allow_empty)
     sizes = np.diff(ptr)
     assignment = np.empty(n, dtype=np.int64)
-    assignment[order] = np.repeat(np.arange(parts, dtype=np.int64), sizes)
+    assignment[order] = shard_labels(sizes)
     params = {"bits": bits, "targets": t.tolist(), "weighted": w is not None}
     return Partition(assignment, order, sizes, method=method, params=params)
 

@@ -410,7 +410,7 @@ def store_partition(path: str | Path, part: str = "surface"):
     -------
     (Partition, ndarray of shape (N, 3))
     """
-    from meshshard.partition.record import Partition
+    from meshshard.partition.record import Partition, shard_labels
 
     group, attrs = open_store(path)
     a = attrs.get(part)
@@ -422,7 +422,7 @@ def store_partition(path: str | Path, part: str = "surface"):
     order = np.empty_like(perm)
     order[np.argsort(perm, kind="stable")] = np.arange(perm.size)  # compressed source index
     assignment = np.empty_like(perm)
-    assignment[order] = np.repeat(np.arange(sizes.size), sizes)
+    assignment[order] = shard_labels(sizes)
     centres = np.asarray(group[f"{part}_mesh_centers"][...])
     points = np.empty_like(centres)
     points[order] = centres

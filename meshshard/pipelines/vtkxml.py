@@ -417,7 +417,7 @@ def read_cells(
     names : iterable of str
         Cell arrays to decode; absent names are simply not in ``cell_data``.
     threads : int, optional
-        Decompression threads (default: the CPU count, at most 8).
+        Decompression threads (default: the CPUs this process may use, at most 8).
 
     Raises
     ------
@@ -431,7 +431,9 @@ def read_cells(
         if os.fstat(fh.fileno()).st_size == 0:
             raise UnsupportedVtkXml("empty file")
         mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    threads = min(8, os.cpu_count() or 1) if threads is None else threads
+    if threads is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        threads = min(8, cpus or 1)
     pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
     try:
         return _read(mm, list(names), pool)

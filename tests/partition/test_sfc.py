@@ -95,6 +95,23 @@ def test_deterministic_and_accepts_torch():
     assert np.array_equal(c1.order, curve_order(hilbert_codes(dup, bits=c1.params["bits"])))
 
 
+@pytest.mark.parametrize("method", ["hilbert", "morton"])
+def test_float32_points_cut_as_their_float64_copy(method):
+    """float32 coordinates are not copied to float64, yet quantise identically."""
+    rng = np.random.default_rng(11)
+    pts = (rng.random((4000, 3)) * [4.6, 2.1, 1.5] - [1.0, 1.05, 0.0]).astype(np.float32)
+    a = partition(pts, 5, method=method)
+    b = partition(pts.astype(np.float64), 5, method=method)
+    assert a == b
+    codes = hilbert_codes if method == "hilbert" else morton_codes
+    np.testing.assert_array_equal(codes(pts, bits=21), codes(pts.astype(np.float64), bits=21))
+    for bad in (np.nan, np.inf, -np.inf):
+        broken = pts.copy()
+        broken[17, 2] = bad
+        with pytest.raises(ValueError, match=r"1 row\(s\) with NaN or inf.*first at row 17"):
+            partition(broken, 5, method=method)
+
+
 def test_curve_order_stable_for_wide_codes():
     codes = np.array([5, 1, 5, 1, 2**62, 0], dtype=np.uint64)
     assert curve_order(codes).tolist() == [5, 1, 3, 0, 2, 4]
