@@ -293,18 +293,14 @@ class _Decoder:
 
     # --- one array -----------------------------------------------------------------------
     @staticmethod
-    def _count(size: int, dt: np.dtype, count: int | None, what: str) -> int:
-        """Values in a ``size``-byte array: ``count`` when given (checked), else from ``size``."""
-        if count is None:
-            if size % dt.itemsize:
-                raise UnsupportedVtkXml(f"{what}: {size} bytes is not a whole number of values")
-            return size // dt.itemsize
+    def _count(size: int, dt: np.dtype, count: int, what: str) -> int:
+        """``count``, after checking that the header's ``size`` in bytes agrees."""
         if size != count * dt.itemsize:
             raise UnsupportedVtkXml(f"{what}: {size} bytes, expected {count * dt.itemsize}")
         return count
 
-    def array(self, arr: _Array, count: int | None, what: str) -> np.ndarray:
-        """The values of ``arr`` (1-D; ``count`` of them, or as many as its header says).
+    def array(self, arr: _Array, count: int, what: str) -> np.ndarray:
+        """The ``count`` values of ``arr`` (1-D; an error unless its header says as many).
 
         Compressed arrays are filled by the pool: call ``finish`` before reading them."""
         a = arr.attrs
@@ -353,7 +349,7 @@ class _Decoder:
         self._b64_blocks(dstart, cofs, uofs, out)
         return out.view(dt)
 
-    def _raw(self, start: int, dt: np.dtype, count: int | None, what: str) -> np.ndarray:
+    def _raw(self, start: int, dt: np.dtype, count: int, what: str) -> np.ndarray:
         hs = self.hdt.itemsize
         first = int(self._ints(self.view[start : start + hs], 1)[0])
         if self.decompress is None:
@@ -477,10 +473,9 @@ def _read(mm: mmap.mmap, names: list[str], pool: ThreadPoolExecutor | None) -> C
     con_a = _pick(arrays, cells_tag, "connectivity")
     if n_main and (len(off_a) != 1 or len(con_a) != 1):
         raise UnsupportedVtkXml(f"<{cells_tag}> without one offsets and one connectivity array")
-    if n_main:
-        offsets = dec.array(off_a[0], n_main, "offsets")
-    else:
-        offsets = np.zeros(0, dtype=np.int64)
+    first = len(dec.futures)
+    offsets = dec.array(off_a[0], n_main, "offsets") if n_main else np.zeros(0, np.int64)
+    mine = dec.futures[first:]
 
     found = [a.attrs.get("Name", "") for a in _pick(arrays, "CellData")]
     cell_data = {}
@@ -493,18 +488,21 @@ def _read(mm: mmap.mmap, names: list[str], pool: ThreadPoolExecutor | None) -> C
             raise UnsupportedVtkXml(f"cell array {name!r}: NumberOfComponents={comps}")
         a = dec.array(hits[0], comps * n_cells, f"cell array {name!r}")
         cell_data[name] = a.reshape(n_cells, comps) if comps > 1 else a
-    if n_main:
-        conn = dec.array(con_a[0], None, "connectivity")
-    else:
-        conn = np.zeros(0, dtype=np.int64)
+    # the connectivity's length is the last offset: a damaged header can then not make it
+    # allocate an absurd buffer (the offsets decompress while the fields' base64 is decoded)
+    for f in mine:
+        f.result()
+    offsets = _native(offsets)
+    if n_main and (offsets[0] < 0 or np.any(offsets[1:] < offsets[:-1])):
+        raise UnsupportedVtkXml("offsets not increasing")
+    n_conn = int(offsets[-1]) if n_main else 0
+    conn = dec.array(con_a[0], n_conn, "connectivity") if n_main else np.zeros(0, np.int64)
     dec.finish()
-    points, offsets, conn = _native(points), _native(offsets), _native(conn)
+    points, conn = _native(points), _native(conn)
     cell_data = {k: _native(v) for k, v in cell_data.items()}
     full = np.empty(n_main + 1, dtype=np.int64)
     full[0] = 0
     full[1:] = offsets
-    if n_main and (np.any(full[1:] < full[:-1]) or full[-1] != conn.size):
-        raise UnsupportedVtkXml("offsets not increasing or not ending at the connectivity length")
     if conn.size and (int(conn.min()) < 0 or int(conn.max()) >= n_points):
         raise UnsupportedVtkXml("connectivity refers to points that do not exist")
     return CellMesh(

@@ -189,3 +189,21 @@ def test_out_of_range_vertex_ids_are_refused(tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(UnsupportedVtkXml, match="points that do not exist"):
         read_cells(path, [])
+
+
+def test_damaged_block_header_does_not_allocate_its_claim(tmp_path):
+    """A connectivity header claiming a huge size is refused before any buffer is made."""
+    import mmap
+
+    path = _write(_surface(), tmp_path / "s.vtp", "appended-raw", "ZLib", "UInt32", "Int64",
+                  "LittleEndian", block=1024)
+    with open(path, "rb") as fh:
+        layout = vtkxml._scan(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
+    conn = next(a for a in layout.arrays if a.attrs.get("Name") == "connectivity"
+                and a.path[-1] == "Polys")
+    at = layout.appended[1] + int(conn.attrs["offset"])
+    raw = bytearray(path.read_bytes())
+    raw[at + 4 : at + 8] = np.array([2**31 - 1], "<u4").tobytes()  # block size
+    path.write_bytes(bytes(raw))
+    with pytest.raises(UnsupportedVtkXml, match="connectivity: .* bytes, expected"):
+        read_cells(path, [])
