@@ -11,12 +11,13 @@ parallel; files it does not decode (ASCII, LZ4, several pieces, polyhedra, damag
 other formats go through VTK with every other array disabled before the file is parsed. Set
 ``MESHSHARD_READER=vtk`` to send every file through VTK.
 
-Memory. Compressed or base64 geometry (points and connectivity) is decoded whole; raw appended
-data (VTK's ``appended`` mode without compression, the usual layout of large volume files) is
-memory-mapped, so only the pages the computation touches are read. With ``max_volume_cells``
-the centres and fields of only a random (seeded) subset of volume cells are computed and kept.
-The peak is therefore about the decoded geometry + the requested arrays + the kept output, not
-the whole file's arrays.
+Memory. A surface's arrays are decoded whole. A volume is streamed (through meshshard's
+reader): its fields and connectivity are decoded a few pieces at a time, so besides the output
+only the points and the cell offsets are held whole; raw appended data (VTK's ``appended`` mode
+without compression) is memory-mapped and its pages released once read. With
+``max_volume_cells`` the centres and fields of only a random (seeded) subset of volume cells
+are kept. Through VTK (fallback or ``MESHSHARD_READER=vtk``) the whole geometry and the
+requested arrays are held.
 """
 
 from __future__ import annotations
@@ -25,14 +26,20 @@ import hashlib
 import logging
 import os
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from meshshard.pipelines.geometry import cell_centres, polygon_geometry, vtk_cells
+from meshshard.pipelines.geometry import (
+    cell_centres,
+    polygon_geometry,
+    streamed_centres,
+    vtk_cells,
+)
 from meshshard.pipelines.schema import DRIVAERML, DatasetSchema, FieldSpec
-from meshshard.pipelines.vtkxml import CellMesh, UnsupportedVtkXml, read_cells
+from meshshard.pipelines.vtkxml import CellMesh, UnsupportedVtkXml, VtkXmlFile, read_cells
 
 __all__ = [
     "RunData",
@@ -205,18 +212,26 @@ def _read_cells(
 def _checked(
     path: Path, mesh: CellMesh, specs: tuple[FieldSpec, ...]
 ) -> tuple[CellMesh, tuple[FieldSpec, ...]]:
-    if mesh.n_cells == 0:
+    return mesh, _present(path, mesh.n_cells, mesh.cell_data, mesh.cell_array_names, specs)
+
+
+def _present(
+    path: Path, n_cells: int, have, listed: list[str], specs: tuple[FieldSpec, ...]
+) -> tuple[FieldSpec, ...]:
+    """The specs whose arrays are in ``have``; errors for zero cells or a missing required
+    field (naming the file's arrays, ``listed``)."""
+    if n_cells == 0:
         msg = f"{path}: has 0 cells; the file is empty, truncated or not a cell mesh"
         raise ValueError(msg)
-    missing = [s.name for s in specs if s.required and s.name not in mesh.cell_data]
+    missing = [s.name for s in specs if s.required and s.name not in have]
     if missing:
         msg = (
-            f"{path}: cell field(s) {missing} missing; the file has {mesh.cell_array_names}. "
+            f"{path}: cell field(s) {missing} missing; the file has {listed}. "
             "Fix the file or name its fields with DatasetSchema(surface_fields=..., "
             "volume_fields=...)"
         )
         raise ValueError(msg)
-    return mesh, tuple(s for s in specs if s.name in mesh.cell_data)
+    return tuple(s for s in specs if s.name in have)
 
 
 def _read_vtk(path: Path, specs: tuple[FieldSpec, ...], polys: bool) -> CellMesh:
@@ -308,36 +323,48 @@ def _read_cells_generic(path: Path, specs: tuple[FieldSpec, ...]):
 
 def _fields(
     path: Path,
-    mesh: CellMesh,
+    n_cells: int,
+    pieces_of: Callable[[str], Iterable[tuple[int, np.ndarray]]],
     specs: tuple[FieldSpec, ...],
     schema: DatasetSchema,
     length: float | None,
     rows: np.ndarray | None,
 ) -> tuple[np.ndarray, dict[str, list[int]], dict[str, float]]:
-    n = mesh.n_cells if rows is None else rows.size
+    """Non-dimensional fields (rows ``rows`` only, when given) from ``pieces_of(name)``, which
+    yields ``(first row, values)`` pieces of one cell array in order (one piece: whole)."""
+    n = n_cells if rows is None else rows.size
     width = sum(s.components for s in specs)
     out = np.empty((n, width), dtype=np.float32)
     columns: dict[str, list[int]] = {}
     scales: dict[str, float] = {}
     col = 0
     for s in specs:
-        arr = mesh.cell_data[s.name]
-        arr = arr.reshape(arr.shape[0], -1)
-        if arr.shape[1] != s.components:
-            msg = (
-                f"{path}: field {s.name!r} has {arr.shape[1]} components, the schema expects "
-                f"{s.components}; fix FieldSpec({s.name!r}, components=...)"
-            )
-            raise ValueError(msg)
-        if rows is not None:
-            arr = arr[rows]
         scale = schema.scale(s.kind, length)
-        # straight into the output columns: no temporary of the whole field
-        np.multiply(arr, np.float32(1.0 / scale), out=out[:, col : col + s.components])
+        dst = out[:, col : col + s.components]
+        for r0, arr in pieces_of(s.name):
+            arr = arr.reshape(arr.shape[0], -1)
+            if arr.shape[1] != s.components:
+                msg = (
+                    f"{path}: field {s.name!r} has {arr.shape[1]} components, the schema "
+                    f"expects {s.components}; fix FieldSpec({s.name!r}, components=...)"
+                )
+                raise ValueError(msg)
+            r1 = r0 + arr.shape[0]
+            # straight into the output columns: no temporary of the whole field
+            if rows is None:
+                np.multiply(arr, np.float32(1.0 / scale), out=dst[r0:r1])
+            else:
+                lo, hi = np.searchsorted(rows, [r0, r1])
+                np.multiply(arr[rows[lo:hi] - r0], np.float32(1.0 / scale), out=dst[lo:hi])
         columns[s.name] = [col, col + s.components]
         scales[s.name] = scale
         col += s.components
     return out, columns, scales
+
+
+def _whole(cell_data: dict[str, np.ndarray]) -> Callable[[str], list[tuple[int, np.ndarray]]]:
+    """``pieces_of`` for :func:`_fields` when the arrays are in memory: one piece each."""
+    return lambda name: [(0, cell_data[name])]
 
 
 def _nan_rows(path: Path, fields: np.ndarray, columns: dict, drop_nan: bool) -> np.ndarray | None:
@@ -410,7 +437,9 @@ def read_surface(
             "a boundary file must hold polygons only (run pyvista's triangulate/clean first)"
         )
         raise ValueError(msg)
-    fields, columns, scales = _fields(path, mesh, specs, schema, length, None)
+    fields, columns, scales = _fields(
+        path, mesh.n_cells, _whole(mesh.cell_data), specs, schema, length, None
+    )
     n = mesh.n_cells
     points, offsets, conn = mesh.points, mesh.offsets, mesh.connectivity
     del mesh
@@ -452,15 +481,85 @@ def read_volume(
     if max_cells is not None and max_cells < 1:
         msg = f"max_cells={max_cells} must be >= 1 (or None for every cell)"
         raise ValueError(msg)
-    mesh, specs = _read_cells(path, schema.volume_fields, polys=False)
-    n = mesh.n_cells
+    if path.suffix.lower() == ".vtu" and os.environ.get(READER_ENV, "auto") != "vtk":
+        try:
+            with VtkXmlFile(path) as f:
+                return _volume_streamed(path, f, schema, length, drop_nan, max_cells, seed)
+        except UnsupportedVtkXml as exc:
+            log.debug("%s: read with VTK (%s)", path, exc)
+    specs = schema.volume_fields
+    mesh, specs = _checked(path, _read_vtk(path, specs, polys=False), specs)
+    points, offsets, conn = mesh.points, mesh.offsets, mesh.connectivity
+    return _volume(
+        path,
+        mesh.n_cells,
+        _whole(mesh.cell_data),
+        lambda cells: cell_centres(points, offsets, conn, cells),
+        specs,
+        schema,
+        length,
+        drop_nan,
+        max_cells,
+        seed,
+    )
+
+
+#: rows of a volume cell array, and vertex ids of its connectivity, decoded at a time
+_PIECE_ROWS = 1 << 19
+_PIECE_IDS = 1 << 21
+
+
+def _volume_streamed(
+    path: Path,
+    f: VtkXmlFile,
+    schema: DatasetSchema,
+    length: float | None,
+    drop_nan: bool,
+    max_cells: int | None,
+    seed: int,
+) -> VolumeData:
+    """:func:`read_volume` from pieces of the file: besides the output it holds the points,
+    the offsets and a few pieces, never the whole connectivity or the whole fields."""
+    if f.kind != "UnstructuredGrid" or f.n_cells == 0:
+        raise UnsupportedVtkXml("not an unstructured grid with cells")  # VTK's verdict stands
+    names = f.cell_array_names
+    specs = _present(path, f.n_cells, set(names), names, schema.volume_fields)
+
+    def centres(cells: np.ndarray | None) -> np.ndarray:
+        points = f.points()
+        return streamed_centres(points, f.offsets(), f.pieces(None, _PIECE_IDS), cells)
+
+    return _volume(
+        path,
+        f.n_cells,
+        lambda name: f.pieces(name, _PIECE_ROWS),
+        centres,
+        specs,
+        schema,
+        length,
+        drop_nan,
+        max_cells,
+        seed,
+    )
+
+
+def _volume(
+    path: Path,
+    n: int,
+    pieces_of: Callable[[str], Iterable[tuple[int, np.ndarray]]],
+    centres: Callable[[np.ndarray | None], np.ndarray],
+    specs: tuple[FieldSpec, ...],
+    schema: DatasetSchema,
+    length: float | None,
+    drop_nan: bool,
+    max_cells: int | None,
+    seed: int,
+) -> VolumeData:
     rows = None
     if max_cells is not None and max_cells < n:
         rng = np.random.default_rng(seed)
         rows = np.sort(rng.choice(n, size=max_cells, replace=False)).astype(np.int64)
-    fields, columns, scales = _fields(path, mesh, specs, schema, length, rows)
-    points, offsets, conn = mesh.points, mesh.offsets, mesh.connectivity
-    del mesh
+    fields, columns, scales = _fields(path, n, pieces_of, specs, schema, length, rows)
     keep = _nan_rows(path, fields, columns, drop_nan)
     source = np.arange(n, dtype=np.int64) if rows is None else rows
     dropped = 0
@@ -468,7 +567,7 @@ def read_volume(
         dropped = fields.shape[0] - keep.size
         fields, source = fields[keep], source[keep]
         log.warning("%s: dropped %d cells with NaN fields", path, dropped)
-    centers = cell_centres(points, offsets, conn, None if source.size == n else source)
+    centers = centres(None if source.size == n else source)
     return VolumeData(
         centers=centers.astype(np.float32, copy=False),
         fields=fields,

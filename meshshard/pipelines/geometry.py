@@ -16,9 +16,17 @@ area is the vector area's norm (exact for planar polygons).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
-__all__ = ["cell_centres", "polygon_geometry", "polygon_normals_areas", "vtk_cells"]
+__all__ = [
+    "cell_centres",
+    "polygon_geometry",
+    "polygon_normals_areas",
+    "streamed_centres",
+    "vtk_cells",
+]
 
 
 def vtk_cells(cell_array) -> tuple[np.ndarray, np.ndarray]:
@@ -113,6 +121,11 @@ def cell_centres(
     n = offsets.size - 1 if cells is None else cells.size
     comps = _components(points)
     out = np.empty((n, 3), dtype=comps[0].dtype)
+    _centres_into(out, comps, offsets, conn, cells, block)
+    return out
+
+
+def _centres_into(out, comps, offsets, conn, cells, block) -> None:
     for k, rows, idx in _groups(offsets, conn, cells, block):
         if k == 0:
             msg = "a cell with no vertices has no centre"
@@ -123,6 +136,49 @@ def cell_centres(
                 acc += c[idx[:, j]]
             acc *= 1.0 / k
             out[rows, d] = acc
+
+
+def streamed_centres(
+    points: np.ndarray,
+    offsets: np.ndarray,
+    pieces: Iterable[tuple[int, np.ndarray]],
+    cells: np.ndarray | None = None,
+    *,
+    block: int = 1 << 21,
+) -> np.ndarray:
+    """:func:`cell_centres` with the connectivity given as consecutive pieces
+    ``(first id position, ids)`` (any cut, even inside a cell): only one piece and the
+    vertices of the cell it cuts are held at a time.
+
+    ``cells`` (optional) must be sorted. Raises ValueError when the pieces do not cover
+    ``offsets[-1]`` ids exactly.
+    """
+    n = offsets.size - 1
+    comps = _components(points)
+    out = np.empty((n if cells is None else cells.size, 3), dtype=comps[0].dtype)
+    carry = conn_base = None
+    done = 0  # cells [0, done) are finished
+    for v0, piece in pieces:
+        if carry is not None and carry.size:
+            buf, base = np.concatenate((carry, piece)), v0 - carry.size
+        else:
+            buf, base = piece, v0
+        v1 = v0 + piece.size
+        hi = int(np.searchsorted(offsets, v1, side="right")) - 1  # offsets[hi] <= v1
+        if hi > done:
+            local = offsets[done : hi + 1] - base
+            if cells is None:
+                _centres_into(out[done:hi], comps, local, buf, None, block)
+            else:
+                lo_i, hi_i = np.searchsorted(cells, [done, hi])
+                if hi_i > lo_i:
+                    _centres_into(out[lo_i:hi_i], comps, local, buf, cells[lo_i:hi_i] - done, block)
+            done = hi
+        carry = buf[int(offsets[done]) - base :]
+        conn_base = v1
+    if done != n or (conn_base or 0) != int(offsets[-1]):
+        msg = f"the connectivity pieces cover {conn_base or 0} ids, the offsets {int(offsets[-1])}"
+        raise ValueError(msg)
     return out
 
 

@@ -6,6 +6,9 @@ cell arrays, so this reader memory-maps the file, walks its XML tags without par
 between them, and decodes only those arrays: base64 with ``binascii``, zlib/lzma blocks in a
 thread pool (both release the GIL, so blocks of one array decompress while the next array's
 base64 is decoded), and raw appended data as zero-copy views of the mapping.
+:meth:`VtkXmlFile.pieces` streams one array in consecutive pieces (a few decoded ahead on the
+pool), so a volume's centres and fields are computed without its whole connectivity or
+fields in memory.
 
 What it reads: one ``<Piece>`` of ``PolyData`` (its polygons) or ``UnstructuredGrid`` (cells
 without polyhedron face streams); inline ``binary`` or ``appended`` (raw or base64) data; no
@@ -34,7 +37,7 @@ from xml.sax.saxutils import unescape
 
 import numpy as np
 
-__all__ = ["CellMesh", "UnsupportedVtkXml", "read_cells"]
+__all__ = ["CellMesh", "UnsupportedVtkXml", "VtkXmlFile", "read_cells"]
 
 
 class UnsupportedVtkXml(Exception):
@@ -177,10 +180,24 @@ def _scan(mm: mmap.mmap) -> _Layout:
     return layout
 
 
+@dataclass
+class _Blocks:
+    """Where a compressed array's blocks are: byte offsets of each block in the compressed
+    stream (``cofs``) and in the decoded array (``uofs``); the stream starts at ``start`` (a
+    byte of the file for raw data, a base64 character for base64 data)."""
+
+    cofs: np.ndarray
+    uofs: np.ndarray
+    start: int
+    base64: bool
+
+
 class _Decoder:
     """Decodes DataArrays of one mapped file; decompression runs on ``pool``."""
 
-    def __init__(self, mm: mmap.mmap, layout: _Layout, pool: ThreadPoolExecutor | None) -> None:
+    def __init__(
+        self, mm: mmap.mmap, layout: _Layout, pool: ThreadPoolExecutor | None, threads: int
+    ) -> None:
         root = layout.root
         self.mm = mm
         self.view = memoryview(mm)
@@ -198,8 +215,8 @@ class _Decoder:
         self.decompress = _DECOMPRESS.get(comp) if comp else None
         self.appended = layout.appended
         self.pool = pool
+        self.threads = threads
         self.futures: list[Future] = []
-        self.next_block = 0
 
     # --- helpers -------------------------------------------------------------------------
     def _ints(self, raw: bytes | memoryview, n: int) -> np.ndarray:
@@ -221,95 +238,16 @@ class _Decoder:
             raise UnsupportedVtkXml("short base64 data (whitespace inside, or truncated)")
         return out, end
 
-    def _blocks(self, hdr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Compressed and uncompressed offsets of the blocks a compression header lists."""
-        nblocks, bsize, last = (int(v) for v in hdr[:3])
-        csize = hdr[3 : 3 + nblocks]
-        usize = np.full(nblocks, bsize, dtype=np.int64)
-        if nblocks and last:
-            usize[-1] = last
-        return np.concatenate(([0], np.cumsum(csize))), np.concatenate(([0], np.cumsum(usize)))
-
-    def _inflate(
-        self, data, cofs: np.ndarray, uofs: np.ndarray, out: np.ndarray, ready: int | None = None
-    ) -> int:
-        """Queue the blocks whose compressed bytes lie below ``ready`` (default: all of them)
-        for decompression into ``out`` (uint8), from block ``self.next_block`` on; returns the
-        next block not queued. Errors surface in ``finish``."""
-        dec = self.decompress
-        n = cofs.size - 1
-        cofs_l, uofs_l = cofs.tolist(), uofs.tolist()
-
-        def task(b0: int, b1: int) -> None:
-            for b in range(b0, b1):
-                u0, u1 = uofs_l[b], uofs_l[b + 1]
-                try:
-                    got = dec(data[cofs_l[b] : cofs_l[b + 1]])
-                except (zlib.error, lzma.LZMAError) as exc:
-                    raise UnsupportedVtkXml(f"block {b} does not decompress: {exc}") from None
-                if len(got) != u1 - u0:
-                    raise UnsupportedVtkXml(f"block {b} is {len(got)} bytes, header says {u1 - u0}")
-                out[u0:u1] = np.frombuffer(got, np.uint8)
-
-        per = max(1, _TASK_BYTES // max(1, uofs_l[1] - uofs_l[0] if n else 1))
-        b0 = self.next_block
-        while b0 < n:
-            b1 = min(n, b0 + per)
-            if ready is not None and cofs_l[b1] > ready:
-                # not all decoded yet: queue the complete blocks only in whole tasks
-                break
-            if self.pool is None:
-                task(b0, b1)
-            else:
-                self.futures.append(self.pool.submit(task, b0, b1))
-            b0 = b1
-        self.next_block = b0
-        return b0
-
-    def _b64_blocks(self, start: int, cofs: np.ndarray, uofs: np.ndarray, out: np.ndarray) -> None:
-        """Decode base64-encoded compressed blocks piece by piece, queueing each block's
-        decompression as soon as its bytes are decoded (the GIL-bound base64 decoding overlaps
-        the decompression, and no call holds the GIL for long)."""
-        total = int(cofs[-1])
-        nchars = -(-total // 3) * 4
-        if start + nchars > len(self.mm):
-            raise UnsupportedVtkXml("base64 data runs past the end of the file")
-        buf = np.empty(total + 2, dtype=np.uint8)  # a last quantum may decode 2 bytes too many
-        step = _B64_CHARS
-        done = 0
-        self.next_block = 0
-        for c0 in range(0, nchars, step):
-            c1 = min(nchars, c0 + step)
-            try:
-                piece = binascii.a2b_base64(self.view[start + c0 : start + c1])
-            except binascii.Error as exc:
-                raise UnsupportedVtkXml(f"bad base64: {exc}") from None
-            expect = min(total, (c1 // 4) * 3) - done
-            if len(piece) < expect:
-                raise UnsupportedVtkXml("short base64 data (whitespace inside, or truncated)")
-            buf[done : done + expect] = np.frombuffer(piece, np.uint8, expect)
-            done += expect
-            self._inflate(buf, cofs, uofs, out, ready=done if done < total else None)
-
-    # --- one array -----------------------------------------------------------------------
-    @staticmethod
-    def _count(size: int, dt: np.dtype, count: int, what: str) -> int:
-        """``count``, after checking that the header's ``size`` in bytes agrees."""
-        if size != count * dt.itemsize:
-            raise UnsupportedVtkXml(f"{what}: {size} bytes, expected {count * dt.itemsize}")
-        return count
-
-    def array(self, arr: _Array, count: int, what: str) -> np.ndarray:
-        """The ``count`` values of ``arr`` (1-D; an error unless its header says as many).
-
-        Compressed arrays are filled by the pool: call ``finish`` before reading them."""
-        a = arr.attrs
-        typ = a.get("type")
+    def _dtype(self, arr: _Array, what: str) -> np.dtype:
+        typ = arr.attrs.get("type")
         if typ not in _TYPES:
             raise UnsupportedVtkXml(f"{what}: type {typ!r}")
-        dt = np.dtype(self.bo + _TYPES[typ])
+        return np.dtype(self.bo + _TYPES[typ])
+
+    def _locate(self, arr: _Array, what: str) -> tuple[int, bool]:
+        """First byte (raw) or character (base64) of the array's header, and whether base64."""
+        a = arr.attrs
         fmt = a.get("format", "ascii")
-        hs = self.hdt.itemsize
         if fmt == "appended":
             if self.appended is None:
                 raise UnsupportedVtkXml(f"{what}: appended array without <AppendedData>")
@@ -318,54 +256,228 @@ class _Decoder:
                 start = base + int(a["offset"])
             except (KeyError, ValueError):
                 raise UnsupportedVtkXml(f"{what}: appended array without an offset") from None
-            if encoding == "raw":
-                return self._raw(start, dt, count, what)
-            if encoding != "base64":
+            if encoding not in ("raw", "base64"):
                 raise UnsupportedVtkXml(f"{what}: appended encoding {encoding!r}")
-        elif fmt == "binary":
+            return start, encoding == "base64"
+        if fmt == "binary":
             start, end = arr.start, arr.end
             while start < end and self.mm[start] in _WS:
                 start += 1
-        else:
-            raise UnsupportedVtkXml(f"{what}: format {fmt!r}")
-        if self.decompress is None:
-            # one base64 stream of header + data, or the header encoded on its own (then the
-            # header's characters end in '=' padding, which only happens when hs % 3 != 0)
-            hchars = -(-hs // 3) * 4
-            head, _ = self._b64(start, hs)
-            n = self._count(int(self._ints(head, 1)[0]), dt, count, what)
-            if hs % 3 and self.mm[start + hchars - 1] == ord("="):
-                data, _ = self._b64(start + hchars, n * dt.itemsize)
-                return np.frombuffer(data, dt, n)
-            data, _ = self._b64(start, hs + n * dt.itemsize)
-            return np.frombuffer(data, dt, n, offset=hs)
-        # compressed: the header [nblocks, blocksize, lastsize, csize...] is its own stream
-        first, _ = self._b64(start, 3 * hs)
-        nblocks = int(self._ints(first, 1)[0])
-        head, dstart = self._b64(start, (3 + nblocks) * hs)
-        cofs, uofs = self._blocks(self._ints(head, 3 + nblocks))
-        n = self._count(int(uofs[-1]), dt, count, what)
-        out = np.empty(n * dt.itemsize, dtype=np.uint8)
-        self._b64_blocks(dstart, cofs, uofs, out)
-        return out.view(dt)
+            return start, True
+        raise UnsupportedVtkXml(f"{what}: format {fmt!r}")
 
-    def _raw(self, start: int, dt: np.dtype, count: int, what: str) -> np.ndarray:
+    @staticmethod
+    def _check_size(size: int, dt: np.dtype, count: int, what: str) -> None:
+        if size != count * dt.itemsize:
+            raise UnsupportedVtkXml(f"{what}: {size} bytes, expected {count * dt.itemsize}")
+
+    def _blocks(self, start: int, base64: bool, nbytes: int, what: str) -> _Blocks:
+        """The block table of a compressed array (header [nblocks, blocksize, lastsize,
+        csize...], base64-encoded on its own in base64 data)."""
         hs = self.hdt.itemsize
-        first = int(self._ints(self.view[start : start + hs], 1)[0])
-        if self.decompress is None:
-            n = self._count(first, dt, count, what)
-            if start + hs + n * dt.itemsize > len(self.mm):
-                raise UnsupportedVtkXml(f"{what}: runs past the end of the file")
-            return np.frombuffer(self.mm, dt, n, offset=start + hs)  # zero-copy view
-        hend = start + (3 + first) * hs
-        cofs, uofs = self._blocks(self._ints(self.view[start:hend], 3 + first))
-        n = self._count(int(uofs[-1]), dt, count, what)
-        if hend + int(cofs[-1]) > len(self.mm):
+        if base64:
+            first, _ = self._b64(start, 3 * hs)
+            nblocks = int(self._ints(first, 1)[0])
+            head, dstart = self._b64(start, (3 + nblocks) * hs)
+            hdr = self._ints(head, 3 + nblocks)
+        else:
+            nblocks = int(self._ints(self.view[start : start + hs], 1)[0])
+            dstart = start + (3 + nblocks) * hs
+            hdr = self._ints(self.view[start:dstart], 3 + nblocks)
+        _, bsize, last = (int(v) for v in hdr[:3])
+        usize = np.full(nblocks, bsize, dtype=np.int64)
+        if nblocks and last:
+            usize[-1] = last
+        cofs = np.concatenate(([0], np.cumsum(hdr[3 : 3 + nblocks])))
+        uofs = np.concatenate(([0], np.cumsum(usize)))
+        self._check_size(int(uofs[-1]), np.dtype(np.uint8), nbytes, what)
+        end = dstart + (-(-int(cofs[-1]) // 3) * 4 if base64 else int(cofs[-1]))
+        if end > len(self.mm):
             raise UnsupportedVtkXml(f"{what}: runs past the end of the file")
-        out = np.empty(n * dt.itemsize, dtype=np.uint8)
-        self.next_block = 0
-        self._inflate(self.view[hend : hend + int(cofs[-1])], cofs, uofs, out)
-        return out.view(dt)
+        return _Blocks(cofs, uofs, dstart, base64)
+
+    def _compressed(self, blk: _Blocks, b0: int, b1: int):
+        """The compressed bytes of blocks ``b0:b1`` (base64 decoded just for them)."""
+        c0, c1 = int(blk.cofs[b0]), int(blk.cofs[b1])
+        if not blk.base64:
+            return self.view[blk.start + c0 : blk.start + c1]
+        q0, q1 = c0 // 3, -(-c1 // 3)
+        text = self.view[blk.start + 4 * q0 : blk.start + 4 * q1]
+        try:
+            raw = binascii.a2b_base64(text)
+        except binascii.Error as exc:
+            raise UnsupportedVtkXml(f"bad base64: {exc}") from None
+        self._release(np.frombuffer(text, np.uint8))
+        if len(raw) < c1 - 3 * q0:
+            raise UnsupportedVtkXml("short base64 data (whitespace inside, or truncated)")
+        return memoryview(raw)[c0 - 3 * q0 : c1 - 3 * q0]
+
+    def _inflate_into(self, data, blk: _Blocks, b0: int, b1: int, out: np.ndarray) -> None:
+        """Decompress blocks ``b0:b1`` (compressed bytes ``data``, which start at block b0's)
+        into ``out`` (uint8, starting at block b0's first byte)."""
+        dec = self.decompress
+        cofs, uofs = blk.cofs, blk.uofs
+        c_base, u_base = int(cofs[b0]), int(uofs[b0])
+        for b in range(b0, b1):
+            c0, c1 = int(cofs[b]) - c_base, int(cofs[b + 1]) - c_base
+            u0, u1 = int(uofs[b]) - u_base, int(uofs[b + 1]) - u_base
+            try:
+                got = dec(data[c0:c1])
+            except (zlib.error, lzma.LZMAError) as exc:
+                raise UnsupportedVtkXml(f"block {b} does not decompress: {exc}") from None
+            if len(got) != u1 - u0:
+                raise UnsupportedVtkXml(f"block {b} is {len(got)} bytes, header says {u1 - u0}")
+            out[u0:u1] = np.frombuffer(got, np.uint8)
+
+    def _per_task(self, blk: _Blocks, nbytes: int) -> int:
+        """Blocks per task for tasks of about ``nbytes`` decoded bytes."""
+        first = int(blk.uofs[1] - blk.uofs[0]) if blk.uofs.size > 1 else 1
+        return max(1, nbytes // max(1, first))
+
+    def _queue(self, fn, *args) -> None:
+        if self.pool is None:
+            fn(*args)
+        else:
+            self.futures.append(self.pool.submit(fn, *args))
+
+    # --- whole arrays --------------------------------------------------------------------
+    def array(self, arr: _Array, count: int, what: str) -> np.ndarray:
+        """The ``count`` values of ``arr`` (1-D; an error unless its header says as many).
+
+        Compressed arrays are filled by the pool: call ``finish`` before reading them, and
+        ``_native`` for the byte order."""
+        dt = self._dtype(arr, what)
+        start, base64 = self._locate(arr, what)
+        hs = self.hdt.itemsize
+        nbytes = count * dt.itemsize
+        if self.decompress is not None:
+            blk = self._blocks(start, base64, nbytes, what)
+            out = np.empty(nbytes, dtype=np.uint8)
+            if base64:
+                self._b64_blocks(blk, out)
+            else:
+                data = self.view[blk.start : blk.start + int(blk.cofs[-1])]
+                per = self._per_task(blk, _TASK_BYTES)
+                n = blk.cofs.size - 1
+                for b0 in range(0, n, per):
+                    b1 = min(n, b0 + per)
+                    sub = data[int(blk.cofs[b0]) : int(blk.cofs[b1])]
+                    dst = out[int(blk.uofs[b0]) : int(blk.uofs[b1])]
+                    self._queue(self._inflate_into, sub, blk, b0, b1, dst)
+            return out.view(dt)
+        if not base64:
+            size = int(self._ints(self.view[start : start + hs], 1)[0])
+            self._check_size(size, dt, count, what)
+            if start + hs + nbytes > len(self.mm):
+                raise UnsupportedVtkXml(f"{what}: runs past the end of the file")
+            return np.frombuffer(self.mm, dt, count, offset=start + hs)  # zero-copy view
+        # one base64 stream of header + data, or the header encoded on its own (then the
+        # header's characters end in '=' padding, which only happens when hs % 3 != 0)
+        hchars = -(-hs // 3) * 4
+        head, _ = self._b64(start, hs)
+        self._check_size(int(self._ints(head, 1)[0]), dt, count, what)
+        if hs % 3 and self.mm[start + hchars - 1] == ord("="):
+            data, _ = self._b64(start + hchars, nbytes)
+            return np.frombuffer(data, dt, count)
+        data, _ = self._b64(start, hs + nbytes)
+        return np.frombuffer(data, dt, count, offset=hs)
+
+    def _b64_blocks(self, blk: _Blocks, out: np.ndarray) -> None:
+        """Decode base64-encoded compressed blocks piece by piece, queueing blocks for
+        decompression as soon as their bytes are decoded (the GIL-bound base64 decoding
+        overlaps the decompression, and no call holds the GIL for long)."""
+        total = int(blk.cofs[-1])
+        nchars = -(-total // 3) * 4
+        buf = np.empty(total + 2, dtype=np.uint8)  # a last quantum may decode 2 bytes too many
+        cofs, uofs = blk.cofs.tolist(), blk.uofs.tolist()
+        n = len(cofs) - 1
+        per = self._per_task(blk, _TASK_BYTES)
+        done = b0 = 0
+        for c0 in range(0, nchars, _B64_CHARS):
+            c1 = min(nchars, c0 + _B64_CHARS)
+            try:
+                piece = binascii.a2b_base64(self.view[blk.start + c0 : blk.start + c1])
+            except binascii.Error as exc:
+                raise UnsupportedVtkXml(f"bad base64: {exc}") from None
+            expect = min(total, (c1 // 4) * 3) - done
+            if len(piece) < expect:
+                raise UnsupportedVtkXml("short base64 data (whitespace inside, or truncated)")
+            buf[done : done + expect] = np.frombuffer(piece, np.uint8, expect)
+            done += expect
+            while b0 < n:  # queue whole tasks whose bytes are all decoded
+                b1 = min(n, b0 + per)
+                if cofs[b1] > done:
+                    break
+                dst = out[uofs[b0] : uofs[b1]]
+                self._queue(self._inflate_into, buf[cofs[b0] : cofs[b1]], blk, b0, b1, dst)
+                b0 = b1
+
+    # --- pieces --------------------------------------------------------------------------
+    def pieces(self, arr: _Array, count: int, per: int, unit: int, what: str):
+        """Yield ``(first value, values)`` of ``arr`` in consecutive pieces of about ``per``
+        values, each a whole number of ``unit`` values (native byte order), decoding a few
+        pieces ahead on the pool; only those pieces are held. Raw appended data is yielded
+        as views of the mapping, whose pages are released once passed."""
+        dt = self._dtype(arr, what)
+        per = max(unit, per // unit * unit)
+        start, base64 = self._locate(arr, what)
+        nbytes = count * dt.itemsize
+        if self.decompress is None:
+            whole = self.array(arr, count, what)
+            for v0 in range(0, count, per):
+                yield v0, _native(whole[v0 : v0 + per])
+                if not base64:
+                    self._release(whole[v0 : v0 + per])
+            return
+        blk = self._blocks(start, base64, nbytes, what)
+        n = blk.cofs.size - 1
+        step = self._per_task(blk, per * dt.itemsize)
+
+        def task(b0: int, b1: int) -> np.ndarray:
+            out = np.empty(int(blk.uofs[b1] - blk.uofs[b0]), dtype=np.uint8)
+            data = self._compressed(blk, b0, b1)
+            self._inflate_into(data, blk, b0, b1, out)
+            if not blk.base64:
+                self._release(np.frombuffer(data, np.uint8))
+            return out
+
+        ahead = 2 * self.threads
+        ubytes = unit * dt.itemsize
+        queue: list = []
+        starts = iter(range(0, n, step))
+        carry = np.zeros(0, dtype=np.uint8)
+        done = 0
+        while True:
+            while len(queue) < ahead:
+                b0 = next(starts, None)
+                if b0 is None:
+                    break
+                b1 = min(n, b0 + step)
+                queue.append(self.pool.submit(task, b0, b1) if self.pool else task(b0, b1))
+            if not queue:
+                break
+            got = queue.pop(0)
+            got = got.result() if isinstance(got, Future) else got
+            buf = np.concatenate((carry, got)) if carry.size else got
+            whole = buf.size // ubytes * ubytes  # pieces end on whole units (rows)
+            carry = buf[whole:]
+            if whole:
+                yield done, _native(buf[:whole].view(dt))
+                done += whole // dt.itemsize
+        if carry.size or done != count:
+            raise UnsupportedVtkXml(f"{what}: decoded {done} values, expected {count}")
+
+    def _release(self, view: np.ndarray) -> None:
+        """Let the kernel drop the mapped pages under ``view`` (a view of the mapping; read
+        again from the page cache if touched later), so a streamed file does not stay
+        resident."""
+        if not hasattr(self.mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        lo = view.__array_interface__["data"][0] - _address(self.mm)
+        hi = lo + view.nbytes
+        first = lo // mmap.PAGESIZE * mmap.PAGESIZE
+        if hi > first:
+            self.mm.madvise(mmap.MADV_DONTNEED, first, hi - first)
 
     def finish(self) -> None:
         """Wait for every decompression task; re-raise the first failure."""
@@ -377,6 +489,10 @@ class _Decoder:
         self.futures.clear()
         if err is not None:
             raise err
+
+
+def _address(mm: mmap.mmap) -> int:
+    return np.frombuffer(mm, np.uint8, 0).__array_interface__["data"][0]
 
 
 def _int_attr(attrs: dict[str, str], key: str, default: int | None = None) -> int:
@@ -401,6 +517,191 @@ def _native(a: np.ndarray) -> np.ndarray:
     return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
 
 
+class VtkXmlFile:
+    """One VTK XML mesh file, opened to decode whole arrays (:meth:`read`) or to stream
+    them in pieces (:meth:`pieces`) without holding more than a few pieces.
+
+    Use as a context manager; arrays it returned stay valid after :meth:`close`.
+
+    Attributes
+    ----------
+    kind : str
+        ``"PolyData"`` (its polygons are the cells read) or ``"UnstructuredGrid"``.
+    n_points, n_cells : int
+        ``n_cells`` counts every cell (for PolyData also vertices, lines and strips).
+    n_other_cells : int
+        PolyData cells that are not polygons.
+    cell_array_names : list[str]
+    """
+
+    def __init__(self, path: str | Path, *, threads: int | None = None) -> None:
+        self.path = Path(path)
+        with open(self.path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                raise UnsupportedVtkXml("empty file")
+            self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        if threads is None:
+            cpus = (
+                len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+            )
+            threads = min(8, cpus or 1)
+        self._threads = threads
+        self._pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
+        self._offsets: np.ndarray | None = None
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> None:
+        layout = _scan(self._mm)
+        kind = layout.kind
+        if kind not in ("PolyData", "UnstructuredGrid"):
+            raise UnsupportedVtkXml(f"dataset type {kind!r}")
+        if len(layout.pieces) != 1:
+            raise UnsupportedVtkXml(f"{len(layout.pieces)} pieces")
+        piece = layout.pieces[0]
+        self.kind = kind
+        self.n_points = _int_attr(piece, "NumberOfPoints")
+        arrays = [a for a in layout.arrays if a.path[:3] == ("VTKFile", kind, "Piece")]
+        if kind == "PolyData":
+            self._n_main = _int_attr(piece, "NumberOfPolys", 0)
+            keys = ("NumberOfVerts", "NumberOfLines", "NumberOfStrips")
+            self.n_other_cells = sum(_int_attr(piece, k, 0) for k in keys)
+            cells_tag = "Polys"
+        else:
+            self._n_main = _int_attr(piece, "NumberOfCells")
+            self.n_other_cells = 0
+            cells_tag = "Cells"
+            if _pick(arrays, "Cells", "faces") or _pick(arrays, "Cells", "polyhedron_to_faces"):
+                raise UnsupportedVtkXml("polyhedron cells")
+        self.n_cells = self._n_main + self.n_other_cells
+        self._dec = _Decoder(self._mm, layout, self._pool, self._threads)
+        pts = _pick(arrays, "Points")
+        if len(pts) != 1:
+            raise UnsupportedVtkXml(f"{len(pts)} point arrays")
+        if int(pts[0].attrs.get("NumberOfComponents", 1)) != 3:
+            raise UnsupportedVtkXml("points without 3 components")
+        self._pts = pts[0]
+        off_a = _pick(arrays, cells_tag, "offsets")
+        con_a = _pick(arrays, cells_tag, "connectivity")
+        if self._n_main and (len(off_a) != 1 or len(con_a) != 1):
+            raise UnsupportedVtkXml(f"<{cells_tag}> without one offsets and one connectivity")
+        self._off = off_a[0] if self._n_main else None
+        self._con = con_a[0] if self._n_main else None
+        self._cells = {a.attrs.get("Name", ""): a for a in reversed(_pick(arrays, "CellData"))}
+        self.cell_array_names = [a.attrs.get("Name", "") for a in _pick(arrays, "CellData")]
+
+    def close(self) -> None:
+        """Stop the decoding threads (the mapping closes once no returned array uses it)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> VtkXmlFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ whole arrays
+    def _components(self, name: str) -> int:
+        comps = int(self._cells[name].attrs.get("NumberOfComponents", 1))
+        if comps < 1:
+            raise UnsupportedVtkXml(f"cell array {name!r}: NumberOfComponents={comps}")
+        return comps
+
+    def _checked_offsets(self, ends: np.ndarray) -> np.ndarray:
+        """Full ``(n + 1,)`` offsets from the file's end offsets, checked monotone."""
+        ends = _native(ends)
+        if ends.size and (ends[0] < 0 or np.any(ends[1:] < ends[:-1])):
+            raise UnsupportedVtkXml("offsets not increasing")
+        full = np.empty(ends.size + 1, dtype=np.int64)
+        full[0] = 0
+        full[1:] = ends
+        return full
+
+    def _check_ids(self, conn: np.ndarray) -> None:
+        if conn.size and (int(conn.min()) < 0 or int(conn.max()) >= self.n_points):
+            raise UnsupportedVtkXml("connectivity refers to points that do not exist")
+
+    def points(self) -> np.ndarray:
+        """``(n_points, 3)`` in the file's precision."""
+        pts = self._dec.array(self._pts, 3 * self.n_points, "points")
+        self._dec.finish()
+        return _native(pts).reshape(self.n_points, 3)
+
+    def offsets(self) -> np.ndarray:
+        """``(n + 1,)`` int64: cell ``i`` is ``connectivity[offsets[i]:offsets[i + 1]]``."""
+        if self._offsets is None:
+            if self._off is None:
+                self._offsets = np.zeros(1, dtype=np.int64)
+            else:
+                ends = self._dec.array(self._off, self._n_main, "offsets")
+                self._dec.finish()
+                self._offsets = self._checked_offsets(ends)
+        return self._offsets
+
+    def read(self, names: Iterable[str]) -> CellMesh:
+        """Points, cells and the cell arrays ``names`` (those present), decoded whole; the
+        arrays' base64 decoding and decompression overlap on the thread pool."""
+        dec, n_main, n_cells = self._dec, self._n_main, self.n_cells
+        points = dec.array(self._pts, 3 * self.n_points, "points").reshape(self.n_points, 3)
+        first = len(dec.futures)
+        ends = dec.array(self._off, n_main, "offsets") if n_main else np.zeros(0, np.int64)
+        mine = dec.futures[first:]
+        cell_data = {}
+        for name in names:
+            if name not in self._cells:
+                continue
+            comps = self._components(name)
+            a = dec.array(self._cells[name], comps * n_cells, f"cell array {name!r}")
+            cell_data[name] = a.reshape(n_cells, comps) if comps > 1 else a
+        # the connectivity's length is the last offset: a damaged header can then not make
+        # it allocate an absurd buffer (the offsets decompress while the fields' base64 is
+        # decoded)
+        for f in mine:
+            f.result()
+        offsets = self._checked_offsets(ends)
+        n_conn = int(offsets[-1])
+        conn = dec.array(self._con, n_conn, "connectivity") if n_main else np.zeros(0, np.int64)
+        dec.finish()
+        conn = _native(conn)
+        self._check_ids(conn)
+        return CellMesh(
+            points=_native(points),
+            offsets=offsets,
+            connectivity=conn,
+            cell_data={k: _native(v) for k, v in cell_data.items()},
+            cell_array_names=list(self.cell_array_names),
+            n_other_cells=self.n_other_cells,
+        )
+
+    # ------------------------------------------------------------------ pieces
+    def pieces(self, name: str | None, rows: int):
+        """Stream cell array ``name`` (or, for ``None``, the connectivity) in consecutive
+        pieces: yields ``(first row, piece)`` with pieces of about ``rows`` rows, shape
+        ``(m,)`` or ``(m, components)``; connectivity pieces are checked against the point
+        count and hold ``rows`` ids or so, whatever the cells."""
+        if rows < 1:
+            msg = f"rows={rows} must be >= 1"
+            raise ValueError(msg)
+        if name is None:
+            if self._con is None:
+                return
+            count = int(self.offsets()[-1])
+            for v0, piece in self._dec.pieces(self._con, count, rows, 1, "connectivity"):
+                self._check_ids(piece)
+                yield v0, piece
+            return
+        comps = self._components(name)
+        what = f"cell array {name!r}"
+        count = comps * self.n_cells
+        for v0, piece in self._dec.pieces(self._cells[name], count, rows * comps, comps, what):
+            yield v0 // comps, piece.reshape(-1, comps) if comps > 1 else piece
+
+
 def read_cells(
     path: str | Path, names: Iterable[str], *, threads: int | None = None
 ) -> CellMesh:
@@ -422,94 +723,5 @@ def read_cells(
     OSError
         The file cannot be opened.
     """
-    path = Path(path)
-    with open(path, "rb") as fh:
-        if os.fstat(fh.fileno()).st_size == 0:
-            raise UnsupportedVtkXml("empty file")
-        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    if threads is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        threads = min(8, cpus or 1)
-    pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
-    try:
-        return _read(mm, list(names), pool)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _read(mm: mmap.mmap, names: list[str], pool: ThreadPoolExecutor | None) -> CellMesh:
-    layout = _scan(mm)
-    kind = layout.kind
-    if kind not in ("PolyData", "UnstructuredGrid"):
-        raise UnsupportedVtkXml(f"dataset type {kind!r}")
-    if len(layout.pieces) != 1:
-        raise UnsupportedVtkXml(f"{len(layout.pieces)} pieces")
-    piece = layout.pieces[0]
-    n_points = _int_attr(piece, "NumberOfPoints")
-    arrays = [a for a in layout.arrays if a.path[:3] == ("VTKFile", kind, "Piece")]
-    if kind == "PolyData":
-        n_polys = _int_attr(piece, "NumberOfPolys", 0)
-        n_other = sum(_int_attr(piece, k, 0) for k in ("NumberOfVerts", "NumberOfLines"))
-        n_other += _int_attr(piece, "NumberOfStrips", 0)
-        cells_tag, n_main = "Polys", n_polys
-    else:
-        n_other = 0
-        n_main = _int_attr(piece, "NumberOfCells")
-        cells_tag = "Cells"
-        if _pick(arrays, "Cells", "faces") or _pick(arrays, "Cells", "polyhedron_to_faces"):
-            raise UnsupportedVtkXml("polyhedron cells")
-    n_cells = n_main + n_other
-    dec = _Decoder(mm, layout, pool)
-
-    pts = _pick(arrays, "Points")
-    if len(pts) != 1:
-        raise UnsupportedVtkXml(f"{len(pts)} point arrays")
-    if int(pts[0].attrs.get("NumberOfComponents", 1)) != 3:
-        raise UnsupportedVtkXml("points without 3 components")
-    points = dec.array(pts[0], 3 * n_points, "points").reshape(n_points, 3)
-
-    off_a = _pick(arrays, cells_tag, "offsets")
-    con_a = _pick(arrays, cells_tag, "connectivity")
-    if n_main and (len(off_a) != 1 or len(con_a) != 1):
-        raise UnsupportedVtkXml(f"<{cells_tag}> without one offsets and one connectivity array")
-    first = len(dec.futures)
-    offsets = dec.array(off_a[0], n_main, "offsets") if n_main else np.zeros(0, np.int64)
-    mine = dec.futures[first:]
-
-    found = [a.attrs.get("Name", "") for a in _pick(arrays, "CellData")]
-    cell_data = {}
-    for name in names:
-        hits = _pick(arrays, "CellData", name)
-        if not hits:
-            continue
-        comps = int(hits[0].attrs.get("NumberOfComponents", 1))
-        if comps < 1:
-            raise UnsupportedVtkXml(f"cell array {name!r}: NumberOfComponents={comps}")
-        a = dec.array(hits[0], comps * n_cells, f"cell array {name!r}")
-        cell_data[name] = a.reshape(n_cells, comps) if comps > 1 else a
-    # the connectivity's length is the last offset: a damaged header can then not make it
-    # allocate an absurd buffer (the offsets decompress while the fields' base64 is decoded)
-    for f in mine:
-        f.result()
-    offsets = _native(offsets)
-    if n_main and (offsets[0] < 0 or np.any(offsets[1:] < offsets[:-1])):
-        raise UnsupportedVtkXml("offsets not increasing")
-    n_conn = int(offsets[-1]) if n_main else 0
-    conn = dec.array(con_a[0], n_conn, "connectivity") if n_main else np.zeros(0, np.int64)
-    dec.finish()
-    points, conn = _native(points), _native(conn)
-    cell_data = {k: _native(v) for k, v in cell_data.items()}
-    full = np.empty(n_main + 1, dtype=np.int64)
-    full[0] = 0
-    full[1:] = offsets
-    if conn.size and (int(conn.min()) < 0 or int(conn.max()) >= n_points):
-        raise UnsupportedVtkXml("connectivity refers to points that do not exist")
-    return CellMesh(
-        points=points,
-        offsets=full,
-        connectivity=conn,
-        cell_data=cell_data,
-        cell_array_names=found,
-        n_other_cells=n_other,
-    )
+    with VtkXmlFile(path, threads=threads) as f:
+        return f.read(names)

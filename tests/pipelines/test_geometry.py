@@ -4,7 +4,12 @@ import numpy as np
 import pytest
 import pyvista as pv
 
-from meshshard.pipelines.geometry import cell_centres, polygon_geometry, vtk_cells
+from meshshard.pipelines.geometry import (
+    cell_centres,
+    polygon_geometry,
+    streamed_centres,
+    vtk_cells,
+)
 
 
 def _mixed_polydata() -> pv.PolyData:
@@ -71,3 +76,29 @@ def test_blocks_give_the_same_answer():
     b = polygon_geometry(pts, off, conn, block=1, threads=3)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("subset", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_streamed_centres_equal_whole_for_any_cuts(runs_src, subset, seed):
+    """Connectivity cut anywhere (inside cells, empty pieces, one id at a time) gives the
+    centres of the whole array."""
+    grid = pv.read(runs_src / "run_1" / "volume_1.vtu")
+    off, conn = vtk_cells(grid.GetCells())
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.choice(conn.size, size=40, replace=True))
+    cuts = np.concatenate([[0], cuts, [conn.size]])
+    if seed == 2:
+        cuts = np.arange(conn.size + 1)[:200].tolist() + [conn.size]  # 1-id pieces, then rest
+    pieces = [(int(a), conn[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+    cells = np.sort(rng.choice(grid.n_cells, 50, replace=False)) if subset else None
+    pts = np.asarray(grid.points)
+    want = cell_centres(pts, off, conn, cells)
+    np.testing.assert_array_equal(streamed_centres(pts, off, iter(pieces), cells), want)
+
+
+def test_streamed_centres_refuse_short_connectivity(runs_src):
+    grid = pv.read(runs_src / "run_1" / "volume_1.vtu")
+    off, conn = vtk_cells(grid.GetCells())
+    with pytest.raises(ValueError, match="pieces cover"):
+        streamed_centres(np.asarray(grid.points), off, iter([(0, conn[:-3])]))
