@@ -214,8 +214,8 @@ def _volume(root: Path, args: argparse.Namespace, base_rss: int) -> None:
         f"\nvolume cells: {made['cells']:,}   VTU file: {vtu.stat().st_size / gib:.2f} GiB   "
         f"raw arrays: {raw / gib:.2f} GiB"
     )
-    print("| step                             | wall (s) | CPU (s)  | peak GiB | net/raw |")
-    print("|----------------------------------|----------|----------|----------|---------|")
+    print("| step                               | wall (s) | CPU (s)  | peak GiB | net/raw |")
+    print("|------------------------------------|----------|----------|----------|---------|")
     for name, rs in (
         ("pyvista.read (VTU)", reads),
         ("process_run volume", whole),
@@ -225,7 +225,7 @@ def _volume(root: Path, args: argparse.Namespace, base_rss: int) -> None:
     ):
         peak = max(r["maxrss"] for r in rs)
         print(
-            f"| {name:<32} | {min(r['seconds'] for r in rs):8.2f} | "
+            f"| {name:<34} | {min(r['seconds'] for r in rs):8.2f} | "
             f"{min(r['cpu'] for r in rs):8.2f} | {peak / gib:8.2f} | "
             f"{(peak - base_rss) / raw:7.2f} |"
         )

@@ -205,7 +205,10 @@ def _read_cells(
         except UnsupportedVtkXml as exc:
             log.debug("%s: read with VTK (%s)", path, exc)
         else:
-            return _checked(path, mesh, specs)
+            if mesh.n_cells and all(s.name in mesh.cell_data for s in specs if s.required):
+                return _checked(path, mesh, specs)
+            # an error to report: VTK's reading of the file decides it
+            log.debug("%s: read with VTK (no cells or a field missing)", path)
     return _checked(path, _read_vtk(path, specs, polys), specs)
 
 
@@ -523,6 +526,8 @@ def _volume_streamed(
     if f.kind != "UnstructuredGrid" or f.n_cells == 0:
         raise UnsupportedVtkXml("not an unstructured grid with cells")  # VTK's verdict stands
     names = f.cell_array_names
+    if any(s.required and s.name not in names for s in schema.volume_fields):
+        raise UnsupportedVtkXml("a field is missing")  # VTK's reading decides the error
     specs = _present(path, f.n_cells, set(names), names, schema.volume_fields)
 
     def centres(cells: np.ndarray | None) -> np.ndarray:

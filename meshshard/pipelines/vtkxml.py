@@ -93,6 +93,7 @@ _DECOMPRESS = {"vtkZLibDataCompressor": zlib.decompress, "vtkLZMADataCompressor"
 _ATTR = re.compile(rb"""([A-Za-z_:][-\w:.]*)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
 _NAME = re.compile(rb"\s*([^\s/>]+)")
 _WS = b" \t\r\n"
+_ENTITIES = {"&quot;": '"', "&apos;": "'"}
 #: output bytes per decompression task (blocks are 32 KiB by VTK's default)
 _TASK_BYTES = 4 << 20
 #: base64 characters per decoding call (multiple of 4: 3 MiB of bytes)
@@ -154,7 +155,7 @@ def _scan(mm: mmap.mmap) -> _Layout:
             raise UnsupportedVtkXml("empty tag")
         name = m.group(1).decode("latin-1")
         attrs = {
-            k.decode("latin-1"): unescape((a or b).decode("utf-8", "replace"))
+            k.decode("latin-1"): unescape((a or b).decode("utf-8", "replace"), _ENTITIES)
             for k, a, b in _ATTR.findall(tag, m.end())
         }
         if layout is None:
