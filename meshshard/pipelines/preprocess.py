@@ -254,6 +254,16 @@ def _safe_process(run_dir: str, dst: str, kwargs: dict) -> RunResult:
         return RunResult(Path(run_dir).name, "failed", "", time.perf_counter() - t0, msg)
 
 
+def _init_worker(threads: int) -> None:
+    """A preprocessing worker process: allocator tuning, and its share of the CPUs for the
+    VTK XML reader's decompression threads (workers x threads <= CPUs)."""
+    from meshshard.pipelines._alloc import tune_allocator
+    from meshshard.pipelines.vtkxml import THREADS_ENV
+
+    tune_allocator()
+    os.environ[THREADS_ENV] = str(threads)
+
+
 def _env_rank() -> tuple[int, int]:
     try:
         return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -341,11 +351,11 @@ def preprocess_runs(
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
-            from meshshard.pipelines._alloc import tune_allocator
-
             ctx = mp.get_context("spawn")
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+            threads = max(1, (cpus or os.cpu_count() or 1) // workers)
             with ProcessPoolExecutor(
-                max_workers=workers, mp_context=ctx, initializer=tune_allocator
+                max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,)
             ) as pool:
                 futs = {pool.submit(_safe_process, d, str(dst), kwargs): d for d in mine}
                 for f in as_completed(futs):

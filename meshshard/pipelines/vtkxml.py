@@ -492,6 +492,23 @@ class _Decoder:
             raise err
 
 
+#: decoding threads per file when not given (default: the CPUs this process may use, <= 8)
+THREADS_ENV = "MESHSHARD_READ_THREADS"
+
+
+def default_threads() -> int:
+    """``MESHSHARD_READ_THREADS`` when set, else the CPUs this process may use (at most 8)."""
+    env = os.environ.get(THREADS_ENV)
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            msg = f"{THREADS_ENV}={env!r} must be an integer"
+            raise ValueError(msg) from None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(8, cpus or 1)
+
+
 def _address(mm: mmap.mmap) -> int:
     return np.frombuffer(mm, np.uint8, 0).__array_interface__["data"][0]
 
@@ -522,7 +539,8 @@ class VtkXmlFile:
     """One VTK XML mesh file, opened to decode whole arrays (:meth:`read`) or to stream
     them in pieces (:meth:`pieces`) without holding more than a few pieces.
 
-    Use as a context manager; arrays it returned stay valid after :meth:`close`.
+    ``threads`` decoding threads (default: :func:`default_threads`). Use as a context manager;
+    arrays it returned stay valid after :meth:`close`.
 
     Attributes
     ----------
@@ -542,10 +560,7 @@ class VtkXmlFile:
                 raise UnsupportedVtkXml("empty file")
             self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         if threads is None:
-            cpus = (
-                len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-            )
-            threads = min(8, cpus or 1)
+            threads = default_threads()
         self._threads = threads
         self._pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
         self._offsets: np.ndarray | None = None
@@ -715,7 +730,7 @@ def read_cells(
     names : iterable of str
         Cell arrays to decode; absent names are simply not in ``cell_data``.
     threads : int, optional
-        Decompression threads (default: the CPUs this process may use, at most 8).
+        Decompression threads (default: :func:`default_threads`).
 
     Raises
     ------

@@ -207,3 +207,20 @@ def test_damaged_block_header_does_not_allocate_its_claim(tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(UnsupportedVtkXml, match="connectivity: .* bytes, expected"):
         read_cells(path, [])
+
+
+def test_threads_from_the_environment(monkeypatch, tmp_path):
+    """Preprocessing workers share the CPUs through MESHSHARD_READ_THREADS."""
+    from meshshard.pipelines import _alloc
+    from meshshard.pipelines.preprocess import _init_worker
+
+    monkeypatch.setattr(_alloc, "tune_allocator", lambda: True)  # process-wide: not in pytest
+    monkeypatch.setenv(vtkxml.THREADS_ENV, "3")
+    assert vtkxml.default_threads() == 3
+    monkeypatch.setenv(vtkxml.THREADS_ENV, "many")
+    with pytest.raises(ValueError, match="MESHSHARD_READ_THREADS='many' must be an integer"):
+        vtkxml.default_threads()
+    monkeypatch.delenv(vtkxml.THREADS_ENV)
+    assert 1 <= vtkxml.default_threads() <= 8
+    _init_worker(2)
+    assert vtkxml.default_threads() == 2  # (monkeypatch restores the variable's absence)
