@@ -103,6 +103,15 @@ def _worker(
     # failed. The parent owns the lifetime of every rank.
     results.close()
     results.join_thread()
+    # os._exit skips multiprocessing's exit-time finalizers: run them, or the named
+    # semaphores this rank made (numcodecs' blosc makes one on first use) are reported as
+    # leaked by the resource tracker when the parent exits
+    from multiprocessing import util as _mp_util
+
+    try:
+        _mp_util._run_finalizers(0)
+    except Exception:  # cleanup only; the result is already delivered
+        pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
