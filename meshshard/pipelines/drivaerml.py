@@ -7,7 +7,7 @@ centres, normals, areas and non-dimensional fields, volume cell centres and fiel
 
 Reading. VTK XML files (``.vtp``, ``.vtu``) are read by :mod:`meshshard.pipelines.vtkxml`,
 which decodes only the points, the cells and the arrays named in the schema, decompressing in
-parallel; files it does not decode (ASCII, LZ4, several pieces, polyhedra, damaged files) and
+parallel; files it does not decode (ASCII, LZ4, several pieces, damaged files) and
 other formats go through VTK with every other array disabled before the file is parsed. Set
 ``MESHSHARD_READER=vtk`` to send every file through VTK.
 

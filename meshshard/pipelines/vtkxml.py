@@ -10,15 +10,15 @@ base64 is decoded), and raw appended data as zero-copy views of the mapping.
 pool), so a volume's centres and fields are computed without its whole connectivity or
 fields in memory.
 
-What it reads: one ``<Piece>`` of ``PolyData`` (its polygons) or ``UnstructuredGrid`` (cells
-without polyhedron face streams); inline ``binary`` or ``appended`` (raw or base64) data; no
-compression, ``vtkZLibDataCompressor`` or ``vtkLZMADataCompressor``; UInt32 or UInt64 headers;
-either byte order. Anything else -- ASCII data, LZ4, several pieces, polyhedra, or a file whose
-sizes do not add up -- raises :class:`UnsupportedVtkXml`, and the caller reads the file with VTK
-instead (which also gives VTK's own verdict on a damaged file). Every decoded array is checked
-against the counts in the XML (points, cells, connectivity length, offsets monotone and ending
-at the connectivity length, vertex ids in range), so a file that passes is internally
-consistent.
+What it reads: one ``<Piece>`` of ``PolyData`` (its polygons) or ``UnstructuredGrid`` (any
+cells; of polyhedra their point lists, not their face streams); inline ``binary`` or
+``appended`` (raw or base64) data; no compression, ``vtkZLibDataCompressor`` or
+``vtkLZMADataCompressor``; UInt32 or UInt64 headers; either byte order. Anything else --
+ASCII data, LZ4, several pieces, or a file whose sizes do not add up -- raises
+:class:`UnsupportedVtkXml`, and the caller reads the file with VTK instead (which also gives
+VTK's own verdict on a damaged file). Every decoded array is checked against the counts in the
+XML (points, cells, connectivity length, offsets monotone and ending at the connectivity
+length, vertex ids in range), so a file that passes is internally consistent.
 """
 
 from __future__ import annotations
@@ -590,8 +590,8 @@ class VtkXmlFile:
             self._n_main = _int_attr(piece, "NumberOfCells")
             self.n_other_cells = 0
             cells_tag = "Cells"
-            if _pick(arrays, "Cells", "faces") or _pick(arrays, "Cells", "polyhedron_to_faces"):
-                raise UnsupportedVtkXml("polyhedron cells")
+            # polyhedra: ``connectivity`` lists each cell's points, as for any cell; their face
+            # streams (faces/faceoffsets, or face_connectivity/... from VTK 9.4) are not needed
         self.n_cells = self._n_main + self.n_other_cells
         self._dec = _Decoder(self._mm, layout, self._pool, self._threads)
         pts = _pick(arrays, "Points")

@@ -224,3 +224,21 @@ def test_threads_from_the_environment(monkeypatch, tmp_path):
     assert 1 <= vtkxml.default_threads() <= 8
     _init_worker(2)
     assert vtkxml.default_threads() == 2  # (monkeypatch restores the variable's absence)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_polyhedra_are_read_by_their_point_lists(tmp_path, mode):
+    """A polyhedron (face stream in the file) next to a tetrahedron: the cells' point lists
+    equal VTK's, so their vertex-mean centres do too."""
+    pts = np.array(
+        [[0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0], [0, 0, 1], [1, 0, 1], [1, 1, 1], [0, 1, 1],
+         [2, 0, 0]], dtype=np.float64,
+    )  # fmt: skip
+    faces = [[0, 3, 2, 1], [4, 5, 6, 7], [0, 1, 5, 4], [1, 2, 6, 5], [2, 3, 7, 6], [3, 0, 4, 7]]
+    stream = [len(faces)] + [v for f in faces for v in (len(f), *f)]
+    cells = np.array([len(stream), *stream, 4, 1, 8, 2, 5])
+    grid = pv.UnstructuredGrid(cells, [pv.CellType.POLYHEDRON, pv.CellType.TETRA], pts)
+    grid.cell_data["pMeanTrim"] = np.array([1.0, 2.0], np.float32)
+    path = _write(grid, tmp_path / "v.vtu", mode, "ZLib", "UInt32", "Int64", "LittleEndian")
+    got = _assert_same(path, ["pMeanTrim"], polys=False)
+    assert got.offsets.tolist() == [0, 8, 12]
