@@ -21,6 +21,7 @@ Example
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import multiprocessing as _mp
 import os
 import pickle
@@ -32,6 +33,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["RankError", "run_ranks"]
+
+log = logging.getLogger(__name__)
 
 _GRACE_S = 5.0
 
@@ -51,6 +54,19 @@ class RankError(RuntimeError):
         for rank, text in self.failures.items():
             parts.append(f"--- rank {rank} ---\n{text.rstrip()}")
         super().__init__("\n".join(parts))
+
+
+def _run_exit_finalizers() -> None:
+    """What ``os._exit`` skips: multiprocessing's exit finalizers, e.g. unlinking the named
+    semaphores this rank made (numcodecs' blosc makes one on first use), which the resource
+    tracker otherwise reports as leaked. Run before the result is delivered: the parent may
+    kill a rank as soon as it has every result."""
+    from multiprocessing import util
+
+    try:
+        util._run_finalizers(0)
+    except Exception:  # cleanup only
+        log.debug("multiprocessing finalizers failed", exc_info=True)
 
 
 def _worker(
@@ -92,9 +108,11 @@ def _worker(
         except Exception as exc:
             msg = f"result of rank {rank} cannot be pickled: {exc!r}"
             raise TypeError(msg) from exc
+        _run_exit_finalizers()
         results.put((rank, True, payload))
         code = 0
     except BaseException:  # every failure must reach the parent
+        _run_exit_finalizers()
         results.put((rank, False, traceback.format_exc()))
         code = 1
     # Deliver the result, then leave without tearing the process groups down: with torch
@@ -103,15 +121,6 @@ def _worker(
     # failed. The parent owns the lifetime of every rank.
     results.close()
     results.join_thread()
-    # os._exit skips multiprocessing's exit-time finalizers: run them, or the named
-    # semaphores this rank made (numcodecs' blosc makes one on first use) are reported as
-    # leaked by the resource tracker when the parent exits
-    from multiprocessing import util as _mp_util
-
-    try:
-        _mp_util._run_finalizers(0)
-    except Exception:  # cleanup only; the result is already delivered
-        pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
