@@ -53,3 +53,16 @@ def hard_exit(rank: int, world_size: int) -> int:
 
 def echo_args(rank: int, world_size: int, a: int, b: str) -> tuple[int, int, int, str]:
     return rank, world_size, a, b
+
+
+def make_named_semaphore(rank: int, world_size: int) -> int:
+    """Create a multiprocessing lock (a named semaphore the resource tracker follows), as
+    numcodecs' blosc does on first use, and keep it alive until the rank exits."""
+    import multiprocessing
+
+    global _KEEP
+    _KEEP = multiprocessing.get_context("forkserver").Lock()
+    return rank
+
+
+_KEEP = None

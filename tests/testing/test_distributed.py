@@ -46,3 +46,28 @@ def test_rank_that_dies_is_reported():
 def test_world_size_must_be_positive():
     with pytest.raises(ValueError, match="world_size=0"):
         run_ranks(_fns.allreduce_rank, 0)
+
+
+def test_semaphores_made_by_ranks_are_not_reported_leaked(tmp_path):
+    """Ranks leave by os._exit; their multiprocessing finalizers still run, so the resource
+    tracker has nothing to warn about when the parent exits."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "from meshshard.testing import run_ranks\n"
+        "from tests.testing import _fns\n"
+        "if __name__ == '__main__':\n"
+        "    print(run_ranks(_fns.make_named_semaphore, 2, timeout=120))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=root, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "[0, 1]" in proc.stdout
+    assert "leaked semaphore" not in proc.stderr, proc.stderr
