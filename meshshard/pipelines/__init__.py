@@ -1,6 +1,8 @@
 """DrivaerML (and similar) CFD runs -> partition-aware sharded zarr stores -> ShardTensors.
 
-- :func:`read_run` reads a run directory (surface, volume, STL; non-dimensional fields).
+- :func:`read_run` reads a run directory (surface, volume, STL; non-dimensional fields)
+  through :mod:`meshshard.pipelines.vtkxml` (:func:`read_cells`, :class:`VtkXmlFile`): only
+  the named arrays, decoded in parallel, volumes streamed.
 - :func:`make_synthetic_run` writes a DrivaerML-like run of any size.
 - :func:`preprocess_runs` / :func:`process_run` write ``run_<i>.zarr`` stores (atomic,
   resumable, parallel); ``meshshard preprocess`` is the command.
@@ -16,6 +18,7 @@ from meshshard.pipelines.preprocess import RunResult, preprocess_runs, process_r
 from meshshard.pipelines.schema import DRIVAERML, DatasetSchema, FieldSpec
 from meshshard.pipelines.store import StoreError, inspect_store, open_store
 from meshshard.pipelines.synthetic import make_synthetic_run
+from meshshard.pipelines.vtkxml import UnsupportedVtkXml, VtkXmlFile, read_cells
 
 __all__ = [
     "DRIVAERML",
@@ -25,6 +28,8 @@ __all__ = [
     "RunResult",
     "ShardedRunDataset",
     "StoreError",
+    "UnsupportedVtkXml",
+    "VtkXmlFile",
     "inspect_store",
     "load_halo",
     "load_shard",
@@ -32,5 +37,6 @@ __all__ = [
     "open_store",
     "preprocess_runs",
     "process_run",
+    "read_cells",
     "read_run",
 ]
