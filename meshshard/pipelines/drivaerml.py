@@ -226,6 +226,12 @@ def _present(
     if n_cells == 0:
         msg = f"{path}: has 0 cells; the file is empty, truncated or not a cell mesh"
         raise ValueError(msg)
+    return _fields_present(path, specs, have, listed)
+
+
+def _fields_present(
+    path: Path, specs: tuple[FieldSpec, ...], have, listed: list[str]
+) -> tuple[FieldSpec, ...]:
     missing = [s.name for s in specs if s.required and s.name not in have]
     if missing:
         msg = (
@@ -299,15 +305,7 @@ def _read_cells_generic(path: Path, specs: tuple[FieldSpec, ...]):
             reader = pv.get_reader(str(path))
             available = list(reader.cell_array_names)
             point_arrays = list(reader.point_array_names)
-            missing = [s.name for s in specs if s.required and s.name not in available]
-            if missing:
-                msg = (
-                    f"{path}: cell field(s) {missing} missing; the file has {available}. "
-                    "Fix the file or name its fields with DatasetSchema(surface_fields=..., "
-                    "volume_fields=...)"
-                )
-                raise KeyError(msg)
-            present = tuple(s for s in specs if s.name in available)
+            present = _fields_present(path, specs, available, available)  # ValueError
             if point_arrays or len(present) < len(available):
                 # changing the selection re-parses the XML header (~0.6 s CPU on an 8.8M-cell
                 # surface), so only when there is something to skip
@@ -316,8 +314,6 @@ def _read_cells_generic(path: Path, specs: tuple[FieldSpec, ...]):
                 for s in present:
                     reader.enable_cell_array(s.name)
         mesh = reader.read()  # pyvista raises VTKExecutionError (a RuntimeError) on VTK errors
-    except KeyError as exc:
-        raise ValueError(exc.args[0]) from None
     except (RuntimeError, OSError) as exc:
         raise _corrupt(path, exc) from exc
     _require_cells(path, mesh)
@@ -528,7 +524,7 @@ def _volume_streamed(
     names = f.cell_array_names
     if any(s.required and s.name not in names for s in schema.volume_fields):
         raise UnsupportedVtkXml("a field is missing")  # VTK's reading decides the error
-    specs = _present(path, f.n_cells, set(names), names, schema.volume_fields)
+    specs = tuple(s for s in schema.volume_fields if s.name in names)
 
     def centres(cells: np.ndarray | None) -> np.ndarray:
         points = f.points()
