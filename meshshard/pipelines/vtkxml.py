@@ -418,7 +418,8 @@ class _Decoder:
         """Yield ``(first value, values)`` of ``arr`` in consecutive pieces of about ``per``
         values, each a whole number of ``unit`` values (native byte order), decoding a few
         pieces ahead on the pool; only those pieces are held. Raw appended data is yielded
-        as views of the mapping, whose pages are released once passed."""
+        as views of the mapping, whose pages are released once passed; uncompressed base64
+        data (rare for large files) is decoded whole first."""
         dt = self._dtype(arr, what)
         per = max(unit, per // unit * unit)
         start, base64 = self._locate(arr, what)
