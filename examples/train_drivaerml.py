@@ -162,7 +162,8 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
     except (ValueError, FileNotFoundError) as exc:  # bad store, world size, checkpoint
         print(f"train_drivaerml: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    shutdown(exit_code=code)  # main tore the groups down; skip the interpreter teardown

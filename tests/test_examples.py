@@ -19,3 +19,26 @@ def test_quickstart_under_torchrun():
     assert "sizes [6667, 13333]" in r.stdout
     assert "rank 0: 6667 points" in r.stdout and "rank 1: 13333 points" in r.stdout
     assert "weight gradients equal a single-device run" in r.stdout
+
+
+def test_shutdown_with_exit_code_ends_every_rank_there(tmp_path):
+    script = tmp_path / "end.py"
+    script.write_text(
+        "import torch.distributed as dist\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from meshshard.distributed import shutdown\n"
+        "dist.init_process_group('gloo')\n"
+        "mesh = init_device_mesh('cpu', (2,))\n"
+        "print(f'rank {dist.get_rank()} before', flush=True)\n"
+        "shutdown(exit_code=0)\n"
+        "print('after')\n"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(script)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rank 0 before" in r.stdout and "rank 1 before" in r.stdout
+    assert "after" not in r.stdout
