@@ -31,6 +31,17 @@ if what in ("preprocess", "prevol"):
     from meshshard.pipelines._alloc import tune_allocator
     tune_allocator()  # as `meshshard preprocess` does
 res = {}
+
+
+def timed(fn, *args, **kwargs):
+    c0 = time.process_time()
+    t = time.perf_counter()
+    out = fn(*args, **kwargs)
+    res["seconds"] = time.perf_counter() - t
+    res["cpu"] = time.process_time() - c0
+    return out
+
+
 if what == "generate":
     t = time.perf_counter()
     vtp = Path(path) / "run_1" / "boundary_1.vtp"
@@ -63,58 +74,24 @@ elif what == "genvol":
     t = time.perf_counter()
     run = mp.make_synthetic_run(Path(path), 1, surface_cells=2000, volume_cells=parts)
     res = {"seconds": time.perf_counter() - t, "vtu": str(run.volume), "cells": run.volume_cells}
-elif what == "readvol":
-    c0 = time.process_time()
-    t = time.perf_counter()
-    mesh = pv.read(path)
-    cells = mesh.GetCells()
-    raw = mesh.points.nbytes + mesh.celltypes.nbytes
+elif what in ("read", "readvol"):
+    mesh = timed(pv.read, path)
+    cells = mesh.GetPolys() if what == "read" else mesh.GetCells()
+    raw = mesh.points.nbytes + (mesh.celltypes.nbytes if what == "readvol" else 0)
     for a in (cells.GetOffsetsArray(), cells.GetConnectivityArray()):
         raw += a.GetNumberOfValues() * a.GetDataTypeSize()
     raw += sum(np.asarray(mesh.cell_data[k]).nbytes for k in mesh.cell_data.keys())
-    res["seconds"] = time.perf_counter() - t
-    res["cpu"] = time.process_time() - c0
     res["raw_bytes"] = int(raw)
-elif what == "prevol":
+elif what in ("preprocess", "prevol"):
     shutil.rmtree(out, ignore_errors=True)
-    c0 = time.process_time()
-    t = time.perf_counter()
-    r = mp.process_run(Path(path).parent, out, parts=parts, surface=False, **opt)
-    res["seconds"] = time.perf_counter() - t
-    res["cpu"] = time.process_time() - c0
-    res["timings"] = r.timings
-elif what == "import":
-    pass
-elif what == "ourread":
-    from meshshard.pipelines.vtkxml import read_cells
-    c0 = time.process_time()
-    t = time.perf_counter()
-    m = read_cells(path, [f.name for f in mp.DRIVAERML.surface_fields])
-    res["seconds"] = time.perf_counter() - t
-    res["cpu"] = time.process_time() - c0
-elif what == "read":
-    c0 = time.process_time()
-    t = time.perf_counter()
-    mesh = pv.read(path)
-    raw = mesh.points.nbytes
-    polys = mesh.GetPolys()
-    raw += polys.GetOffsetsArray().GetNumberOfValues() * polys.GetOffsetsArray().GetDataTypeSize()
-    c = polys.GetConnectivityArray()
-    raw += c.GetNumberOfValues() * c.GetDataTypeSize()
-    raw += sum(np.asarray(mesh.cell_data[k]).nbytes for k in mesh.cell_data.keys())
-    res["seconds"] = time.perf_counter() - t
-    res["cpu"] = time.process_time() - c0
-    res["raw_bytes"] = int(raw)
-elif what == "preprocess":
-    shutil.rmtree(out, ignore_errors=True)
-    c0 = time.process_time()
-    t = time.perf_counter()
-    r = mp.process_run(Path(path).parent, out, parts=parts, volume=False)
-    res["seconds"] = time.perf_counter() - t
-    res["cpu"] = time.process_time() - c0
+    part = {"volume": False} if what == "preprocess" else {"surface": False}
+    r = timed(mp.process_run, Path(path).parent, out, parts=parts, **part, **opt)
     res["status"] = r.status
     res["timings"] = r.timings
     res["out_bytes"] = sum(f.stat().st_size for f in Path(out).rglob("*") if f.is_file())
+elif what == "ourread":
+    from meshshard.pipelines.vtkxml import read_cells
+    timed(read_cells, path, [f.name for f in mp.DRIVAERML.surface_fields])
 res["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps(res))
 """

@@ -106,15 +106,7 @@ def morton_codes(points: Any, bits: int | None = None) -> np.ndarray:
     -------
     ndarray of shape (N,), uint64
     """
-    pts = as_points(points, keep_float=True)
-    dim = pts.shape[1]
-    bits = default_bits(pts.shape[0], dim) if bits is None else _check_bits(bits, dim)
-    q = _quantise(pts, bits)
-    codes = np.empty(q.shape[0], dtype=np.uint64)
-    chunk = 1 << 15  # bit spreading runs in cache
-    for s in range(0, q.shape[0], chunk):
-        codes[s : s + chunk] = _interleave(q[s : s + chunk])
-    return codes
+    return _codes(points, bits, _ENCODERS["morton"])
 
 
 def hilbert_codes(points: Any, bits: int | None = None) -> np.ndarray:
@@ -131,15 +123,24 @@ def hilbert_codes(points: Any, bits: int | None = None) -> np.ndarray:
     ndarray of shape (N,), uint64
         Consecutive codes are face-adjacent grid cells.
     """
+    return _codes(points, bits, _ENCODERS["hilbert"])
+
+
+def _codes(points: Any, bits: int | None, encode) -> np.ndarray:
     pts = as_points(points, keep_float=True)
     dim = pts.shape[1]
     bits = default_bits(pts.shape[0], dim) if bits is None else _check_bits(bits, dim)
+    return _encode(pts, bits, encode)
+
+
+def _encode(pts: np.ndarray, bits: int, encode) -> np.ndarray:
+    """Quantise validated ``pts`` and ``encode(q, bits)`` them in cache-sized chunks (the ~30
+    passes per bit level of the Hilbert transform, or the bit spreading, then run in cache)."""
     q = _quantise(pts, bits)
     codes = np.empty(q.shape[0], dtype=np.uint64)
-    chunk = 1 << 15  # the ~30 passes per bit level then run in cache
+    chunk = 1 << 15
     for s in range(0, q.shape[0], chunk):
-        e = min(s + chunk, q.shape[0])
-        codes[s:e] = _interleave(_hilbert_transpose(q[s:e], bits))
+        codes[s : s + chunk] = encode(q[s : s + chunk], bits)
     return codes
 
 
@@ -182,6 +183,12 @@ def _hilbert_transpose(q: np.ndarray, bits: int) -> np.ndarray:
     for i in range(dim):
         x[i] ^= t
     return np.stack(x, axis=1)
+
+
+_ENCODERS = {
+    "morton": lambda q, bits: _interleave(q),
+    "hilbert": lambda q, bits: _interleave(_hilbert_transpose(q, bits)),
+}
 
 
 def _check_bits(bits: Any, dim: int) -> int:
@@ -281,7 +288,7 @@ def _sfc_partition(
     w = check_weights(weights, n)
     t = check_targets(targets, parts)
     bits = default_bits(n, dim) if bits is None else _check_bits(bits, dim)
-    codes = (hilbert_codes if method == "hilbert" else morton_codes)(pts, bits)
+    codes = _encode(pts, bits, _ENCODERS[method])  # pts validated above
     order = curve_order(codes)
     ptr = split_curve(None if w is None else w[order], n, t, allow_empty=allow_empty)
     sizes = np.diff(ptr)

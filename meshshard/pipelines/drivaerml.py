@@ -183,6 +183,11 @@ def _corrupt(path: Path, exc: BaseException) -> ValueError:
     return ValueError(msg)
 
 
+def _own_reader(path: Path, suffixes) -> bool:
+    """Whether ``path`` goes to meshshard's XML reader first (not with MESHSHARD_READER=vtk)."""
+    return path.suffix.lower() in suffixes and os.environ.get(READER_ENV, "auto") != "vtk"
+
+
 def _require_cells(path: Path, mesh) -> None:
     if mesh is None or mesh.n_cells == 0:
         msg = f"{path}: has 0 cells; the file is empty, truncated or not a cell mesh"
@@ -199,7 +204,7 @@ def _read_cells(
     the named arrays are decoded, in parallel); a file it does not decode -- ASCII data, LZ4,
     several pieces, a damaged file -- is read by VTK, whose verdict then stands.
     """
-    if path.suffix.lower() in _XML_READERS and os.environ.get(READER_ENV, "auto") != "vtk":
+    if _own_reader(path, _XML_READERS):
         try:
             mesh = read_cells(path, [s.name for s in specs])
         except UnsupportedVtkXml as exc:
@@ -215,23 +220,15 @@ def _read_cells(
 def _checked(
     path: Path, mesh: CellMesh, specs: tuple[FieldSpec, ...]
 ) -> tuple[CellMesh, tuple[FieldSpec, ...]]:
-    return mesh, _present(path, mesh.n_cells, mesh.cell_data, mesh.cell_array_names, specs)
-
-
-def _present(
-    path: Path, n_cells: int, have, listed: list[str], specs: tuple[FieldSpec, ...]
-) -> tuple[FieldSpec, ...]:
-    """The specs whose arrays are in ``have``; errors for zero cells or a missing required
-    field (naming the file's arrays, ``listed``)."""
-    if n_cells == 0:
-        msg = f"{path}: has 0 cells; the file is empty, truncated or not a cell mesh"
-        raise ValueError(msg)
-    return _fields_present(path, specs, have, listed)
+    """``mesh`` (never empty: both readers refuse zero cells) and the specs it holds."""
+    return mesh, _fields_present(path, specs, mesh.cell_data, mesh.cell_array_names)
 
 
 def _fields_present(
     path: Path, specs: tuple[FieldSpec, ...], have, listed: list[str]
 ) -> tuple[FieldSpec, ...]:
+    """The specs whose arrays are in ``have``; an error naming the file's arrays (``listed``)
+    when a required one is missing."""
     missing = [s.name for s in specs if s.required and s.name not in have]
     if missing:
         msg = (
@@ -249,7 +246,6 @@ def _read_vtk(path: Path, specs: tuple[FieldSpec, ...], polys: bool) -> CellMesh
         mesh, names = _read_xml_vtk(path, specs)
     else:
         mesh, names = _read_cells_generic(path, specs)
-    _require_cells(path, mesh)
     if polys:
         offsets, conn = vtk_cells(mesh.GetPolys())
         other = mesh.GetNumberOfCells() - mesh.GetNumberOfPolys()
@@ -480,7 +476,7 @@ def read_volume(
     if max_cells is not None and max_cells < 1:
         msg = f"max_cells={max_cells} must be >= 1 (or None for every cell)"
         raise ValueError(msg)
-    if path.suffix.lower() == ".vtu" and os.environ.get(READER_ENV, "auto") != "vtk":
+    if _own_reader(path, (".vtu",)):
         try:
             with VtkXmlFile(path) as f:
                 return _volume_streamed(path, f, schema, length, drop_nan, max_cells, seed)

@@ -352,8 +352,9 @@ def preprocess_runs(
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
             ctx = mp.get_context("spawn")
-            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-            threads = max(1, (cpus or os.cpu_count() or 1) // workers)
+            from meshshard.pipelines.vtkxml import usable_cpus
+
+            threads = max(1, usable_cpus() // workers)
             with ProcessPoolExecutor(
                 max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,)
             ) as pool:

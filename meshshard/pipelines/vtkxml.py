@@ -184,11 +184,12 @@ def _scan(mm: mmap.mmap) -> _Layout:
 @dataclass
 class _Blocks:
     """Where a compressed array's blocks are: byte offsets of each block in the compressed
-    stream (``cofs``) and in the decoded array (``uofs``); the stream starts at ``start`` (a
-    byte of the file for raw data, a base64 character for base64 data)."""
+    stream (``cofs``) and in the decoded array (``uofs``), as lists (indexed per block on the
+    decoding path); the stream starts at ``start`` (a byte of the file for raw data, a base64
+    character for base64 data)."""
 
-    cofs: np.ndarray
-    uofs: np.ndarray
+    cofs: list[int]
+    uofs: list[int]
     start: int
     base64: bool
 
@@ -202,6 +203,7 @@ class _Decoder:
         root = layout.root
         self.mm = mm
         self.view = memoryview(mm)
+        self.address = np.frombuffer(mm, np.uint8, 0).__array_interface__["data"][0]
         order = root.get("byte_order", "LittleEndian")
         if order not in ("LittleEndian", "BigEndian"):
             raise UnsupportedVtkXml(f"byte_order={order!r}")
@@ -289,17 +291,17 @@ class _Decoder:
         usize = np.full(nblocks, bsize, dtype=np.int64)
         if nblocks and last:
             usize[-1] = last
-        cofs = np.concatenate(([0], np.cumsum(hdr[3 : 3 + nblocks])))
-        uofs = np.concatenate(([0], np.cumsum(usize)))
-        self._check_size(int(uofs[-1]), np.dtype(np.uint8), nbytes, what)
-        end = dstart + (-(-int(cofs[-1]) // 3) * 4 if base64 else int(cofs[-1]))
+        cofs = np.concatenate(([0], np.cumsum(hdr[3 : 3 + nblocks]))).tolist()
+        uofs = np.concatenate(([0], np.cumsum(usize))).tolist()
+        self._check_size(uofs[-1], np.dtype(np.uint8), nbytes, what)
+        end = dstart + (-(-cofs[-1] // 3) * 4 if base64 else cofs[-1])
         if end > len(self.mm):
             raise UnsupportedVtkXml(f"{what}: runs past the end of the file")
         return _Blocks(cofs, uofs, dstart, base64)
 
     def _compressed(self, blk: _Blocks, b0: int, b1: int):
         """The compressed bytes of blocks ``b0:b1`` (base64 decoded just for them)."""
-        c0, c1 = int(blk.cofs[b0]), int(blk.cofs[b1])
+        c0, c1 = blk.cofs[b0], blk.cofs[b1]
         if not blk.base64:
             return self.view[blk.start + c0 : blk.start + c1]
         q0, q1 = c0 // 3, -(-c1 // 3)
@@ -318,10 +320,10 @@ class _Decoder:
         into ``out`` (uint8, starting at block b0's first byte)."""
         dec = self.decompress
         cofs, uofs = blk.cofs, blk.uofs
-        c_base, u_base = int(cofs[b0]), int(uofs[b0])
+        c_base, u_base = cofs[b0], uofs[b0]
         for b in range(b0, b1):
-            c0, c1 = int(cofs[b]) - c_base, int(cofs[b + 1]) - c_base
-            u0, u1 = int(uofs[b]) - u_base, int(uofs[b + 1]) - u_base
+            c0, c1 = cofs[b] - c_base, cofs[b + 1] - c_base
+            u0, u1 = uofs[b] - u_base, uofs[b + 1] - u_base
             try:
                 got = dec(data[c0:c1])
             except (zlib.error, lzma.LZMAError) as exc:
@@ -332,7 +334,7 @@ class _Decoder:
 
     def _per_task(self, blk: _Blocks, nbytes: int) -> int:
         """Blocks per task for tasks of about ``nbytes`` decoded bytes."""
-        first = int(blk.uofs[1] - blk.uofs[0]) if blk.uofs.size > 1 else 1
+        first = blk.uofs[1] - blk.uofs[0] if len(blk.uofs) > 1 else 1
         return max(1, nbytes // max(1, first))
 
     def _queue(self, fn, *args) -> None:
@@ -357,13 +359,13 @@ class _Decoder:
             if base64:
                 self._b64_blocks(blk, out)
             else:
-                data = self.view[blk.start : blk.start + int(blk.cofs[-1])]
+                data = self.view[blk.start : blk.start + blk.cofs[-1]]
                 per = self._per_task(blk, _TASK_BYTES)
-                n = blk.cofs.size - 1
+                n = len(blk.cofs) - 1
                 for b0 in range(0, n, per):
                     b1 = min(n, b0 + per)
-                    sub = data[int(blk.cofs[b0]) : int(blk.cofs[b1])]
-                    dst = out[int(blk.uofs[b0]) : int(blk.uofs[b1])]
+                    sub = data[blk.cofs[b0] : blk.cofs[b1]]
+                    dst = out[blk.uofs[b0] : blk.uofs[b1]]
                     self._queue(self._inflate_into, sub, blk, b0, b1, dst)
             return out.view(dt)
         if not base64:
@@ -387,10 +389,10 @@ class _Decoder:
         """Decode base64-encoded compressed blocks piece by piece, queueing blocks for
         decompression as soon as their bytes are decoded (the GIL-bound base64 decoding
         overlaps the decompression, and no call holds the GIL for long)."""
-        total = int(blk.cofs[-1])
+        cofs, uofs = blk.cofs, blk.uofs
+        total = cofs[-1]
         nchars = -(-total // 3) * 4
         buf = np.empty(total + 2, dtype=np.uint8)  # a last quantum may decode 2 bytes too many
-        cofs, uofs = blk.cofs.tolist(), blk.uofs.tolist()
         n = len(cofs) - 1
         per = self._per_task(blk, _TASK_BYTES)
         done = b0 = 0
@@ -432,11 +434,11 @@ class _Decoder:
                     self._release(whole[v0 : v0 + per])
             return
         blk = self._blocks(start, base64, nbytes, what)
-        n = blk.cofs.size - 1
+        n = len(blk.cofs) - 1
         step = self._per_task(blk, per * dt.itemsize)
 
         def task(b0: int, b1: int) -> np.ndarray:
-            out = np.empty(int(blk.uofs[b1] - blk.uofs[b0]), dtype=np.uint8)
+            out = np.empty(blk.uofs[b1] - blk.uofs[b0], dtype=np.uint8)
             data = self._compressed(blk, b0, b1)
             self._inflate_into(data, blk, b0, b1, out)
             if not blk.base64:
@@ -475,7 +477,7 @@ class _Decoder:
         resident."""
         if not hasattr(self.mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
             return
-        lo = view.__array_interface__["data"][0] - _address(self.mm)
+        lo = view.__array_interface__["data"][0] - self.address
         hi = lo + view.nbytes
         first = lo // mmap.PAGESIZE * mmap.PAGESIZE
         if hi > first:
@@ -497,6 +499,13 @@ class _Decoder:
 THREADS_ENV = "MESHSHARD_READ_THREADS"
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity where the OS says, else the CPU count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def default_threads() -> int:
     """``MESHSHARD_READ_THREADS`` when set, else the CPUs this process may use (at most 8)."""
     env = os.environ.get(THREADS_ENV)
@@ -506,12 +515,7 @@ def default_threads() -> int:
         except ValueError:
             msg = f"{THREADS_ENV}={env!r} must be an integer"
             raise ValueError(msg) from None
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(8, cpus or 1)
-
-
-def _address(mm: mmap.mmap) -> int:
-    return np.frombuffer(mm, np.uint8, 0).__array_interface__["data"][0]
+    return min(8, usable_cpus())
 
 
 def _int_attr(attrs: dict[str, str], key: str, default: int | None = None) -> int:
