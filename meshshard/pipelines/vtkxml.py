@@ -14,11 +14,19 @@ What it reads: one ``<Piece>`` of ``PolyData`` (its polygons) or ``UnstructuredG
 cells; of polyhedra their point lists, not their face streams); inline ``binary`` or
 ``appended`` (raw or base64) data; no compression, ``vtkZLibDataCompressor`` or
 ``vtkLZMADataCompressor``; UInt32 or UInt64 headers; either byte order. Anything else --
-ASCII data, LZ4, several pieces, or a file whose sizes do not add up -- raises
-:class:`UnsupportedVtkXml`, and the caller reads the file with VTK instead (which also gives
-VTK's own verdict on a damaged file). Every decoded array is checked against the counts in the
-XML (points, cells, connectivity length, offsets monotone and ending at the connectivity
-length, vertex ids in range), so a file that passes is internally consistent.
+ASCII data, LZ4, several pieces, another dataset type -- raises :class:`UnsupportedVtkXml`,
+and the caller may read the file with VTK instead. A *damaged* file raises
+:class:`CorruptVtkXml` (an :class:`~meshshard.pipelines.errors.InputFileError` naming the file)
+and must never be handed to VTK, whose readers crash or allocate without bound on such files:
+malformed or truncated XML, negative or absurd counts, offsets or block headers, sizes that do
+not add up, blocks that do not decompress to their declared size, connectivity out of range.
+Every size is checked against the file before a buffer is allocated: uncompressed data must lie
+in the file, and a compressed block may not claim more than its compressor can produce from its
+bytes (1032:1 for zlib). Blocks are inflated with their output bounded by their declared size,
+so a decompression bomb fails after producing at most that. Every decoded array is checked
+against the counts in the XML (points, cells, connectivity length, offsets monotone and ending
+at the connectivity length, vertex ids in range), so a file that passes is internally
+consistent.
 """
 
 from __future__ import annotations
@@ -31,18 +39,33 @@ import re
 import zlib
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import unescape
 
 import numpy as np
 
-__all__ = ["CellMesh", "UnsupportedVtkXml", "VtkXmlFile", "read_cells"]
+from meshshard.pipelines.errors import InputFileError
+
+__all__ = ["CellMesh", "CorruptVtkXml", "UnsupportedVtkXml", "VtkXmlFile", "read_cells"]
 
 
-class UnsupportedVtkXml(Exception):
-    """The file uses a feature this reader does not decode (or does not add up); read it with
-    VTK instead."""
+class UnsupportedVtkXml(ValueError):
+    """The file is well formed but uses a feature this reader does not decode (ASCII data, LZ4,
+    several pieces, another dataset type); VTK may read it instead."""
+
+
+class CorruptVtkXml(InputFileError):
+    """The file is damaged (never hand it to VTK); the message names the file and what is
+    wrong."""
+
+    def __init__(self, detail: str, path: str | Path | None = None) -> None:
+        self.detail = detail
+        msg = detail
+        if path is not None:
+            msg = f"{path}: corrupt VTK XML file ({detail}); re-export or re-download it"
+        super().__init__(msg, path)
 
 
 @dataclass
@@ -89,7 +112,20 @@ _TYPES = {
     "Float32": "f4",
     "Float64": "f8",
 }
-_DECOMPRESS = {"vtkZLibDataCompressor": zlib.decompress, "vtkLZMADataCompressor": lzma.decompress}
+_DECOMPRESS = {"vtkZLibDataCompressor": "zlib", "vtkLZMADataCompressor": "lzma"}
+#: the most output a compressed block may claim per compressed byte (deflate's limit is 1032;
+#: xz reaches ~7000 on long runs of zeros), plus a constant for headers
+_RATIO = {"zlib": 1032, "lzma": 1 << 16}
+_RATIO_SLACK = 1024
+#: VTK types this reader does not decode (VTK may read them); any other unknown type is damage
+_OTHER_TYPES = ("String", "Char", "Bit", "IdType")
+_OTHER_COMPRESSORS = ("vtkLZ4DataCompressor",)
+_OTHER_KINDS = (
+    "ImageData", "RectilinearGrid", "StructuredGrid", "HyperTreeGrid", "Table",
+    "PPolyData", "PUnstructuredGrid", "PImageData", "PRectilinearGrid", "PStructuredGrid",
+)  # fmt: skip
+#: deepest element nesting of a VTK XML mesh (VTKFile/type/Piece/CellData/DataArray/...)
+_MAX_DEPTH = 16
 _ATTR = re.compile(rb"""([A-Za-z_:][-\w:.]*)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
 _NAME = re.compile(rb"\s*([^\s/>]+)")
 _WS = b" \t\r\n"
@@ -133,12 +169,12 @@ def _scan(mm: mmap.mmap) -> _Layout:
         if mm[lt + 1 : lt + 4] == b"!--":
             end = mm.find(b"-->", lt + 4)
             if end < 0:
-                raise UnsupportedVtkXml("unterminated comment")
+                raise CorruptVtkXml("unterminated comment")
             pos = end + 3
             continue
         gt = mm.find(b">", lt)
         if gt < 0:
-            raise UnsupportedVtkXml("unterminated tag")
+            raise CorruptVtkXml("unterminated tag")
         tag = mm[lt + 1 : gt]
         pos = gt + 1
         if tag[:1] in (b"?", b"!"):
@@ -146,13 +182,13 @@ def _scan(mm: mmap.mmap) -> _Layout:
         if tag[:1] == b"/":
             name = tag[1:].strip().decode("latin-1")
             if not stack or stack[-1] != name:
-                raise UnsupportedVtkXml(f"</{name}> does not close <{stack[-1] if stack else ''}>")
+                raise CorruptVtkXml(f"</{name}> does not close <{stack[-1] if stack else ''}>")
             stack.pop()
             continue
         closed = tag.endswith(b"/")
         m = _NAME.match(tag)
         if m is None:
-            raise UnsupportedVtkXml("empty tag")
+            raise CorruptVtkXml("empty tag")
         name = m.group(1).decode("latin-1")
         attrs = {
             k.decode("latin-1"): unescape((a or b).decode("utf-8", "replace"), _ENTITIES)
@@ -160,7 +196,7 @@ def _scan(mm: mmap.mmap) -> _Layout:
         }
         if layout is None:
             if name != "VTKFile":
-                raise UnsupportedVtkXml(f"first element is <{name}>, not <VTKFile>")
+                raise CorruptVtkXml(f"first element is <{name}>, not <VTKFile>")
             layout = _Layout(root=attrs, kind=attrs.get("type", ""))
         elif name == "Piece":
             layout.pieces.append(attrs)
@@ -171,13 +207,17 @@ def _scan(mm: mmap.mmap) -> _Layout:
         elif name == "AppendedData":
             us = mm.find(b"_", pos)
             if us < 0:
-                raise UnsupportedVtkXml("<AppendedData> without its '_' marker")
+                raise CorruptVtkXml("<AppendedData> without its '_' marker")
             layout.appended = (attrs.get("encoding", "raw"), us + 1)
             break
         if not closed:
             stack.append(name)
+            if len(stack) > _MAX_DEPTH:
+                raise CorruptVtkXml(f"elements nested deeper than {_MAX_DEPTH}")
     if layout is None:
-        raise UnsupportedVtkXml("no <VTKFile> element")
+        raise CorruptVtkXml("no <VTKFile> element")
+    if stack and layout.appended is None:
+        raise CorruptVtkXml(f"the file ends inside <{stack[-1]}> (truncated)")
     return layout
 
 
@@ -206,45 +246,51 @@ class _Decoder:
         self.address = np.frombuffer(mm, np.uint8, 0).__array_interface__["data"][0]
         order = root.get("byte_order", "LittleEndian")
         if order not in ("LittleEndian", "BigEndian"):
-            raise UnsupportedVtkXml(f"byte_order={order!r}")
+            raise CorruptVtkXml(f"byte_order={order!r} is not a VTK byte order")
         self.bo = "<" if order == "LittleEndian" else ">"
         header = root.get("header_type", "UInt32")
         if header not in ("UInt32", "UInt64"):
-            raise UnsupportedVtkXml(f"header_type={header!r}")
+            raise CorruptVtkXml(f"header_type={header!r} is not a VTK header type")
         self.hdt = np.dtype(self.bo + _TYPES[header])
         comp = root.get("compressor")
-        if comp is not None and comp not in _DECOMPRESS:
+        if comp in _OTHER_COMPRESSORS:
             raise UnsupportedVtkXml(f"compressor {comp!r}")
+        if comp is not None and comp not in _DECOMPRESS:
+            raise CorruptVtkXml(f"compressor={comp!r} is not a VTK compressor")
         self.decompress = _DECOMPRESS.get(comp) if comp else None
+        self.size = len(mm)
         self.appended = layout.appended
         self.pool = pool
         self.threads = threads
         self.futures: list[Future] = []
 
     # --- helpers -------------------------------------------------------------------------
-    def _ints(self, raw: bytes | memoryview, n: int) -> np.ndarray:
+    def _ints(self, raw: bytes | memoryview, n: int) -> list[int]:
+        """``n`` header words as Python ints (unsigned: a UInt64 never wraps negative)."""
         if len(raw) < n * self.hdt.itemsize:
-            raise UnsupportedVtkXml("truncated array header")
-        return np.frombuffer(raw, self.hdt, n).astype(np.int64)
+            raise CorruptVtkXml("truncated array header")
+        return np.frombuffer(raw, self.hdt, n).tolist()
 
     def _b64(self, start: int, nbytes: int) -> tuple[bytes, int]:
         """Decode the ``nbytes`` that base64 text at ``start`` encodes; returns (bytes, end)."""
         nchars = -(-nbytes // 3) * 4
         end = start + nchars
         if end > len(self.mm):
-            raise UnsupportedVtkXml("base64 data runs past the end of the file")
+            raise CorruptVtkXml("base64 data runs past the end of the file")
         try:
             out = binascii.a2b_base64(self.view[start:end])
         except binascii.Error as exc:
-            raise UnsupportedVtkXml(f"bad base64: {exc}") from None
+            raise CorruptVtkXml(f"bad base64: {exc}") from None
         if len(out) < nbytes:
-            raise UnsupportedVtkXml("short base64 data (whitespace inside, or truncated)")
+            raise CorruptVtkXml("short base64 data (whitespace inside, or truncated)")
         return out, end
 
     def _dtype(self, arr: _Array, what: str) -> np.dtype:
         typ = arr.attrs.get("type")
-        if typ not in _TYPES:
+        if typ in _OTHER_TYPES:
             raise UnsupportedVtkXml(f"{what}: type {typ!r}")
+        if typ not in _TYPES:
+            raise CorruptVtkXml(f"{what}: type={typ!r} is not a VTK data type")
         return np.dtype(self.bo + _TYPES[typ])
 
     def _locate(self, arr: _Array, what: str) -> tuple[int, bool]:
@@ -253,26 +299,30 @@ class _Decoder:
         fmt = a.get("format", "ascii")
         if fmt == "appended":
             if self.appended is None:
-                raise UnsupportedVtkXml(f"{what}: appended array without <AppendedData>")
+                raise CorruptVtkXml(f"{what}: appended array without <AppendedData>")
             encoding, base = self.appended
             try:
-                start = base + int(a["offset"])
+                offset = int(a["offset"])
             except (KeyError, ValueError):
-                raise UnsupportedVtkXml(f"{what}: appended array without an offset") from None
+                raise CorruptVtkXml(f"{what}: appended array without a valid offset") from None
+            if not 0 <= offset < self.size - base:
+                raise CorruptVtkXml(f"{what}: offset={offset} outside the appended data")
             if encoding not in ("raw", "base64"):
-                raise UnsupportedVtkXml(f"{what}: appended encoding {encoding!r}")
-            return start, encoding == "base64"
+                raise CorruptVtkXml(f"{what}: appended encoding={encoding!r} is not raw/base64")
+            return base + offset, encoding == "base64"
         if fmt == "binary":
             start, end = arr.start, arr.end
             while start < end and self.mm[start] in _WS:
                 start += 1
             return start, True
-        raise UnsupportedVtkXml(f"{what}: format {fmt!r}")
+        if fmt == "ascii":
+            raise UnsupportedVtkXml(f"{what}: format {fmt!r}")
+        raise CorruptVtkXml(f"{what}: format={fmt!r} is not ascii, binary or appended")
 
     @staticmethod
     def _check_size(size: int, dt: np.dtype, count: int, what: str) -> None:
         if size != count * dt.itemsize:
-            raise UnsupportedVtkXml(f"{what}: {size} bytes, expected {count * dt.itemsize}")
+            raise CorruptVtkXml(f"{what}: {size} bytes, expected {count * dt.itemsize}")
 
     def _blocks(self, start: int, base64: bool, nbytes: int, what: str) -> _Blocks:
         """The block table of a compressed array (header [nblocks, blocksize, lastsize,
@@ -280,23 +330,38 @@ class _Decoder:
         hs = self.hdt.itemsize
         if base64:
             first, _ = self._b64(start, 3 * hs)
-            nblocks = int(self._ints(first, 1)[0])
+            nblocks = self._ints(first, 1)[0]
+        else:
+            nblocks = self._ints(self.view[start : start + hs], 1)[0]
+        # every block has a header word and at least one compressed byte in the file
+        if nblocks > (self.size - start) // (hs + 1):
+            raise CorruptVtkXml(f"{what}: header claims {nblocks} blocks, more than the file holds")
+        if base64:
             head, dstart = self._b64(start, (3 + nblocks) * hs)
             hdr = self._ints(head, 3 + nblocks)
         else:
-            nblocks = int(self._ints(self.view[start : start + hs], 1)[0])
             dstart = start + (3 + nblocks) * hs
             hdr = self._ints(self.view[start:dstart], 3 + nblocks)
-        _, bsize, last = (int(v) for v in hdr[:3])
-        usize = np.full(nblocks, bsize, dtype=np.int64)
+        _, bsize, last = hdr[:3]
+        csize = hdr[3:]
+        if nblocks and not (0 < bsize and 0 <= last <= bsize):
+            raise CorruptVtkXml(f"{what}: block size {bsize}, last block {last}")
+        total = (nblocks - 1) * bsize + (last or bsize) if nblocks else 0
+        self._check_size(total, np.dtype(np.uint8), nbytes, what)
+        csum = sum(csize)
+        end = dstart + (-(-csum // 3) * 4 if base64 else csum)
+        if end > self.size:
+            raise CorruptVtkXml(f"{what}: runs past the end of the file")
+        ratio = _RATIO[self.decompress]
+        usize = [bsize] * nblocks
         if nblocks and last:
             usize[-1] = last
-        cofs = np.concatenate(([0], np.cumsum(hdr[3 : 3 + nblocks]))).tolist()
-        uofs = np.concatenate(([0], np.cumsum(usize))).tolist()
-        self._check_size(uofs[-1], np.dtype(np.uint8), nbytes, what)
-        end = dstart + (-(-cofs[-1] // 3) * 4 if base64 else cofs[-1])
-        if end > len(self.mm):
-            raise UnsupportedVtkXml(f"{what}: runs past the end of the file")
+        if nblocks and min(c * ratio + _RATIO_SLACK - u for c, u in zip(csize, usize)) < 0:
+            raise CorruptVtkXml(
+                f"{what}: a block claims more bytes than {self.decompress} can produce from it"
+            )
+        cofs = np.concatenate(([0], np.cumsum(csize, dtype=np.int64))).tolist()
+        uofs = np.concatenate(([0], np.cumsum(usize, dtype=np.int64))).tolist()
         return _Blocks(cofs, uofs, dstart, base64)
 
     def _compressed(self, blk: _Blocks, b0: int, b1: int):
@@ -309,27 +374,21 @@ class _Decoder:
         try:
             raw = binascii.a2b_base64(text)
         except binascii.Error as exc:
-            raise UnsupportedVtkXml(f"bad base64: {exc}") from None
+            raise CorruptVtkXml(f"bad base64: {exc}") from None
         self._release(np.frombuffer(text, np.uint8))
         if len(raw) < c1 - 3 * q0:
-            raise UnsupportedVtkXml("short base64 data (whitespace inside, or truncated)")
+            raise CorruptVtkXml("short base64 data (whitespace inside, or truncated)")
         return memoryview(raw)[c0 - 3 * q0 : c1 - 3 * q0]
 
     def _inflate_into(self, data, blk: _Blocks, b0: int, b1: int, out: np.ndarray) -> None:
         """Decompress blocks ``b0:b1`` (compressed bytes ``data``, which start at block b0's)
         into ``out`` (uint8, starting at block b0's first byte)."""
-        dec = self.decompress
         cofs, uofs = blk.cofs, blk.uofs
         c_base, u_base = cofs[b0], uofs[b0]
         for b in range(b0, b1):
             c0, c1 = cofs[b] - c_base, cofs[b + 1] - c_base
             u0, u1 = uofs[b] - u_base, uofs[b + 1] - u_base
-            try:
-                got = dec(data[c0:c1])
-            except (zlib.error, lzma.LZMAError) as exc:
-                raise UnsupportedVtkXml(f"block {b} does not decompress: {exc}") from None
-            if len(got) != u1 - u0:
-                raise UnsupportedVtkXml(f"block {b} is {len(got)} bytes, header says {u1 - u0}")
+            got = _inflate(self.decompress, data[c0:c1], u1 - u0, b)
             out[u0:u1] = np.frombuffer(got, np.uint8)
 
     def _per_task(self, blk: _Blocks, nbytes: int) -> int:
@@ -344,6 +403,26 @@ class _Decoder:
             self.futures.append(self.pool.submit(fn, *args))
 
     # --- whole arrays --------------------------------------------------------------------
+    def check(self, arr: _Array, count: int, what: str) -> None:
+        """Check that ``arr``'s header declares ``count`` values and that its data lies in the
+        file (or, compressed, could come from its bytes), without decoding or allocating."""
+        dt = self._dtype(arr, what)
+        start, base64 = self._locate(arr, what)
+        nbytes = count * dt.itemsize
+        if self.decompress is not None:
+            self._blocks(start, base64, nbytes, what)
+            return
+        hs = self.hdt.itemsize
+        if base64:
+            head, _ = self._b64(start, hs)
+            end = start + -(-(hs + nbytes) // 3) * 4
+        else:
+            head = self.view[start : start + hs]
+            end = start + hs + nbytes
+        self._check_size(self._ints(head, 1)[0], dt, count, what)
+        if end > self.size:
+            raise CorruptVtkXml(f"{what}: runs past the end of the file")
+
     def array(self, arr: _Array, count: int, what: str) -> np.ndarray:
         """The ``count`` values of ``arr`` (1-D; an error unless its header says as many).
 
@@ -372,7 +451,7 @@ class _Decoder:
             size = int(self._ints(self.view[start : start + hs], 1)[0])
             self._check_size(size, dt, count, what)
             if start + hs + nbytes > len(self.mm):
-                raise UnsupportedVtkXml(f"{what}: runs past the end of the file")
+                raise CorruptVtkXml(f"{what}: runs past the end of the file")
             return np.frombuffer(self.mm, dt, count, offset=start + hs)  # zero-copy view
         # one base64 stream of header + data, or the header encoded on its own (then the
         # header's characters end in '=' padding, which only happens when hs % 3 != 0)
@@ -401,10 +480,10 @@ class _Decoder:
             try:
                 piece = binascii.a2b_base64(self.view[blk.start + c0 : blk.start + c1])
             except binascii.Error as exc:
-                raise UnsupportedVtkXml(f"bad base64: {exc}") from None
+                raise CorruptVtkXml(f"bad base64: {exc}") from None
             expect = min(total, (c1 // 4) * 3) - done
             if len(piece) < expect:
-                raise UnsupportedVtkXml("short base64 data (whitespace inside, or truncated)")
+                raise CorruptVtkXml("short base64 data (whitespace inside, or truncated)")
             buf[done : done + expect] = np.frombuffer(piece, np.uint8, expect)
             done += expect
             while b0 < n:  # queue whole tasks whose bytes are all decoded
@@ -469,7 +548,7 @@ class _Decoder:
                 yield done, _native(buf[:whole].view(dt))
                 done += whole // dt.itemsize
         if carry.size or done != count:
-            raise UnsupportedVtkXml(f"{what}: decoded {done} values, expected {count}")
+            raise CorruptVtkXml(f"{what}: decoded {done} values, expected {count}")
 
     def _release(self, view: np.ndarray) -> None:
         """Let the kernel drop the mapped pages under ``view`` (a view of the mapping; read
@@ -495,6 +574,22 @@ class _Decoder:
             raise err
 
 
+def _inflate(kind: str, data, size: int, b: int) -> bytes:
+    """Block ``b``'s ``size`` bytes from its compressed ``data``, never producing more than
+    ``size + 1`` bytes (a block that inflates past its declared size fails right there)."""
+    d = zlib.decompressobj() if kind == "zlib" else lzma.LZMADecompressor()
+    err = zlib.error if kind == "zlib" else lzma.LZMAError
+    try:
+        got = d.decompress(data, size + 1)  # (max_length=0 would mean unbounded)
+    except err as exc:
+        raise CorruptVtkXml(f"block {b} does not decompress: {exc}") from None
+    if len(got) > size:
+        raise CorruptVtkXml(f"block {b} inflates past the {size} bytes its header declares")
+    if not d.eof or len(got) != size:
+        raise CorruptVtkXml(f"block {b} is {len(got)} bytes, its header declares {size}")
+    return got
+
+
 #: decoding threads per file when not given (default: the CPUs this process may use, <= 8)
 THREADS_ENV = "MESHSHARD_READ_THREADS"
 
@@ -518,13 +613,15 @@ def default_threads() -> int:
     return min(8, usable_cpus())
 
 
-def _int_attr(attrs: dict[str, str], key: str, default: int | None = None) -> int:
+def _int_attr(
+    attrs: dict[str, str], key: str, default: int | None = None, *, tag: str = "<Piece>"
+) -> int:
     try:
         v = int(attrs[key]) if default is None else int(attrs.get(key, default))
     except (KeyError, ValueError):
-        raise UnsupportedVtkXml(f"<Piece> lacks a valid {key}") from None
+        raise CorruptVtkXml(f"{tag} lacks a valid {key} (found {attrs.get(key)!r})") from None
     if v < 0:
-        raise UnsupportedVtkXml(f"{key}={v}")
+        raise CorruptVtkXml(f"{tag} {key}={v} is negative")
     return v
 
 
@@ -560,9 +657,10 @@ class VtkXmlFile:
 
     def __init__(self, path: str | Path, *, threads: int | None = None) -> None:
         self.path = Path(path)
+        self._pool = None
         with open(self.path, "rb") as fh:
             if os.fstat(fh.fileno()).st_size == 0:
-                raise UnsupportedVtkXml("empty file")
+                raise CorruptVtkXml("empty file", self.path)
             self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         if threads is None:
             threads = default_threads()
@@ -570,17 +668,39 @@ class VtkXmlFile:
         self._pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
         self._offsets: np.ndarray | None = None
         try:
-            self._open()
+            with self._named():
+                self._open()
         except BaseException:
             self.close()
             raise
 
+    @contextmanager
+    def _named(self):
+        """Errors raised inside name this file (what is wrong, and where)."""
+        try:
+            yield
+        except CorruptVtkXml as exc:
+            if exc.path is not None:
+                raise
+            raise CorruptVtkXml(exc.detail, self.path) from None
+        except MemoryError as exc:
+            msg = f"{self.path}: out of memory while decoding it ({exc})"
+            raise MemoryError(msg) from None
+
     def _open(self) -> None:
         layout = _scan(self._mm)
         kind = layout.kind
-        if kind not in ("PolyData", "UnstructuredGrid"):
+        if kind in _OTHER_KINDS:
             raise UnsupportedVtkXml(f"dataset type {kind!r}")
+        if kind not in ("PolyData", "UnstructuredGrid"):
+            raise CorruptVtkXml(f"type={kind!r} is not a VTK dataset type")
+        if not layout.pieces:
+            raise CorruptVtkXml("no <Piece>: the file holds no mesh")
         if len(layout.pieces) != 1:
+            for piece in layout.pieces:  # the counts VTK would allocate must be sane first
+                _int_attr(piece, "NumberOfPoints", 0)
+                _int_attr(piece, "NumberOfCells", 0)
+                _int_attr(piece, "NumberOfPolys", 0)
             raise UnsupportedVtkXml(f"{len(layout.pieces)} pieces")
         piece = layout.pieces[0]
         self.kind = kind
@@ -601,14 +721,14 @@ class VtkXmlFile:
         self._dec = _Decoder(self._mm, layout, self._pool, self._threads)
         pts = _pick(arrays, "Points")
         if len(pts) != 1:
-            raise UnsupportedVtkXml(f"{len(pts)} point arrays")
-        if int(pts[0].attrs.get("NumberOfComponents", 1)) != 3:
-            raise UnsupportedVtkXml("points without 3 components")
+            raise CorruptVtkXml(f"{len(pts)} point arrays")
+        if _int_attr(pts[0].attrs, "NumberOfComponents", 1, tag="<Points> array") != 3:
+            raise CorruptVtkXml("points without 3 components")
         self._pts = pts[0]
         off_a = _pick(arrays, cells_tag, "offsets")
         con_a = _pick(arrays, cells_tag, "connectivity")
         if self._n_main and (len(off_a) != 1 or len(con_a) != 1):
-            raise UnsupportedVtkXml(f"<{cells_tag}> without one offsets and one connectivity")
+            raise CorruptVtkXml(f"<{cells_tag}> without one offsets and one connectivity")
         self._off = off_a[0] if self._n_main else None
         self._con = con_a[0] if self._n_main else None
         self._cells = {a.attrs.get("Name", ""): a for a in reversed(_pick(arrays, "CellData"))}
@@ -628,30 +748,66 @@ class VtkXmlFile:
 
     # ------------------------------------------------------------------ whole arrays
     def _components(self, name: str) -> int:
-        comps = int(self._cells[name].attrs.get("NumberOfComponents", 1))
+        tag = f"cell array {name!r}"
+        comps = _int_attr(self._cells[name].attrs, "NumberOfComponents", 1, tag=tag)
         if comps < 1:
-            raise UnsupportedVtkXml(f"cell array {name!r}: NumberOfComponents={comps}")
+            raise CorruptVtkXml(f"{tag}: NumberOfComponents={comps}")
         return comps
 
     def _checked_offsets(self, ends: np.ndarray) -> np.ndarray:
         """Full ``(n + 1,)`` offsets from the file's end offsets, checked monotone."""
-        ends = _native(ends)
-        if ends.size and (ends[0] < 0 or np.any(ends[1:] < ends[:-1])):
-            raise UnsupportedVtkXml("offsets not increasing")
+        if ends.dtype.kind not in "iu":
+            raise CorruptVtkXml(f"offsets of type {ends.dtype}, not integers")
         full = np.empty(ends.size + 1, dtype=np.int64)
         full[0] = 0
-        full[1:] = ends
+        full[1:] = ends  # (a UInt64 past 2**63 wraps negative: caught below)
+        bad = np.flatnonzero(full[1:] < full[:-1])
+        if bad.size:
+            i = int(bad[0])
+            raise CorruptVtkXml(
+                f"offsets decrease at cell {i} ({int(full[i])} -> {int(full[i + 1])})"
+            )
         return full
 
     def _check_ids(self, conn: np.ndarray) -> None:
-        if conn.size and (int(conn.min()) < 0 or int(conn.max()) >= self.n_points):
-            raise UnsupportedVtkXml("connectivity refers to points that do not exist")
+        if conn.dtype.kind not in "iu":
+            raise CorruptVtkXml(f"connectivity of type {conn.dtype}, not integers")
+        if conn.size:
+            lo, hi = int(conn.min()), int(conn.max())
+            if lo < 0 or hi >= self.n_points:
+                bad = lo if lo < 0 else hi
+                raise CorruptVtkXml(
+                    f"connectivity refers to point {bad}, but the file has {self.n_points} "
+                    "points (NumberOfPoints)"
+                )
+
+    def check(self, names: Iterable[str] = ()) -> None:
+        """Check the declared sizes of the points, the offsets and the cell arrays ``names``
+        (those present) against the counts and the file, decoding nothing; call it before
+        allocating outputs sized by :attr:`n_cells` or :attr:`n_points`.
+
+        Raises
+        ------
+        CorruptVtkXml
+            Naming the file and the array whose size does not add up.
+        UnsupportedVtkXml
+            An array in a layout this reader does not decode.
+        """
+        with self._named():
+            self._dec.check(self._pts, 3 * self.n_points, "points")
+            if self._off is not None:
+                self._dec.check(self._off, self._n_main, "offsets")
+            for name in names:
+                if name in self._cells:
+                    count = self._components(name) * self.n_cells
+                    self._dec.check(self._cells[name], count, f"cell array {name!r}")
 
     def points(self) -> np.ndarray:
         """``(n_points, 3)`` in the file's precision."""
-        pts = self._dec.array(self._pts, 3 * self.n_points, "points")
-        self._dec.finish()
-        return _native(pts).reshape(self.n_points, 3)
+        with self._named():
+            pts = self._dec.array(self._pts, 3 * self.n_points, "points")
+            self._dec.finish()
+            return _native(pts).reshape(self.n_points, 3)
 
     def offsets(self) -> np.ndarray:
         """``(n + 1,)`` int64: cell ``i`` is ``connectivity[offsets[i]:offsets[i + 1]]``."""
@@ -659,14 +815,19 @@ class VtkXmlFile:
             if self._off is None:
                 self._offsets = np.zeros(1, dtype=np.int64)
             else:
-                ends = self._dec.array(self._off, self._n_main, "offsets")
-                self._dec.finish()
-                self._offsets = self._checked_offsets(ends)
+                with self._named():
+                    ends = self._dec.array(self._off, self._n_main, "offsets")
+                    self._dec.finish()
+                    self._offsets = self._checked_offsets(ends)
         return self._offsets
 
     def read(self, names: Iterable[str]) -> CellMesh:
         """Points, cells and the cell arrays ``names`` (those present), decoded whole; the
         arrays' base64 decoding and decompression overlap on the thread pool."""
+        with self._named():
+            return self._read(names)
+
+    def _read(self, names: Iterable[str]) -> CellMesh:
         dec, n_main, n_cells = self._dec, self._n_main, self.n_cells
         points = dec.array(self._pts, 3 * self.n_points, "points").reshape(self.n_points, 3)
         first = len(dec.futures)
@@ -708,6 +869,10 @@ class VtkXmlFile:
         if rows < 1:
             msg = f"rows={rows} must be >= 1"
             raise ValueError(msg)
+        with self._named():
+            yield from self._pieces(name, rows)
+
+    def _pieces(self, name: str | None, rows: int):
         if name is None:
             if self._con is None:
                 return
@@ -740,7 +905,9 @@ def read_cells(
     Raises
     ------
     UnsupportedVtkXml
-        A feature this reader does not decode, or sizes that do not add up: read with VTK.
+        A feature this reader does not decode (VTK may read the file).
+    CorruptVtkXml
+        The file is damaged (named, with what is wrong); do not hand it to another reader.
     OSError
         The file cannot be opened.
     """

@@ -11,7 +11,7 @@ from vtkmodules import vtkIOXML
 
 from meshshard.pipelines import vtkxml
 from meshshard.pipelines.geometry import vtk_cells
-from meshshard.pipelines.vtkxml import UnsupportedVtkXml, read_cells
+from meshshard.pipelines.vtkxml import CorruptVtkXml, UnsupportedVtkXml, read_cells
 
 
 def _surface() -> pv.PolyData:
@@ -155,7 +155,7 @@ def test_truncated_files_are_refused_not_misread(tmp_path, mode, compressor):
     for frac in (0.05, 0.3, 0.5, 0.8, 0.97, 0.999):
         cut = tmp_path / f"cut{frac}.vtp"
         cut.write_bytes(raw[: int(len(raw) * frac)])
-        with pytest.raises(UnsupportedVtkXml):
+        with pytest.raises(CorruptVtkXml):
             read_cells(cut, ["pMeanTrim", "wss"])
 
 
@@ -166,7 +166,7 @@ def test_damaged_compressed_block_is_refused(tmp_path):
     at = len(raw) - 3000  # inside the last arrays' compressed data
     raw[at : at + 40] = bytes(40)
     path.write_bytes(bytes(raw))
-    with pytest.raises(UnsupportedVtkXml):
+    with pytest.raises(CorruptVtkXml):
         read_cells(path, ["pMeanTrim", "wss"])
 
 
@@ -174,7 +174,7 @@ def test_not_a_vtk_file(tmp_path):
     for text in (b"", b"\x00\xffnot vtk" * 100, b"<?xml version='1.0'?><Other/>"):
         p = tmp_path / "x.vtp"
         p.write_bytes(text)
-        with pytest.raises(UnsupportedVtkXml):
+        with pytest.raises(CorruptVtkXml):
             read_cells(p, [])
 
 
@@ -187,7 +187,7 @@ def test_out_of_range_vertex_ids_are_refused(tmp_path):
     at = raw.rfind(conn)
     raw[at : at + 24] = np.array([0, 1, 7], dtype="<i8").tobytes()
     path.write_bytes(bytes(raw))
-    with pytest.raises(UnsupportedVtkXml, match="points that do not exist"):
+    with pytest.raises(CorruptVtkXml, match="refers to point 7, but the file has 3 points"):
         read_cells(path, [])
 
 
@@ -205,7 +205,7 @@ def test_damaged_block_header_does_not_allocate_its_claim(tmp_path):
     raw = bytearray(path.read_bytes())
     raw[at + 4 : at + 8] = np.array([2**31 - 1], "<u4").tobytes()  # block size
     path.write_bytes(bytes(raw))
-    with pytest.raises(UnsupportedVtkXml, match="connectivity: .* bytes, expected"):
+    with pytest.raises(CorruptVtkXml, match="connectivity: .* bytes, expected"):
         read_cells(path, [])
 
 
