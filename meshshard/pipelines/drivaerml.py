@@ -7,9 +7,17 @@ centres, normals, areas and non-dimensional fields, volume cell centres and fiel
 
 Reading. VTK XML files (``.vtp``, ``.vtu``) are read by :mod:`meshshard.pipelines.vtkxml`,
 which decodes only the points, the cells and the arrays named in the schema, decompressing in
-parallel; files it does not decode (ASCII, LZ4, several pieces, damaged files) and
-other formats go through VTK with every other array disabled before the file is parsed. Set
-``MESHSHARD_READER=vtk`` to send every file through VTK.
+parallel; files in a layout it does not decode (ASCII, LZ4, several pieces) and other formats
+go through VTK with every other array disabled before the file is parsed. A file meshshard's
+reader finds damaged is never handed to VTK (whose readers can crash or allocate without bound
+on one): it fails with a :class:`~meshshard.pipelines.errors.InputFileError` naming the file.
+Set ``MESHSHARD_READER=vtk`` to send every file through VTK.
+
+Validation. Whichever reader was used, what it returns is checked before anything is computed
+or written: point coordinates finite, offsets starting at 0, non-decreasing and ending at the
+connectivity's length, vertex ids in range, every cell array one row per cell; fields finite
+(or, with ``drop_nan``, the cells holding NaN/inf dropped). Every failure is an
+:class:`~meshshard.pipelines.errors.InputFileError` whose message starts with the file.
 
 Memory. A surface's arrays are decoded whole. A volume is streamed (through meshshard's
 reader): its fields and connectivity are decoded a few pieces at a time, so besides the output
@@ -32,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from meshshard.pipelines.errors import InputFileError
 from meshshard.pipelines.geometry import (
     cell_centres,
     polygon_geometry,
@@ -177,10 +186,10 @@ READER_ENV = "MESHSHARD_READER"
 _XML_READERS = {".vtp": "vtkXMLPolyDataReader", ".vtu": "vtkXMLUnstructuredGridReader"}
 
 
-def _corrupt(path: Path, exc: BaseException) -> ValueError:
+def _corrupt(path: Path, exc: BaseException) -> InputFileError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     msg = f"{path}: truncated or corrupt VTK file ({first[:300]}); re-export or re-download it"
-    return ValueError(msg)
+    return InputFileError(msg, path)
 
 
 def _own_reader(path: Path, suffixes) -> bool:
@@ -191,7 +200,7 @@ def _own_reader(path: Path, suffixes) -> bool:
 def _require_cells(path: Path, mesh) -> None:
     if mesh is None or mesh.n_cells == 0:
         msg = f"{path}: has 0 cells; the file is empty, truncated or not a cell mesh"
-        raise ValueError(msg)
+        raise InputFileError(msg, path)
 
 
 def _read_cells(
@@ -201,8 +210,9 @@ def _read_cells(
     the specs present.
 
     VTK XML files go through meshshard's own reader (:mod:`meshshard.pipelines.vtkxml`: only
-    the named arrays are decoded, in parallel); a file it does not decode -- ASCII data, LZ4,
-    several pieces, a damaged file -- is read by VTK, whose verdict then stands.
+    the named arrays are decoded, in parallel); a file in a layout it does not decode -- ASCII
+    data, LZ4, several pieces -- is read by VTK. A damaged file raises
+    :class:`~meshshard.pipelines.vtkxml.CorruptVtkXml` and never reaches VTK.
     """
     if _own_reader(path, _XML_READERS):
         try:
@@ -210,18 +220,69 @@ def _read_cells(
         except UnsupportedVtkXml as exc:
             log.debug("%s: read with VTK (%s)", path, exc)
         else:
-            if mesh.n_cells and all(s.name in mesh.cell_data for s in specs if s.required):
-                return _checked(path, mesh, specs)
-            # an error to report: VTK's reading of the file decides it
-            log.debug("%s: read with VTK (no cells or a field missing)", path)
+            return _checked(path, mesh, specs)
     return _checked(path, _read_vtk(path, specs, polys), specs)
 
 
 def _checked(
     path: Path, mesh: CellMesh, specs: tuple[FieldSpec, ...]
 ) -> tuple[CellMesh, tuple[FieldSpec, ...]]:
-    """``mesh`` (never empty: both readers refuse zero cells) and the specs it holds."""
-    return mesh, _fields_present(path, specs, mesh.cell_data, mesh.cell_array_names)
+    """``mesh`` after :func:`validate_cells`, and the specs it holds."""
+    _require_cells(path, mesh)
+    present = _fields_present(path, specs, mesh.cell_data, mesh.cell_array_names)
+    validate_cells(path, mesh)
+    return mesh, present
+
+
+def _bad_points(path: Path, points: np.ndarray) -> None:
+    """An error unless ``points`` is (n, 3) with finite coordinates."""
+    if points.ndim != 2 or points.shape[1] != 3:
+        msg = f"{path}: points of shape {points.shape}, expected (n, 3)"
+        raise InputFileError(msg, path)
+    if points.size and not np.isfinite(points.sum(dtype=np.float64)):
+        bad = ~np.isfinite(points).all(axis=1)
+        if bad.any():
+            msg = (
+                f"{path}: {int(bad.sum())} of {points.shape[0]} points have non-finite (NaN/inf) "
+                f"coordinates (first: point {int(np.flatnonzero(bad)[0])}); the mesh is damaged"
+            )
+            raise InputFileError(msg, path)
+
+
+def validate_cells(path: str | Path, mesh: CellMesh) -> None:
+    """Check what a reader returned (meshshard's or VTK's) before anything is computed from it.
+
+    Checks: points (n, 3) and finite; offsets start at 0, never decrease and end at the
+    connectivity's length; vertex ids in ``[0, n_points)``; every cell array has one row per
+    cell. Field values are checked later (NaN policy).
+
+    Raises
+    ------
+    InputFileError
+        Naming ``path`` and what is wrong.
+    """
+    path = Path(path)
+    points, off, conn = mesh.points, np.asarray(mesh.offsets), np.asarray(mesh.connectivity)
+    _bad_points(path, points)
+    problem = None
+    if off.ndim != 1 or off.size < 1 or (off.size and int(off[0]) != 0):
+        problem = f"cell offsets must start at 0 (found {off[:1].tolist()})"
+    elif np.any(off[1:] < off[:-1]):
+        i = int(np.flatnonzero(off[1:] < off[:-1])[0])
+        problem = f"cell offsets decrease at cell {i} ({int(off[i])} -> {int(off[i + 1])})"
+    elif int(off[-1]) != conn.size:
+        problem = f"cell offsets end at {int(off[-1])}, but the connectivity has {conn.size} ids"
+    elif conn.size and (int(conn.min()) < 0 or int(conn.max()) >= points.shape[0]):
+        bad = int(conn.min()) if int(conn.min()) < 0 else int(conn.max())
+        problem = f"a cell refers to point {bad}, but the mesh has {points.shape[0]} points"
+    else:
+        for name, arr in mesh.cell_data.items():
+            if arr.shape[0] != mesh.n_cells:
+                problem = f"cell array {name!r} has {arr.shape[0]} rows for {mesh.n_cells} cells"
+                break
+    if problem is not None:
+        msg = f"{path}: {problem}; the mesh is damaged, re-export or re-download it"
+        raise InputFileError(msg, path)
 
 
 def _fields_present(
@@ -236,7 +297,7 @@ def _fields_present(
             "Fix the file or name its fields with DatasetSchema(surface_fields=..., "
             "volume_fields=...)"
         )
-        raise ValueError(msg)
+        raise InputFileError(msg, path)
     return tuple(s for s in specs if s.name in have)
 
 
@@ -343,7 +404,7 @@ def _fields(
                     f"{path}: field {s.name!r} has {arr.shape[1]} components, the schema "
                     f"expects {s.components}; fix FieldSpec({s.name!r}, components=...)"
                 )
-                raise ValueError(msg)
+                raise InputFileError(msg, path)
             r1 = r0 + arr.shape[0]
             # straight into the output columns: no temporary of the whole field
             if rows is None:
@@ -380,12 +441,40 @@ def _nan_rows(path: Path, fields: np.ndarray, columns: dict, drop_nan: bool) -> 
             f"{path}: non-finite (NaN/inf) field values in {desc} of {fields.shape[0]}; "
             "pass drop_nan=True (meshshard preprocess --drop-nan) to drop those cells"
         )
-        raise ValueError(msg)
+        raise InputFileError(msg, path)
     return np.flatnonzero(~bad.any(axis=1))
 
 
+def _binary_stl_problem(path: Path) -> str | None:
+    """What is wrong with a binary STL whose triangles VTK did not return (None: not binary,
+    or nothing found)."""
+    size = path.stat().st_size
+    if size < 84:
+        return None
+    with open(path, "rb") as fh:
+        fh.seek(80)
+        count = int(np.frombuffer(fh.read(4), "<u4")[0])
+        if 84 + 50 * count != size:
+            return None  # not a binary STL (or a damaged one VTK has spoken about)
+        rec = np.dtype([("normal", "<f4", 3), ("v", "<f4", (3, 3)), ("attr", "<u2")])
+        tri = np.fromfile(fh, rec, count)
+    bad = ~np.isfinite(tri["v"]).all(axis=(1, 2))
+    if bad.any():
+        return (
+            f"{int(bad.sum())} of {count} triangles have non-finite (NaN/inf) vertices "
+            f"(first: triangle {int(np.flatnonzero(bad)[0])})"
+        )
+    return None
+
+
 def read_stl(path: str | Path) -> StlData:
-    """Read an STL body (triangulated if needed)."""
+    """Read an STL body (triangulated if needed).
+
+    Raises
+    ------
+    InputFileError
+        Damaged or empty file, non-finite vertices, vertex ids out of range (named).
+    """
     import pyvista as pv
 
     path = Path(path)
@@ -395,14 +484,22 @@ def read_stl(path: str | Path) -> StlData:
             mesh = pv.read(str(path))
     except (RuntimeError, OSError) as exc:
         msg = f"{path}: truncated or corrupt STL file ({str(exc).strip()[:300]})"
-        raise ValueError(msg) from exc
+        raise InputFileError(msg, path) from exc
     if mesh.n_cells == 0:
-        msg = f"{path}: has 0 triangles; the file is empty or truncated"
-        raise ValueError(msg)
+        problem = _binary_stl_problem(path)
+        if problem is not None:
+            msg = f"{path}: {problem}; the STL is damaged, re-export it"
+        else:
+            msg = f"{path}: has 0 triangles; the file is empty or truncated"
+        raise InputFileError(msg, path)
     if not mesh.is_all_triangles:
         mesh = mesh.triangulate()
     points = np.asarray(mesh.points, dtype=np.float32)
     offsets, conn = vtk_cells(mesh.GetPolys())
+    if offsets.size - 1 != mesh.n_cells:
+        msg = f"{path}: {mesh.n_cells - offsets.size + 1} cells are not triangles"
+        raise InputFileError(msg, path)
+    validate_cells(path, CellMesh(points, offsets, conn, {}, []))
     centers, _, areas = polygon_geometry(points, offsets, conn)
     return StlData(
         coordinates=points,
@@ -515,15 +612,21 @@ def _volume_streamed(
 ) -> VolumeData:
     """:func:`read_volume` from pieces of the file: besides the output it holds the points,
     the offsets and a few pieces, never the whole connectivity or the whole fields."""
-    if f.kind != "UnstructuredGrid" or f.n_cells == 0:
-        raise UnsupportedVtkXml("not an unstructured grid with cells")  # VTK's verdict stands
+    if f.kind != "UnstructuredGrid":
+        msg = f"{path}: holds {f.kind}, not an UnstructuredGrid; a volume file must be a .vtu grid"
+        raise InputFileError(msg, path)
+    if f.n_cells == 0:
+        msg = f"{path}: has 0 cells; the file is empty, truncated or not a cell mesh"
+        raise InputFileError(msg, path)
     names = f.cell_array_names
-    if any(s.required and s.name not in names for s in schema.volume_fields):
-        raise UnsupportedVtkXml("a field is missing")  # VTK's reading decides the error
-    specs = tuple(s for s in schema.volume_fields if s.name in names)
+    specs = _fields_present(path, schema.volume_fields, names, names)
+    # the declared sizes against the counts and the file, before outputs sized by them exist
+    f.check([s.name for s in specs])
+    f.offsets()
 
     def centres(cells: np.ndarray | None) -> np.ndarray:
         points = f.points()
+        _bad_points(path, points)
         return streamed_centres(points, f.offsets(), f.pieces(None, _PIECE_IDS), cells)
 
     return _volume(
@@ -626,6 +729,18 @@ def read_run(
         stl = read_stl(stl_path)
         sources["stl"] = file_fingerprint(stl_path)
     length = schema.length if schema.length is not None else (stl.length if stl else None)
+    read_specs = (schema.surface_fields if surface else ()) + (
+        schema.volume_fields if volume else ()
+    )
+    uses_length = any(s.kind == "nut" for s in read_specs)
+    if schema.length is None and stl is not None and uses_length and not (
+        np.isfinite(length) and length > 0
+    ):
+        msg = (
+            f"{stl_path}: the body's extent along x is {length}, so it gives no length scale for "
+            "nut; fix the STL or set DatasetSchema(length=...)"
+        )
+        raise InputFileError(msg, stl_path)
     surf = vol = None
     if surface:
         p = run_dir / schema.surface_file.format(i=i)

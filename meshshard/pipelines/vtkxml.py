@@ -64,7 +64,7 @@ class CorruptVtkXml(InputFileError):
         self.detail = detail
         msg = detail
         if path is not None:
-            msg = f"{path}: corrupt VTK XML file ({detail}); re-export or re-download it"
+            msg = f"{path}: truncated or corrupt VTK XML file ({detail}); re-export it"
         super().__init__(msg, path)
 
 
