@@ -25,6 +25,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     add_geometry_args(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--png", metavar="FILE", help="render the shards to a PNG (off-screen)")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="STORE: recompute the crc32 of every chunk file against the store's record "
+        "(exit status 2 and the first difference when it is damaged)",
+    )
 
 
 def _format_tree(d: dict, indent: int = 0) -> list[str]:
@@ -54,7 +60,14 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
     from meshshard.partition import knn_graph
     from meshshard.partition.report import format_report, render_png, report
 
+    verified = None
+    if args.verify:
+        from meshshard.pipelines.store import verify_store
+
+        verified = verify_store(path)  # StoreError (a ValueError): exit 2, naming the damage
     summary = inspect_store(path)
+    if verified is not None:
+        summary["verified"] = verified
     out: dict = {"store": summary}
     shown = None
     for name in ("surface", "volume"):

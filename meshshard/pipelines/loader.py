@@ -21,6 +21,7 @@ from meshshard.pipelines.store import (
     VOLUME_KEYS,
     StoreError,
     open_store,
+    read_array,
 )
 
 __all__ = ["ShardedRunDataset", "load_halo", "load_shard", "rank_rows"]
@@ -133,13 +134,14 @@ def load_shard(
             raise StoreError(msg) if k.startswith(part) else ValueError(msg)
     dev = _device(mesh, device)
     if part == "stl":
-        return {k: torch.from_numpy(np.asarray(group[k][...])).to(dev) for k in keys}
+        return {k: torch.from_numpy(read_array(group, store, k)).to(dev) for k in keys}
     ptr = rank_rows(attrs[part]["partition_ptr"], world_size, store=str(store))
     sizes = np.diff(ptr).tolist()
     lo, hi = int(ptr[rank]), int(ptr[rank + 1])
     out: dict[str, Any] = {}
     for k in keys:
-        local = torch.from_numpy(np.ascontiguousarray(group[k][lo:hi])).to(dev)
+        local = torch.from_numpy(np.ascontiguousarray(read_array(group, store, k, slice(lo, hi))))
+        local = local.to(dev)
         if mesh is None:
             out[k] = local
         else:
@@ -170,10 +172,17 @@ def load_halo(store: str | Path, rank: int, *, part: str = "surface") -> dict[st
         raise ValueError(msg)
     out = {}
     for side in ("send", "recv"):
-        split = np.asarray(group[f"{part}_halo_{side}_split"][...])
-        out[f"{side}_ptr"] = np.asarray(group[f"{part}_halo_{side}_ptr"][rank])
-        out[f"{side}_idx"] = np.asarray(
-            group[f"{part}_halo_{side}_idx"][int(split[rank]) : int(split[rank + 1])]
+        key = f"{part}_halo_{side}"
+        split = read_array(group, store, f"{key}_split")
+        n_idx = attrs["arrays"][f"{key}_idx"][0]
+        if split.shape != (nparts + 1,) or split[0] != 0 or split[-1] != n_idx or (
+            np.diff(split) < 0
+        ).any():
+            msg = f"{store}: {key}_split is not a pointer over {nparts} parts into {n_idx} rows"
+            raise StoreError(msg)
+        out[f"{side}_ptr"] = read_array(group, store, f"{key}_ptr", rank)
+        out[f"{side}_idx"] = read_array(
+            group, store, f"{key}_idx", slice(int(split[rank]), int(split[rank + 1]))
         )
     return out
 
