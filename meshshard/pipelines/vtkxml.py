@@ -322,7 +322,10 @@ class _Decoder:
     @staticmethod
     def _check_size(size: int, dt: np.dtype, count: int, what: str) -> None:
         if size != count * dt.itemsize:
-            raise CorruptVtkXml(f"{what}: {size} bytes, expected {count * dt.itemsize}")
+            raise CorruptVtkXml(
+                f"{what}: {size} bytes, expected {count * dt.itemsize} ({count} values of "
+                f"{dt.itemsize} bytes, from the counts in the XML)"
+            )
 
     def _blocks(self, start: int, base64: bool, nbytes: int, what: str) -> _Blocks:
         """The block table of a compressed array (header [nblocks, blocksize, lastsize,
