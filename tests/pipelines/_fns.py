@@ -51,3 +51,17 @@ def load_sharded(rank: int, world_size: int, store: str) -> dict:
 
 def stack(results: list[dict], key: str) -> np.ndarray:
     return np.concatenate([r[key] for r in results])
+
+
+def load_sharded_error(rank: int, world_size: int, store: str) -> str:
+    """Each rank loads a damaged store with a DeviceMesh; returns the error message."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.pipelines import StoreError, load_shard
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    try:
+        load_shard(store, rank, world_size, mesh=mesh, part="surface")
+    except StoreError as exc:
+        return str(exc)
+    return "loaded without error"
