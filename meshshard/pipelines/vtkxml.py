@@ -628,6 +628,13 @@ def _int_attr(
     return v
 
 
+def _plausible(count: int, key: str, file_size: int) -> None:
+    """A count no file of ``file_size`` bytes can hold (each value takes at least 1/1032 of a
+    byte even zlib-compressed; 1/65536 is allowed for any compressor) is damage."""
+    if count > (file_size + 1024) * 65536:
+        raise CorruptVtkXml(f"{key}={count} cannot fit in a file of {file_size} bytes")
+
+
 def _pick(arrays: Iterable[_Array], parent: str, name: str | None = None) -> list[_Array]:
     return [
         a
@@ -699,11 +706,11 @@ class VtkXmlFile:
             raise CorruptVtkXml(f"type={kind!r} is not a VTK dataset type")
         if not layout.pieces:
             raise CorruptVtkXml("no <Piece>: the file holds no mesh")
+        for piece in layout.pieces:  # counts VTK would allocate by: sane before any hand-off
+            for key in ("NumberOfPoints", "NumberOfCells", "NumberOfPolys", "NumberOfVerts",
+                        "NumberOfLines", "NumberOfStrips"):  # fmt: skip
+                _plausible(_int_attr(piece, key, 0), key, len(self._mm))
         if len(layout.pieces) != 1:
-            for piece in layout.pieces:  # the counts VTK would allocate must be sane first
-                _int_attr(piece, "NumberOfPoints", 0)
-                _int_attr(piece, "NumberOfCells", 0)
-                _int_attr(piece, "NumberOfPolys", 0)
             raise UnsupportedVtkXml(f"{len(layout.pieces)} pieces")
         piece = layout.pieces[0]
         self.kind = kind
