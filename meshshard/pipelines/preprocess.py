@@ -3,7 +3,8 @@
 For every ``SRC/run_<i>/`` the output is ``DST/run_<i>.zarr``. A run is written under
 ``run_<i>.zarr.tmp-<pid>`` and renamed when finished, so a crash never leaves a partial store
 under the final name. A rerun skips a run only when its store is verified up to date: complete
-attributes, every array present with the recorded shape, the source files' fingerprints equal
+attributes, every array present with the recorded shape and its chunk files present with their
+recorded sizes (the store's integrity record), the source files' fingerprints equal
 (size, mtime, sha256 of the first and last MiB) and the same options; it removes the crashed
 run's temporaries and writes again otherwise.
 
