@@ -275,3 +275,18 @@ def test_stl_with_one_nan_vertex_says_so(tmp_path):
     with pytest.raises(InputFileError, match=r"drivaer_1\.stl: 1 of \d+ triangles have "
                        r"non-finite \(NaN/inf\) vertices \(first: triangle 0\)"):  # fmt: skip
         read_stl(run.stl)
+
+
+@pytest.mark.parametrize("case", ["conn_minus_1", "offset_minus_8"])
+def test_no_store_is_written_from_a_damaged_file(tmp_path, damaged, case):
+    """What VTK accepted silently (wrong centres, pressures of 1e15) now fails the run,
+    naming the file, and leaves no store behind."""
+    from meshshard.pipelines import preprocess_runs
+
+    run = tmp_path / "src" / "run_1"
+    run.mkdir(parents=True)
+    (run / "boundary_1.vtp").write_bytes(damaged[case].read_bytes())
+    res = preprocess_runs(tmp_path / "src", tmp_path / "out", parts=2, volume=False)
+    assert [r.status for r in res] == ["failed"]
+    assert res[0].message.startswith("CorruptVtkXml: ") and "boundary_1.vtp: " in res[0].message
+    assert not list((tmp_path / "out").iterdir())
