@@ -267,6 +267,7 @@ def test_stl_with_all_x_equal_names_the_file(tmp_path):
     read_run(run.run_dir, volume=False)  # the surface fields need no length: fine
 
 
+@pytest.mark.filterwarnings("ignore:The VTK reader:UserWarning")  # VTK's own complaint
 def test_stl_with_one_nan_vertex_says_so(tmp_path):
     def nan(raw):
         raw[84 + 12 : 84 + 16] = np.array([np.nan], "<f4").tobytes()
