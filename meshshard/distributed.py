@@ -178,9 +178,9 @@ def init(
     _backend_env(backend)
     _use_timeout_for_new_groups(td)
     if "RANK" in os.environ:
-        dist.init_process_group(backend, timeout=td)
         if "nccl" in backend:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=td)
     else:  # plain `python script.py`: a world of one
         store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=td)
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=td)

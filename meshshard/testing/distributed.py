@@ -393,7 +393,7 @@ def _trim_stack(text: str) -> str:
     """Drop the harness' own frames (multiprocessing start-up and ``_worker``)."""
     keep = [
         ln for ln in text.splitlines()
-        if not any(m in ln for m in ("multiprocessing/", "testing/distributed.py", "<frozen "))
+        if not any(m in ln for m in ("multiprocessing/", "testing/distributed.py", '"<'))
     ]
     return "\n".join(keep)
 
