@@ -143,6 +143,8 @@ def _worker(
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         start = _dt.timedelta(seconds=timeout_s)
         pg_timeout = _dt.timedelta(seconds=pg_timeout_s)
         _backend_env(backend)
@@ -154,11 +156,13 @@ def _worker(
             backend, store=store, rank=rank, world_size=world_size,
             timeout=start if set_later else pg_timeout,
         )
+        # every rank fully connected before any can run ``fn`` and exit: once, on a loaded
+        # machine, a rank whose ``fn`` returned at once left while its peer was still in
+        # gloo's connectFullMesh ("Connection closed by peer")
+        dist.barrier()
         if set_later:
             c10d._set_pg_timeout(pg_timeout)
         _use_timeout_for_new_groups(pg_timeout)
-        if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
         out = fn(rank, world_size, *args)
         try:
             payload = pickle.dumps(out)
