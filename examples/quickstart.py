@@ -5,17 +5,15 @@
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from meshshard import ops
-from meshshard.distributed import shutdown
+from meshshard.distributed import init, shutdown
 from meshshard.models import Transolver
 from meshshard.partition import knn_graph, partition
 from meshshard.shardtensor import Shard, from_local
 
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
+rank, world = init("gloo")  # collectives fail after MESHSHARD_TIMEOUT s (default 5 min)
 mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
 
 # 1. every rank cuts the same cloud the same way (deterministic); shards are uneven on purpose

@@ -18,9 +18,7 @@ Without torchrun it runs as one process (world size 1).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -28,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from meshshard.distributed import shutdown
+from meshshard.distributed import check_collective, init, shutdown
 from meshshard.train import (
     TrainConfig,
     load_checkpoint,
@@ -59,17 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def setup() -> tuple[int, int]:
-    if "RANK" not in os.environ:  # plain `python train_drivaerml.py`: a world of one
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-        store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, store=store, rank=0, world_size=1)
-    else:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=dt.timedelta(minutes=10))
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    return dist.get_rank(), dist.get_world_size()
+    # under torchrun: join it; plain `python train_drivaerml.py`: a world of one. Collectives
+    # fail after MESHSHARD_TIMEOUT seconds (default 5 minutes) instead of hanging
+    return init()
 
 
 def main(argv=None) -> int:
@@ -133,6 +123,7 @@ def main(argv=None) -> int:
         if dp > 1:  # average over the data axis, like DDP
             for p in model.parameters():
                 if p.grad is not None:
+                    check_collective("all_reduce", data_group, p.grad, detail="sum: grads")
                     dist.all_reduce(p.grad, group=data_group)
                     p.grad /= dp
         opt.step()
@@ -142,6 +133,7 @@ def main(argv=None) -> int:
         if rank == 0 and ((step + 1) % args.checkpoint_every == 0 or step + 1 == cfg.steps):
             save_checkpoint(args.checkpoint, model, opt, step + 1, cfg,
                             extra={"target_scale": {k: v.tolist() for k, v in scale.items()}})
+        check_collective("barrier", detail="after the checkpoint")  # debug mode only
         dist.barrier()
     if val_runs:
         errs = []

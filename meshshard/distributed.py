@@ -1,14 +1,191 @@
-"""Process-group helpers for scripts run under torchrun."""
+"""Process-group helpers for scripts run under torchrun: start (:func:`init`, with meshshard's
+collective timeout) and end (:func:`shutdown`).
+
+Timeout: every process group meshshard creates (``init``, ``meshshard.testing.run_ranks``) and
+every group created after ``init`` (DeviceMesh sub-groups included) ends a collective that some
+rank never joins after :func:`collective_timeout`: the ``timeout`` argument, else
+``MESHSHARD_TIMEOUT`` (seconds) from the environment, else 5 minutes (torch's own default is 30
+minutes for gloo, 10 for NCCL). On gloo the stuck collective raises on the waiting ranks; on
+NCCL ``init`` keeps torch's asynchronous error handling on, so the watchdog ends the process
+with the timed-out op in its log (and in debug mode sets ``TORCH_NCCL_BLOCKING_WAIT`` so the
+error is raised in the caller instead).
+
+Debug mode: ``MESHSHARD_DEBUG_COLLECTIVES=1`` makes meshshard's collectives agree on each call
+first (see :mod:`meshshard.collective_check`).
+"""
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
+import math
 import os
 import sys
+from collections.abc import Mapping
 
 import torch.distributed as dist
 
-__all__ = ["shutdown"]
+from meshshard.collective_check import (
+    DEBUG_ENV,
+    CollectiveMismatchError,
+    CollectiveWaitError,
+    check_collective,
+    debug_enabled,
+    set_debug,
+)
+
+__all__ = [
+    "DEBUG_ENV",
+    "DEFAULT_TIMEOUT_S",
+    "TIMEOUT_ENV",
+    "CollectiveMismatchError",
+    "CollectiveWaitError",
+    "check_collective",
+    "collective_timeout",
+    "debug_enabled",
+    "init",
+    "set_debug",
+    "shutdown",
+]
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_ENV = "MESHSHARD_TIMEOUT"
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def collective_timeout(
+    timeout: float | _dt.timedelta | None = None, *, environ: Mapping[str, str] | None = None
+) -> _dt.timedelta:
+    """How long a collective waits for the other ranks before it fails.
+
+    Parameters
+    ----------
+    timeout : float (seconds) or timedelta, optional
+        Wins when given.
+    environ : mapping, optional
+        Where to read ``MESHSHARD_TIMEOUT`` (seconds); default ``os.environ``.
+
+    Returns
+    -------
+    timedelta
+        ``timeout``, else ``MESHSHARD_TIMEOUT``, else :data:`DEFAULT_TIMEOUT_S` (5 minutes).
+
+    Raises
+    ------
+    ValueError
+        If the value is not a positive finite number of seconds (the message names where it
+        came from).
+    """
+    source = "timeout"
+    if timeout is None:
+        raw = (os.environ if environ is None else environ).get(TIMEOUT_ENV, "").strip()
+        if not raw:
+            return _dt.timedelta(seconds=DEFAULT_TIMEOUT_S)
+        source = TIMEOUT_ENV
+        try:
+            timeout = float(raw)
+        except ValueError:
+            msg = f"{TIMEOUT_ENV}={raw!r} must be a number of seconds, e.g. {TIMEOUT_ENV}=120"
+            raise ValueError(msg) from None
+    secs = timeout.total_seconds() if isinstance(timeout, _dt.timedelta) else float(timeout)
+    if not (math.isfinite(secs) and secs > 0):
+        msg = f"{source}={timeout!r} must be a positive, finite number of seconds"
+        raise ValueError(msg)
+    return _dt.timedelta(seconds=secs)
+
+
+def _use_timeout_for_new_groups(timeout: _dt.timedelta) -> None:
+    """Make ``timeout`` the default of groups created later in this process (``new_group``
+    and DeviceMesh sub-groups, which torch otherwise gives its 30-minute default)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    c10d.default_pg_timeout = timeout
+    if getattr(c10d, "default_pg_nccl_timeout", None) is not None:
+        c10d.default_pg_nccl_timeout = timeout
+
+
+def _backend_env(backend: str) -> None:
+    """Environment the backend reads at group creation so that a timeout ends the wait
+    (only defaults: what the user set wins)."""
+    if "nccl" in backend:
+        # watchdog aborts a timed-out collective and ends the process (torch's default; a
+        # cluster profile that turned it off would turn timeouts back into hangs)
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+        if debug_enabled():
+            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+
+
+def _dump_stack_on_sigterm() -> None:
+    """When torchrun stops the job after one rank failed, it sends SIGTERM to the others:
+    print where each was (the rank that never arrived shows it) before the default action."""
+    import faulthandler
+    import signal
+    import threading
+
+    sigterm = getattr(signal, "SIGTERM", None)
+    if (
+        sigterm is None
+        or not hasattr(faulthandler, "register")
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(sigterm) is not signal.SIG_DFL
+    ):
+        return
+    faulthandler.register(sigterm, file=sys.stderr, all_threads=True, chain=True)
+
+
+def init(
+    backend: str | None = None, *, timeout: float | _dt.timedelta | None = None
+) -> tuple[int, int]:
+    """Initialise the default process group with meshshard's collective timeout.
+
+    Under torchrun (``RANK`` in the environment) it joins torchrun's rendezvous; otherwise it
+    makes a world of one (rank 0) on a free local port. Collective: every rank must call this.
+
+    Parameters
+    ----------
+    backend : str, optional
+        ``"gloo"`` or ``"nccl"``; default NCCL when CUDA is available, else gloo.
+    timeout : float (seconds) or timedelta, optional
+        Collective timeout; default ``MESHSHARD_TIMEOUT``, else 5 minutes
+        (:func:`collective_timeout`). Groups created later (a DeviceMesh's) get it too.
+
+    Returns
+    -------
+    (rank, world_size)
+
+    Raises
+    ------
+    ValueError
+        If the timeout (argument or ``MESHSHARD_TIMEOUT``) is not a positive number.
+
+    Notes
+    -----
+    Also prints every thread's Python stack to stderr when the process gets SIGTERM (how
+    torchrun stops the other ranks after one failed), so the log shows where a stuck rank
+    was; this is skipped when the script installed its own SIGTERM handler.
+    """
+    import torch
+
+    td = collective_timeout(timeout)
+    if dist.is_initialized():
+        log.debug("meshshard.distributed.init: already initialised; only the timeout is set")
+        _use_timeout_for_new_groups(td)
+        return dist.get_rank(), dist.get_world_size()
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    set_debug(None)
+    _backend_env(backend)
+    _use_timeout_for_new_groups(td)
+    if "RANK" in os.environ:
+        if "nccl" in backend:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=td)
+    else:  # plain `python script.py`: a world of one
+        store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=td)
+        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=td)
+    _dump_stack_on_sigterm()
+    return dist.get_rank(), dist.get_world_size()
 
 
 def shutdown(exit_code: int | None = None) -> None:
@@ -35,6 +212,7 @@ def shutdown(exit_code: int | None = None) -> None:
 
 
 def _destroy_groups() -> None:
+    check_collective("barrier", None, detail="meshshard.distributed.shutdown")
     dist.barrier()
     from torch.distributed import distributed_c10d as c10d
 

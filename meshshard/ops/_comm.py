@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from meshshard.collective_check import check_collective
+
 # torch >= 2.12 renamed all_gather_into_tensor (which now warns) to all_gather_single
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -54,6 +56,7 @@ def exchange_counts(
     """
     send = torch.as_tensor(send_counts, dtype=torch.int64).to(device)
     recv = torch.empty_like(send)
+    check_collective("all_to_all_single", group, send, detail="row counts")
     dist.all_to_all_single(recv, send, group=group)
     return [int(v) for v in recv.tolist()]
 
@@ -63,6 +66,7 @@ def _a2a(
 ) -> torch.Tensor:
     x = x.contiguous()
     out = x.new_empty((sum(recv), *x.shape[1:]))
+    check_collective("all_to_all_single", group, x, varying_dim=0)
     dist.all_to_all_single(out, x, recv, send, group=group)
     return out
 
@@ -125,5 +129,6 @@ def all_gather_rows(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.T
     shape = x.shape
     x = x.reshape(1, -1).contiguous()  # gloo wants inputs concatenated along dim 0
     out = x.new_empty((P, x.shape[1]))
+    check_collective("all_gather_into_tensor", group, x)
     _all_gather_single(out, x, group=group)
     return out.reshape(P, *shape)

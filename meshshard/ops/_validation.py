@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from meshshard.collective_check import check_collective
 from meshshard.ops._comm import all_gather_rows
 
 __all__ = ["PointsMeta", "check_points", "check_reduce", "collective_flag"]
@@ -251,6 +252,7 @@ def collective_flag(
     flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64, device=device)
     ranks = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
     ranks[dist.get_rank(group)] = flag[0]
+    check_collective("all_reduce", group, ranks, detail=f"sum: {op} input check")
     dist.all_reduce(ranks, group=group)
     if problem is not None:
         raise ValueError(problem)

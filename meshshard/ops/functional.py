@@ -32,6 +32,7 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+from meshshard.collective_check import check_collective
 from meshshard.ops import kernels
 from meshshard.ops._comm import all_gather_rows, all_to_all, exchange_counts
 from meshshard.ops._regions import knn_forward_mask, radius_send_mask, shard_boxes
@@ -383,6 +384,7 @@ def radius(
         width = max_num_neighbors
     else:
         w = torch.tensor([int(torch.diff(ptr).max()) if m else 0], device=ptr.device)
+        check_collective("all_reduce", group, w, detail="max: radius width")
         dist.all_reduce(w, op=dist.ReduceOp.MAX, group=group)
         width = int(w)
     idx = torch.full((m, width), -1, dtype=torch.int64, device=ptr.device)

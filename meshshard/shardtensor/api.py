@@ -19,6 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
+from meshshard.collective_check import check_collective
 from meshshard.shardtensor.spec import ShardSpec, normalize_placements
 
 __all__ = ["ShardTensor", "from_local", "scatter"]
@@ -292,6 +293,7 @@ def from_local(
                                                    device=shape_t.device)])
             bufs = [torch.empty_like(vec) for _ in range(n)]
             if n > 1:
+                check_collective("all_gather", mesh.get_group(i), vec, detail="local shapes")
                 dist.all_gather(bufs, vec, group=mesh.get_group(i))
             else:
                 bufs = [vec]
@@ -384,6 +386,7 @@ def scatter(
         meta[3 : 3 + tensor.ndim] = torch.tensor(tensor.shape)
     src_global = dist.get_global_rank(group, src) if n > 1 else dist.get_rank()
     if n > 1:
+        check_collective("broadcast", group, meta, detail=f"scatter metadata from {src_global}")
         dist.broadcast(meta, src=src_global, group=group)
     ok, dt, ndim = (int(v) for v in meta[:3].tolist())
     shape = meta[3 : 3 + ndim].tolist()

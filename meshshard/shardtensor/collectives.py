@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from meshshard.collective_check import check_collective
+
 __all__ = [
     "all_gather_v",
     "all_reduce",
@@ -39,6 +41,7 @@ class _AllReduce(torch.autograd.Function):
         out = x.detach().clone().contiguous()
         n = _group_size(group)
         if n > 1:
+            check_collective("all_reduce", group, out, detail=op)
             dist.all_reduce(out, op=_OPS[op], group=group)
         if op == "avg":
             out = out / n
@@ -49,6 +52,7 @@ class _AllReduce(torch.autograd.Function):
             rank = dist.get_rank(group) if n > 1 else 0
             claim = torch.where(hit.bool(), torch.full_like(hit, rank), torch.full_like(hit, n))
             if n > 1:
+                check_collective("all_reduce", group, claim, detail=f"min: {op} owner")
                 dist.all_reduce(claim, op=dist.ReduceOp.MIN, group=group)
             ctx.save_for_backward(claim == rank)
         return out
@@ -79,6 +83,7 @@ class _GradAllReduce(torch.autograd.Function):
         g = g.contiguous().clone()
         for group in ctx.groups:
             if _group_size(group) > 1:
+                check_collective("all_reduce", group, g, detail="sum: gradient")
                 dist.all_reduce(g, group=group)
         return g, None
 
@@ -107,6 +112,7 @@ def _gather_pieces(x: torch.Tensor, dim: int, sizes: Sequence[int], group) -> to
     pad_shape[dim] = m - x.shape[dim]
     padded = torch.cat([x, x.new_zeros(pad_shape)], dim=dim) if pad_shape[dim] else x
     bufs = [torch.empty_like(padded) for _ in range(n)]
+    check_collective("all_gather", group, padded, detail="uneven rows")
     dist.all_gather(bufs, padded.contiguous(), group=group)
     return torch.cat([b.narrow(dim, 0, s) for b, s in zip(bufs, sizes)], dim=dim)
 
@@ -159,6 +165,7 @@ def _a2a(x: torch.Tensor, send: Sequence[int], recv: Sequence[int], group) -> to
     if _group_size(group) == 1:
         out.copy_(x)
         return out
+    check_collective("all_to_all_single", group, x, varying_dim=0)
     dist.all_to_all_single(out, x, list(map(int, recv)), list(map(int, send)), group=group)
     return out
 

@@ -5,7 +5,12 @@ processes, joins them into one gloo (CPU) or NCCL (GPU) process group through a 
 free port (port 0, chosen by the OS), runs ``fn(rank, world_size, *args)`` on each, and returns
 the per-rank results in rank order. When any rank raises, the others are stopped after a short
 grace period and :class:`RankError` carries every rank's traceback; a rank that hangs is killed
-at ``timeout`` seconds. Nothing here mocks the communication layer.
+at ``timeout`` seconds. Before a rank that is still running is killed, its Python stack is
+dumped (``faulthandler``), so the report says per rank: finished, raised, died, or still running
+and where -- and names a rank that never arrived at the collective the others waited in.
+Collectives fail after the collective timeout (``MESHSHARD_TIMEOUT``, at most ``timeout``), so a
+diverging rank ends the run with errors rather than a hang. Nothing here mocks the
+communication layer.
 
 Example
 -------
@@ -26,10 +31,13 @@ import multiprocessing as _mp
 import os
 import pickle
 import queue as _queue
+import shutil
+import signal
 import sys
+import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["RankError", "run_ranks"]
@@ -37,20 +45,43 @@ __all__ = ["RankError", "run_ranks"]
 log = logging.getLogger(__name__)
 
 _GRACE_S = 5.0
+_DUMP_WAIT_S = 3.0
+_STACK_SIGNAL = getattr(signal, "SIGUSR1", None)
+# a rank whose stack shows one of these is waiting inside a collective
+_COLLECTIVE_MARKERS = ("distributed_c10d.py", "collective_check.py")
 
 
 class RankError(RuntimeError):
-    """One or more ranks failed (raised, crashed or timed out).
+    """One or more ranks failed (raised, crashed, or were still running when stopped).
 
     Attributes
     ----------
     failures : dict[int, str]
-        rank -> traceback text (or a description of how it died).
+        rank -> traceback text, or how it died, or (still running) why it was stopped and its
+        Python stack at that moment.
+    status : dict[int, str]
+        rank -> ``"finished"``, ``"raised"``, ``"died"`` or ``"running"`` (every rank).
+    stuck : list[int]
+        Ranks that never arrived: still running outside any ``torch.distributed`` call while
+        another rank raised or waited in a collective.
     """
 
-    def __init__(self, failures: dict[int, str]):
+    def __init__(
+        self,
+        failures: dict[int, str],
+        status: dict[int, str] | None = None,
+        stuck: Sequence[int] = (),
+    ):
         self.failures = dict(sorted(failures.items()))
-        parts = [f"{len(self.failures)} rank(s) failed: {sorted(self.failures)}"]
+        self.status = dict(sorted((status or {r: "raised" for r in failures}).items()))
+        self.stuck = sorted(stuck)
+        head = f"{len(self.failures)} rank(s) failed: {sorted(self.failures)}"
+        if self.stuck:
+            head += (
+                f"; rank(s) {self.stuck} never arrived (still running outside any collective "
+                "while the others failed or waited in one)"
+            )
+        parts = [head, "  " + ", ".join(f"rank {r}: {s}" for r, s in self.status.items())]
         for rank, text in self.failures.items():
             parts.append(f"--- rank {rank} ---\n{text.rstrip()}")
         super().__init__("\n".join(parts))
@@ -69,6 +100,22 @@ def _run_exit_finalizers() -> None:
         log.debug("multiprocessing finalizers failed", exc_info=True)
 
 
+def _dump_stack_on_signal(path: str) -> None:
+    """On ``_STACK_SIGNAL``, write every thread's Python stack to ``path`` (works while the
+    rank is blocked inside a C++ collective)."""
+    import faulthandler
+
+    if _STACK_SIGNAL is None:
+        return
+    fh = open(path, "w")  # kept open for the life of the rank
+    faulthandler.register(_STACK_SIGNAL, file=fh, all_threads=True)
+    global _STACK_FILE
+    _STACK_FILE = fh
+
+
+_STACK_FILE = None
+
+
 def _worker(
     fn: Callable[..., Any],
     rank: int,
@@ -76,32 +123,46 @@ def _worker(
     port: int,
     backend: str,
     timeout_s: float,
+    pg_timeout_s: float,
     args: Sequence[Any],
     results: Any,
     threads: int,
+    env: Mapping[str, str],
+    stack_path: str,
 ) -> None:
+    os.environ.update(env)
+    _dump_stack_on_signal(stack_path)
     import torch
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
+    from meshshard.collective_check import set_debug
+    from meshshard.distributed import _backend_env, _use_timeout_for_new_groups
+
+    set_debug(None)  # MESHSHARD_DEBUG_COLLECTIVES from ``env``
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     try:
-        store = dist.TCPStore(
-            "127.0.0.1",
-            port,
-            world_size,
-            is_master=False,
-            timeout=_dt.timedelta(seconds=timeout_s),
-        )
-        dist.init_process_group(
-            backend,
-            store=store,
-            rank=rank,
-            world_size=world_size,
-            timeout=_dt.timedelta(seconds=timeout_s),
-        )
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
+        start = _dt.timedelta(seconds=timeout_s)
+        pg_timeout = _dt.timedelta(seconds=pg_timeout_s)
+        _backend_env(backend)
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=start)
+        # join with the run's timeout (ranks start at different times on a loaded machine),
+        # then collectives get the collective timeout; groups made later get it too
+        set_later = hasattr(c10d, "_set_pg_timeout")
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size,
+            timeout=start if set_later else pg_timeout,
+        )
+        # every rank fully connected before any can run ``fn`` and exit: once, on a loaded
+        # machine, a rank whose ``fn`` returned at once left while its peer was still in
+        # gloo's connectFullMesh ("Connection closed by peer")
+        dist.barrier()
+        if set_later:
+            c10d._set_pg_timeout(pg_timeout)
+        _use_timeout_for_new_groups(pg_timeout)
         out = fn(rank, world_size, *args)
         try:
             payload = pickle.dumps(out)
@@ -133,6 +194,8 @@ def run_ranks(
     backend: str | None = None,
     timeout: float = 120.0,
     threads: int = 1,
+    collective_timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` freshly spawned ranks.
 
@@ -147,10 +210,16 @@ def run_ranks(
     backend : str, optional
         ``"gloo"`` (default on CPU) or ``"nccl"`` (default when CUDA has >= world_size devices).
     timeout : float
-        Seconds before a silent rank is declared hung and every rank is killed; also the
-        process group's collective timeout.
+        Seconds before a silent rank is declared hung and every rank is killed.
     threads : int
         torch intra-op threads per rank (default 1, so ranks do not oversubscribe cores).
+    collective_timeout : float, optional
+        Seconds a collective waits for the other ranks before it raises (every group the
+        ranks create). Default: ``MESHSHARD_TIMEOUT`` (from ``env``, else this process's
+        environment), else 5 minutes; never more than ``timeout``.
+    env : mapping of str to str, optional
+        Environment variables set in every rank before the process group is made, e.g.
+        ``{"MESHSHARD_DEBUG_COLLECTIVES": "1"}``.
 
     Returns
     -------
@@ -160,15 +229,25 @@ def run_ranks(
     Raises
     ------
     RankError
-        If any rank raised, died or timed out; carries each failed rank's traceback.
+        If any rank raised, died or was still running when stopped; carries each failed
+        rank's traceback or stack, and names the ranks that never arrived
+        (:attr:`RankError.stuck`).
     ValueError
-        If ``world_size < 1``.
+        If ``world_size < 1``, or the collective timeout is not a positive number.
     """
     if world_size < 1:
         msg = f"world_size={world_size} must be >= 1"
         raise ValueError(msg)
     import torch
     import torch.distributed as dist
+
+    from meshshard.distributed import collective_timeout as _resolve_timeout
+
+    env = {str(k): str(v) for k, v in (env or {}).items()}
+    pg_timeout = min(
+        _resolve_timeout(collective_timeout, environ={**os.environ, **env}).total_seconds(),
+        float(timeout),
+    )
 
     if backend is None:
         use_nccl = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
@@ -186,11 +265,14 @@ def run_ranks(
     )
     port = store.port
     results = ctx.Queue()
+    stack_dir = tempfile.mkdtemp(prefix="meshshard-ranks-")
+    stack_paths = [os.path.join(stack_dir, f"rank{r}.txt") for r in range(world_size)]
     procs = []
     for rank in range(world_size):
         p = ctx.Process(
             target=_worker,
-            args=(fn, rank, world_size, port, backend, timeout, args, results, threads),
+            args=(fn, rank, world_size, port, backend, timeout, pg_timeout, args, results,
+                  threads, env, stack_paths[rank]),
             daemon=True,
         )
         p.start()
@@ -198,6 +280,8 @@ def run_ranks(
 
     outputs: dict[int, Any] = {}
     failures: dict[int, str] = {}
+    status: dict[int, str] = {}
+    stuck: list[int] = []
     deadline = time.monotonic() + timeout
     first_failure_at: float | None = None
     try:
@@ -219,19 +303,41 @@ def run_ranks(
                     ):
                         # died without reporting (segfault, os._exit, OOM kill)
                         failures[rank] = f"process exited with code {p.exitcode} without a result"
+                        status[rank] = "died"
                         first_failure_at = first_failure_at or time.monotonic()
                 continue
             if ok:
                 outputs[rank] = pickle.loads(payload)
+                status[rank] = "finished"
             else:
                 failures[rank] = payload
+                status[rank] = "raised"
                 first_failure_at = first_failure_at or time.monotonic()
-        for rank in range(world_size):
-            if rank not in outputs and rank not in failures:
-                if first_failure_at is not None:
-                    failures[rank] = "stopped: another rank failed first (see its traceback)"
+        pending = [r for r in range(world_size) if r not in outputs and r not in failures]
+        if pending:
+            stacks = _dump_stacks(procs, pending, stack_paths)
+            if first_failure_at is not None:
+                failed = sorted(failures)
+                why = f"still running {_GRACE_S:.0f} s after rank(s) {failed} failed; stopped"
+            else:
+                why = f"timed out after {timeout:.0f} s (hung or too slow)"
+            in_collective = {r for r in pending if _in_collective(stacks.get(r, ""))}
+            raised = any(status.get(r) == "raised" for r in failures)
+            for rank in pending:
+                status[rank] = "running"
+                stack = stacks.get(rank, "")
+                if rank in in_collective:
+                    where = "waiting inside a collective"
+                elif stack and (raised or in_collective):
+                    where = ("NEVER ARRIVED: not inside any torch.distributed call while the "
+                             "others failed or waited in one")
+                    stuck.append(rank)
                 else:
-                    failures[rank] = f"timed out after {timeout:.0f} s (hung or too slow)"
+                    where = "not inside a torch.distributed call" if stack else "no stack"
+                text = f"{why}; {where}"
+                if stack:
+                    text += f"; its Python stack when stopped:\n{stack}"
+                failures[rank] = text
     finally:
         for p in procs:
             if p.is_alive():
@@ -240,6 +346,61 @@ def run_ranks(
             p.join(timeout=5)
         results.close()
         del store
+        shutil.rmtree(stack_dir, ignore_errors=True)
     if failures:
-        raise RankError(failures)
+        raise RankError(failures, status, stuck)
     return [outputs[r] for r in range(world_size)]
+
+
+def _dump_stacks(
+    procs: Sequence[Any], ranks: Sequence[int], paths: Sequence[str]
+) -> dict[int, str]:
+    """Ask each still-running rank for its Python stack (faulthandler, see
+    :func:`_dump_stack_on_signal`); return what arrived within a few seconds."""
+    if _STACK_SIGNAL is None:
+        return {}
+    asked = []
+    for r in ranks:
+        if procs[r].is_alive() and procs[r].pid is not None:
+            try:
+                os.kill(procs[r].pid, _STACK_SIGNAL)
+                asked.append(r)
+            except OSError:
+                continue
+    out: dict[int, str] = {}
+    until = time.monotonic() + _DUMP_WAIT_S
+    while asked and time.monotonic() < until:
+        time.sleep(0.1)
+        sizes = {r: _size(paths[r]) for r in asked}
+        if all(sizes.values()):
+            time.sleep(0.2)  # the dump is written in one go; let it finish
+            break
+    for r in asked:
+        try:
+            with open(paths[r], errors="replace") as fh:
+                text = fh.read().strip()
+        except OSError:
+            text = ""
+        if text:
+            out[r] = _trim_stack(text)
+    return out
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _trim_stack(text: str) -> str:
+    """Drop the harness' own frames (multiprocessing start-up and ``_worker``)."""
+    keep = [
+        ln for ln in text.splitlines()
+        if not any(m in ln for m in ("multiprocessing/", "testing/distributed.py", '"<'))
+    ]
+    return "\n".join(keep)
+
+
+def _in_collective(stack: str) -> bool:
+    return any(m in stack for m in _COLLECTIVE_MARKERS)

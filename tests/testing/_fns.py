@@ -66,3 +66,17 @@ def make_named_semaphore(rank: int, world_size: int) -> int:
 
 
 _KEEP = None
+
+
+def stall_rank_one(rank: int, world_size: int) -> str:
+    """Rank 1 stalls before a collective on the group [0, 1]; rank 2 (if any) finishes."""
+    import torch
+    import torch.distributed as dist
+
+    group = dist.new_group([0, 1])  # every rank makes the group; only 0 and 1 are in it
+    if rank >= 2:
+        return "finished"
+    if rank == 1:
+        time.sleep(600)
+    dist.all_reduce(torch.ones(1), group=group)
+    return "unreachable"

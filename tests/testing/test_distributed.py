@@ -34,8 +34,28 @@ def test_failure_reports_traceback_and_does_not_hang():
 
 
 def test_hung_rank_times_out():
-    with pytest.raises(RankError, match="timed out"):
+    with pytest.raises(RankError, match="timed out") as info:
         run_ranks(_fns.hang, 2, timeout=8)
+    err = info.value
+    assert err.status == {0: "running", 1: "running"}
+    assert err.stuck == []  # nobody waited in a collective: all hung, none "never arrived"
+    for text in err.failures.values():  # each rank's stack when it was stopped
+        assert "most recent call first" in text and " in hang" in text
+
+
+def test_stalled_rank_is_named_as_never_arrived():
+    """Rank 1 sleeps before a collective on the group [0, 1]; rank 0 waits there; rank 2 is
+    not in the group and finishes. MESHSHARD_TIMEOUT (from ``env``) reaches the sub-group."""
+    with pytest.raises(RankError) as info:
+        run_ranks(_fns.stall_rank_one, 3, timeout=300, env={"MESHSHARD_TIMEOUT": "4"})
+    err = info.value
+    assert err.status == {0: "raised", 1: "running", 2: "finished"}
+    assert err.stuck == [1]
+    assert "rank(s) [1] never arrived" in str(err)
+    assert "NEVER ARRIVED" in err.failures[1] and " in stall_rank_one" in err.failures[1]
+    # the waiting rank's own error is reported, with the timeout it was given
+    assert "Timed out waiting 4000ms" in err.failures[0]
+    assert "rank 2: finished" in str(err)
 
 
 def test_rank_that_dies_is_reported():

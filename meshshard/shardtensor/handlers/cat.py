@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from meshshard.collective_check import check_collective
 from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor._dispatch import (
     LayoutError,
@@ -185,6 +186,7 @@ def _exchange_counts(counts, group, like):
         return counts.clone()
     dev = _dev(group, like)
     out = torch.empty(n, dtype=torch.int64, device=dev)
+    check_collective("all_to_all_single", group, out, detail="row counts")
     dist.all_to_all_single(out, counts.to(dev), group=group)
     return out.cpu()
 

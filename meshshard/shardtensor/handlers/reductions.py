@@ -12,6 +12,7 @@ import math
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from meshshard.collective_check import check_collective
 from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor._dispatch import pointwise_apply, reduce_partials, wrap
 from meshshard.shardtensor.api import ShardTensor
@@ -149,6 +150,7 @@ def _max_min_dim(x, dim, keepdim, kind):
     if x._spec.mesh.size(i) > 1:
         import torch.distributed as dist
 
+        check_collective("all_reduce", group, cand, detail=f"min: arg{kind} index")
         dist.all_reduce(cand, op=dist.ReduceOp.MIN, group=group)
     return rt((wrap(vg, spec), wrap(cand, spec)))
 
