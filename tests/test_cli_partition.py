@@ -56,7 +56,7 @@ def test_partition_weights_targets_points_and_force(mesh_file, tmp_path, capsys)
 @pytest.mark.parametrize(
     "argv,err",
     [
-        (["-p", "0"], "parts=0 must be >= 1"),
+        (["-p", "0"], "--parts 0 must be >= 1"),
         (["-p", "2", "--targets", "0.5,0.6"], "targets must sum to 1"),
         (["-p", "2", "--targets", "a,b"], "comma-separated fractions"),
         (["-p", "2", "--weights", "nope"], "no cell field 'nope'"),
