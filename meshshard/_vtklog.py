@@ -6,13 +6,15 @@ render without an X display warns ``bad X server connection. DISPLAY=`` before f
 EGL. :func:`capture_vtk_output` routes both into a buffer for the duration of a block; the
 caller adds :meth:`VtkMessages.summary` to the exception it raises.
 
-Not thread-safe: VTK's output window and logger are process-wide.
+VTK's output window and logger are process-wide, so blocks in different threads run one at
+a time (a re-entrant lock; nesting in one thread is fine).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 __all__ = ["VtkMessages", "capture_vtk_output"]
 
 _HEADER = re.compile(r"^(ERROR|Warning|Generic Warning|Debug): In .*, line \d+\s*$")
+_LOCK = threading.RLock()
 _POINTER = re.compile(r"\s*\(0x[0-9a-fA-F]+\)")
 
 
@@ -78,23 +81,24 @@ def capture_vtk_output() -> Iterator[VtkMessages]:
     """
     from vtkmodules.vtkCommonCore import vtkLogger, vtkOutputWindow, vtkStringOutputWindow
 
-    window = vtkStringOutputWindow()
-    previous = vtkOutputWindow.GetInstance()  # this reference keeps it alive meanwhile
-    verbosity = vtkLogger.GetCurrentVerbosityCutoff()
-    messages = VtkMessages(_window=window)
-    root = logging.getLogger()
-    trap = _RootLogTrap(messages._logged)
-    root.addFilter(trap)
-    vtkOutputWindow.SetInstance(window)
-    vtkLogger.SetStderrVerbosity(vtkLogger.VERBOSITY_OFF)
-    try:
-        yield messages
-    finally:
-        messages.read()
-        messages._window = None
-        root.removeFilter(trap)
-        vtkLogger.SetStderrVerbosity(verbosity)
-        vtkOutputWindow.SetInstance(previous)
+    with _LOCK:
+        window = vtkStringOutputWindow()
+        previous = vtkOutputWindow.GetInstance()  # this reference keeps it alive meanwhile
+        verbosity = vtkLogger.GetCurrentVerbosityCutoff()
+        messages = VtkMessages(_window=window)
+        root = logging.getLogger()
+        trap = _RootLogTrap(messages._logged)
+        root.addFilter(trap)
+        vtkOutputWindow.SetInstance(window)
+        vtkLogger.SetStderrVerbosity(vtkLogger.VERBOSITY_OFF)
+        try:
+            yield messages
+        finally:
+            messages.read()
+            messages._window = None
+            root.removeFilter(trap)
+            vtkLogger.SetStderrVerbosity(verbosity)
+            vtkOutputWindow.SetInstance(previous)
 
 
 class _RootLogTrap(logging.Filter):

@@ -138,8 +138,7 @@ def run(args: argparse.Namespace) -> int:
             targets = parse_targets(args.targets, args.parts)
             with st.stage("read"):
                 geom = load_geometry(target, on=args.on)
-            check_parts(args.parts, geom.points.shape[0], allow_empty=args.allow_empty,
-                        what="cell centres" if geom.on == "cells" else "points")  # fmt: skip
+            check_parts(args.parts, geom.points.shape[0], allow_empty=args.allow_empty, geom=geom)
             kind, knn = args.graph, args.knn
             part = None
         kind = kind or geom.default_graph()

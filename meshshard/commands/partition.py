@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from meshshard.cli import CLIError
 
@@ -34,16 +35,20 @@ def parse_targets(text: str | None, parts: int | None = None) -> list[float] | N
     return t
 
 
-def check_parts(parts: int, n: int, *, allow_empty: bool, what: str = "points") -> None:
+def check_parts(parts: int, n: int, *, allow_empty: bool, geom: Any = None) -> None:
     """``--parts`` against the number of rows, in the CLI's words (``--allow-empty``)."""
     if parts < 1:
         msg = f"--parts {parts} must be >= 1"
         raise CLIError(msg)
     if n < parts and not allow_empty:
+        on_cells = geom is not None and geom.on == "cells"
         msg = (
-            f"--parts {parts} but only {n} {what}: some shards would be empty; pass "
-            "--allow-empty (empty shards are legal) or use fewer --parts"
+            f"--parts {parts} but only {n} {'cell(s)' if on_cells else 'point(s)'}: some "
+            "shards would be empty; pass --allow-empty (empty shards are legal) or use fewer "
+            "--parts"
         )
+        if on_cells and geom.mesh is not None and geom.mesh.n_points >= parts:
+            msg += f", or --on points (the mesh has {geom.mesh.n_points} vertices)"
         raise CLIError(msg)
 
 
@@ -104,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
         with st.stage("read"):
             geom = load_geometry(args.input, on=args.on)
         weights = geom.field(args.weights) if args.weights else None
-        check_parts(args.parts, geom.points.shape[0], allow_empty=args.allow_empty,
-                    what="cell centres" if geom.on == "cells" else "points")  # fmt: skip
+        check_parts(args.parts, geom.points.shape[0], allow_empty=args.allow_empty, geom=geom)
         kind = args.graph or geom.default_graph()
         graph = None
         if need_graph:

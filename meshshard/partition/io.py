@@ -202,11 +202,10 @@ def _check_finite_points(pts: np.ndarray, source: str, on: str) -> None:
         return
     bad = np.flatnonzero(~np.isfinite(pts).all(axis=1))
     ids = ", ".join(str(i) for i in bad[:5].tolist()) + (", ..." if bad.size > 5 else "")
-    what = "point" if bad.size == 1 else "points"
-    msg = (
-        f"{source}: {what} {ids} ({bad.size} in all) {'has' if bad.size == 1 else 'have'} "
-        "NaN or inf coordinates"
-    )
+    if bad.size == 1:
+        msg = f"{source}: point {ids} has NaN or inf coordinates"
+    else:
+        msg = f"{source}: points {ids} ({bad.size} in all) have NaN or inf coordinates"
     if on == "cells":
         msg += ", so the centres of the cells using them are undefined"
     msg += "; repair or remove those points (e.g. fix the export, or mesh.extract_points)"

@@ -251,7 +251,7 @@ def _title(partition: Partition, rep: dict | None) -> str:
     if "edge_cut" in rep:
         parts.append(f"edge cut {int(rep['edge_cut']):,} ({100 * rep['edge_cut_fraction']:.2f}%)")
     else:
-        parts.append("edge cut not computed")
+        parts.append(f"edge cut {rep.get('graph_metrics') or 'not computed'}")
     return "   ·   ".join(parts)
 
 
