@@ -52,7 +52,7 @@ class Stages:
 
             self._bar = tqdm(
                 total=total, desc=desc, unit="stage", leave=False, file=sys.stderr,
-                bar_format="{desc}: {n_fmt}/{total_fmt} stages |{bar:20}| {elapsed} {postfix}",
+                bar_format="{desc}: {n_fmt}/{total_fmt} stages |{bar:20}| {elapsed}{postfix}",
             )  # fmt: skip
             self._ticker = threading.Thread(target=self._tick, daemon=True)
             self._ticker.start()

@@ -231,7 +231,7 @@ def render_views(
                 pl.camera.position = centre + 3 * span * d / np.linalg.norm(d)
                 pl.camera.up = (0, 0, 1)
             pl.reset_camera()
-            pl.camera.zoom(1.0 if volume else 1.35)
+            pl.camera.zoom(1.0 if volume else 1.1)
             images.append(np.asarray(pl.screenshot(return_img=True))[..., :3])
             pl.close()
             captions.append(caption)
