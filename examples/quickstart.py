@@ -14,6 +14,7 @@ from meshshard.models import Transolver
 from meshshard.partition import knn_graph, partition
 from meshshard.shardtensor import Shard, from_local
 
+torch.manual_seed(0)  # same model weights on every rank and every run: a reproducible loss
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
