@@ -300,6 +300,7 @@ def render_png(
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
 
     path = Path(path)
     images, captions = render_views(partition, mesh=mesh, points=points, on=on)
@@ -330,6 +331,7 @@ def render_png(
     if P <= 20:
         ax.set_xticks(np.arange(P))
     ax.spines[["top", "right"]].set_visible(False)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     total = max(int(sizes.sum()), 1)
     if P <= 16:  # a legend of sizes; beyond that the bars are the legend
         labels = [f"{p}: {int(sizes[p]):,} ({100 * sizes[p] / total:.1f}%)" for p in range(P)]
