@@ -64,16 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _user_error_types() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean "the input or the options are wrong": no traceback, exit 2."""
-    types: list[type[BaseException]] = [CLIError, ValueError, TypeError, OSError]
-    try:  # zarr is imported by the store commands only
-        from meshshard.pipelines.store import StoreError
-
-        types.append(StoreError)
-    except ImportError:  # pragma: no cover - zarr missing
-        pass
-    return tuple(types)
+#: exceptions that mean "the input or the options are wrong": no traceback, exit 2 (meshshard's
+#: own errors about data, e.g. ``StoreError`` and ``LayoutError``, are ValueErrors)
+USER_ERRORS: tuple[type[BaseException], ...] = (CLIError, ValueError, TypeError, OSError)
 
 
 def describe_error(exc: BaseException) -> str:
@@ -115,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             traceback.print_exc()
-        user = isinstance(exc, _user_error_types())
+        user = isinstance(exc, USER_ERRORS)
         line = describe_error(exc)
         if not user:
             line = f"{type(exc).__name__}: {line}"
