@@ -156,7 +156,7 @@ def run_demo(
         if mesh is not None:
             render_png(part, png_path, mesh=mesh, on="cells", report=rep)
         else:
-            render_png(part, png_path, points=points, on="points", report=rep)
+            render_png(part, png_path, points=points, on="points", report=rep, solid=False)
         files["partition_png"] = str(png_path)
         _say(f"      shards rendered to {png_path}")
 

@@ -71,13 +71,14 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
                 out[name] = report(part, graph=graph, points=points,
                                    timings={"graph": st.timings[f"{name} graph"]},
                                    source=f"{path} [{name}]")  # fmt: skip
-            shown = shown or (part, points, out[name])
+            shown = shown or (part, points, out[name], name)
         if args.png:
             if shown is None:
                 msg = f"{path}: no surface or volume part to render"
                 raise CLIError(msg)
             with st.stage("render"):
-                render_png(shown[0], args.png, points=shown[1], report=shown[2])
+                render_png(shown[0], args.png, points=shown[1], report=shown[2],
+                           solid=shown[3] == "volume")  # fmt: skip
             out["png"] = str(args.png)
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True, default=str))

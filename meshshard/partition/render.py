@@ -129,7 +129,7 @@ def _view_direction(anchors: np.ndarray) -> np.ndarray:
     """
     n = 96
     i = np.arange(n) + 0.5
-    z = 0.2 + 0.6 * i / n  # elevation between ~12 and ~53 degrees
+    z = 0.25 + 0.3 * i / n  # elevation between ~15 and ~33 degrees: a natural oblique view
     phi = i * np.pi * (3 - np.sqrt(5))
     r = np.sqrt(1 - z**2)
     cands = np.stack([r * np.cos(phi), r * np.sin(phi), z], axis=1)
@@ -150,6 +150,18 @@ def _view_direction(anchors: np.ndarray) -> np.ndarray:
     return best
 
 
+def _side_direction(centres: np.ndarray) -> np.ndarray:
+    """A three-quarter view of a surface from above: mostly across its longer horizontal axis
+    (a car is seen from the side, not end-on), a little along it, ~25 degrees up."""
+    ext = np.ptp(centres, axis=0)
+    long_axis = 0 if ext[0] >= ext[1] else 1
+    d = np.zeros(3)
+    d[long_axis] = 0.5
+    d[1 - long_axis] = 0.8
+    d[2] = 0.45
+    return d / np.linalg.norm(d)
+
+
 def _flat(centres: np.ndarray) -> bool:
     span = np.ptp(centres, axis=0) if len(centres) else np.zeros(3)
     return bool(span[2] <= 1e-9 * max(float(span.max()), 1e-300))
@@ -161,9 +173,13 @@ def render_views(
     mesh: Any = None,
     points: Any = None,
     on: str = "cells",
+    solid: bool | None = None,
     size: int | tuple[int, int] = _VIEW_PX,
 ) -> tuple[list[np.ndarray], list[str]]:
     """The 3-D views of :func:`render_png` as RGB images, and their captions.
+
+    ``solid`` (default: a mesh with 3-D cells, or a 3-D point cloud) selects the exploded and
+    cut-open views; otherwise a surface is seen from two opposite sides.
 
     Returns
     -------
@@ -183,7 +199,9 @@ def render_views(
     span = float(np.ptp(centres, axis=0).max()) or 1.0
     cent = _part_centroids(centres, partition.assignment, P)
     flat = _flat(centres)
-    volume = (kind == "cells" and _is_volume(data)) or (kind == "points" and not flat)
+    if solid is None:
+        solid = (kind == "cells" and _is_volume(data)) or (kind == "points" and mesh is None)
+    volume = bool(solid) and not flat
     row_centres = centres if kind == "cells" else data
     live = np.flatnonzero(partition.sizes > 0)
     if volume:
@@ -196,7 +214,7 @@ def render_views(
         views = [("from above", None, None, None)]
         size = (2 * size + 10, size)
     else:
-        d = _view_direction(cent[live])
+        d = _side_direction(centres)
         back = np.array([-d[0], -d[1], d[2]])
         views = [("front", None, None, d), ("back", None, None, back)]
     images, captions = [], []
@@ -220,7 +238,8 @@ def render_views(
                                 specular=0.0, smooth_shading=False)  # fmt: skip
                 else:
                     xyz = data[ids] + (shift[p] if shift is not None else 0.0)
-                    pl.add_points(xyz, color=colours[p], point_size=5 if len(data) < 2e5 else 2,
+                    px = 7 if len(data) < 2e4 else 5 if len(data) < 2e5 else 2
+                    pl.add_points(xyz, color=colours[p], point_size=px,
                                   render_points_as_spheres=len(data) < 2e5, ambient=0.55,
                                   diffuse=0.5)  # fmt: skip
             if direction is None:
@@ -264,6 +283,7 @@ def render_png(
     on: str = "cells",
     report: dict | None = None,
     title: str | None = None,
+    solid: bool | None = None,
 ) -> Path:
     """Render the shards (two 3-D views), a per-part size chart and a title to a PNG.
 
@@ -281,6 +301,10 @@ def render_png(
         A :func:`meshshard.partition.report.report` dict: imbalance and edge cut for the title.
     title : str, optional
         First title line (default: the source in ``report``, else "meshshard partition").
+    solid : bool, optional
+        Draw exploded and cut open (default for volume meshes and bare 3-D point clouds)
+        rather than from two sides (default for surfaces); pass False for points sampled on
+        a surface.
 
     Returns
     -------
@@ -303,7 +327,7 @@ def render_png(
     from matplotlib.ticker import FuncFormatter
 
     path = Path(path)
-    images, captions = render_views(partition, mesh=mesh, points=points, on=on)
+    images, captions = render_views(partition, mesh=mesh, points=points, on=on, solid=solid)
     P = partition.nparts
     colours = shard_palette(P) / 255.0
     dpi = 100
