@@ -59,7 +59,7 @@ def add_geometry_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--graph", choices=("dual", "knn"), default=None,
-        help="graph for METIS and the metrics (default: dual on cells, knn on points)",
+        help="graph for METIS and the metrics (default: dual on polygon or volume cells, else knn)",
     )  # fmt: skip
     parser.add_argument("--knn", type=int, default=8, help="neighbours of the kNN graph (8)")
 
