@@ -194,3 +194,31 @@ def test_demo_options_and_out_checked_first(capfd):
     bad = _unwritable_dir()
     assert main(["demo", "--out", f"{bad}/demo"]) == 2
     _one_line_error(capfd, f"--out {bad}/demo: cannot write in {bad}")
+
+
+def test_metrics_cut_and_auto_on_big_meshes(files, tmp_path, capfd, monkeypatch):
+    import meshshard.commands.partition as cmd
+
+    grid = str(files / "grid.vtu")
+    assert main(["partition", grid, "-p", "3", "--out", str(tmp_path / "full"), "--json"]) == 0
+    full = json.loads(capfd.readouterr().out)
+    assert "components" in full and "graph" in full["timings"]  # small mesh: full by default
+    argv = ["partition", grid, "-p", "3", "--metrics", "cut", "--out", str(tmp_path / "cut")]
+    assert main([*argv, "--json"]) == 0
+    cut = json.loads(capfd.readouterr().out)
+    assert "graph" not in cut["timings"] and "components" not in cut
+    for key in ("edge_cut", "comm_volume", "halo_sizes", "neighbours"):
+        assert cut[key] == full[key], key
+    assert main([*argv, "--force"]) == 0
+    text = capfd.readouterr().out
+    assert f"edge cut: {full['edge_cut']:,} edges" in text
+    assert "not computed (--metrics cut counts cut faces only; --metrics full adds them)" in text
+    monkeypatch.setattr(cmd, "AUTO_FULL_CELLS", 100)  # the grid has 192 cells: "big"
+    assert main(["partition", grid, "-p", "3", "--out", str(tmp_path / "auto"), "--json"]) == 0
+    auto = json.loads(capfd.readouterr().out)
+    assert auto["edge_cut"] == full["edge_cut"] and "components" not in auto
+    assert "above 100 cells the default counts cut faces only" in auto["graph_metrics"]
+    pts = ["partition", str(files / "badcloud.npy"), "-p", "2", "--metrics", "cut", "--graph",
+           "knn", "--out", str(tmp_path / "k")]  # fmt: skip
+    assert main(pts) == 2
+    _one_line_error(capfd, "--metrics cut counts faces of the dual graph", "--metrics full")

@@ -63,6 +63,12 @@ class Stages:
             if bar is not None:
                 bar.refresh()
 
+    def set_total(self, total: int) -> None:
+        """The number of stages, once it is known (e.g. after reading the input)."""
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.refresh()
+
     @contextmanager
     def stage(self, name: str, note: str = "") -> Iterator[None]:
         """Time the block as stage ``name``; the bar shows ``name`` (and ``note``) meanwhile."""

@@ -12,6 +12,8 @@ from typing import Any
 from meshshard.cli import CLIError
 
 METHODS = ("hilbert", "morton", "rcb", "metis")
+#: ``--metrics auto`` builds the whole dual graph up to this many cells (a few seconds)
+AUTO_FULL_CELLS = 1_000_000
 
 
 def parse_targets(text: str | None, parts: int | None = None) -> list[float] | None:
@@ -77,9 +79,15 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
     parser.add_argument(
+        "--metrics", choices=("auto", "full", "cut", "none"), default="auto",
+        help="full: every graph metric (builds the whole graph); cut: edge cut, volume, halos "
+        "and neighbours from the cells along the cuts only (dual graph; no total edges or "
+        "contiguity); none: sizes and imbalance; auto (default): full up to "
+        f"{AUTO_FULL_CELLS:,} cells, cut above (metis: always full)",
+    )  # fmt: skip
+    parser.add_argument(
         "--no-metrics", action="store_true",
-        help="skip edge cut, halos and contiguity (sizes and imbalance only); with a method "
-        "other than metis no graph is built at all (on big meshes the graph is most of the time)",
+        help="same as --metrics none: no graph is built unless --method metis needs one",
     )  # fmt: skip
     parser.add_argument("--png", metavar="FILE", help="also render the shards to a PNG")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -90,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from meshshard.commands._progress import Stages, progress_enabled
     from meshshard.partition import Partition, partition
     from meshshard.partition.io import load_geometry
-    from meshshard.partition.report import format_report, render_png, report
+    from meshshard.partition.report import format_report, render_png
 
     # everything that can be refused is refused before the expensive work
     out = Path(args.out)
@@ -103,17 +111,24 @@ def run(args: argparse.Namespace) -> int:
     if args.parts < 1:
         check_parts(args.parts, 0, allow_empty=True)
     targets = parse_targets(args.targets, args.parts)
-    need_graph = args.method == "metis" or not args.no_metrics
-    steps = 3 + need_graph + (not args.no_metrics) + bool(args.png)
-    with Stages("meshshard partition", steps, enabled=progress_enabled(args.no_progress)) as st:
+    mode = "none" if args.no_metrics else args.metrics
+    if mode == "cut" and args.graph == "knn" and args.method != "metis":
+        msg = "--metrics cut counts faces of the dual graph; with --graph knn use --metrics full"
+        raise CLIError(msg)
+    enabled = progress_enabled(args.no_progress)
+    with Stages("meshshard partition", 6, enabled=enabled) as st:
         with st.stage("read"):
             geom = load_geometry(args.input, on=args.on)
         weights = geom.field(args.weights) if args.weights else None
         check_parts(args.parts, geom.points.shape[0], allow_empty=args.allow_empty, geom=geom)
         kind = args.graph or geom.default_graph()
+        auto = mode == "auto"
+        mode = _metrics_mode(mode, kind, args.method, geom.points.shape[0])
+        need_graph = args.method == "metis" or mode == "full"
+        st.set_total(3 + need_graph + (mode != "none") + bool(args.png))
         graph = None
         if need_graph:
-            why = "for METIS" if args.method == "metis" else "for the metrics; --no-metrics skips"
+            why = "for METIS" if args.method == "metis" else "for the metrics"
             with st.stage("graph", f"{kind}, {why}"):
                 graph = geom.graph(kind, knn=args.knn)
         extra = {"seed": args.seed, "graph": graph} if args.method == "metis" else {}
@@ -129,14 +144,7 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
         part = Partition(part.assignment, part.order, part.sizes, method=part.method,
                          params=params)  # fmt: skip
-        if args.no_metrics:
-            rep = report(part, points=geom.points, weights=weights, timings=st.timings,
-                         source=geom.source)  # fmt: skip
-            rep["graph_metrics"] = "skipped (--no-metrics)"
-        else:
-            with st.stage("metrics"):
-                rep = report(part, graph=graph, points=geom.points, weights=weights,
-                             timings=st.timings, source=geom.source)  # fmt: skip
+        rep = _report(part, geom, graph, weights, mode, st, auto=auto)
         with st.stage("write"):
             part.save(out)
             tmp = out / "metrics.json.tmp"
@@ -154,3 +162,41 @@ def run(args: argparse.Namespace) -> int:
             wrote.append(Path(args.png))
         print("wrote " + ", ".join(str(w) for w in wrote))
     return 0
+
+
+def _metrics_mode(mode: str, kind: str, method: str, n: int) -> str:
+    """``auto`` -> ``full`` or ``cut``; METIS has its graph anyway, so ``cut`` is ``full``."""
+    if method == "metis" and mode in ("auto", "cut"):
+        return "full"
+    if mode == "auto":
+        return "cut" if kind == "dual" and n > AUTO_FULL_CELLS else "full"
+    if mode == "cut" and kind != "dual":
+        msg = (
+            "--metrics cut counts faces of the dual graph, and this input gets a kNN graph; "
+            "use --metrics full or --no-metrics"
+        )
+        raise CLIError(msg)
+    return mode
+
+
+def _report(
+    part: Any, geom: Any, graph: Any, weights: Any, mode: str, st: Any, *, auto: bool
+) -> dict:
+    """The report dict for ``--metrics`` ``mode`` (full / cut / none)."""
+    from meshshard.partition.cutcount import dual_cut_metrics
+    from meshshard.partition.report import report
+
+    if mode == "full":
+        with st.stage("metrics"):
+            return report(part, graph=graph, points=geom.points, weights=weights,
+                          timings=st.timings, source=geom.source)  # fmt: skip
+    rep = report(part, points=geom.points, weights=weights, timings=st.timings,
+                 source=geom.source)  # fmt: skip
+    if mode == "none":
+        rep["graph_metrics"] = "skipped (--no-metrics)"
+        return rep
+    with st.stage("metrics", "cut faces only"):
+        rep.update(dual_cut_metrics(geom.mesh, part))
+    why = f"above {AUTO_FULL_CELLS:,} cells the default" if auto else "--metrics cut"
+    rep["graph_metrics"] = f"not computed ({why} counts cut faces only; --metrics full adds them)"
+    return rep

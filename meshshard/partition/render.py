@@ -267,8 +267,10 @@ def _title(partition: Partition, rep: dict | None) -> str:
     else:
         sizes = partition.sizes
         parts.append(f"imbalance {sizes.max() * sizes.size / max(sizes.sum(), 1):.3f}")
-    if "edge_cut" in rep:
+    if "edge_cut_fraction" in rep:
         parts.append(f"edge cut {int(rep['edge_cut']):,} ({100 * rep['edge_cut_fraction']:.2f}%)")
+    elif "edge_cut" in rep:
+        parts.append(f"edge cut {int(rep['edge_cut']):,}")
     else:
         parts.append(f"edge cut {rep.get('graph_metrics') or 'not computed'}")
     return "   ·   ".join(parts)

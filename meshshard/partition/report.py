@@ -81,10 +81,13 @@ def format_report(d: dict[str, Any]) -> str:
     worst = d["most_overweight_part"]
     lines.append(f"  most overweight part: {worst} ({_n(sizes[worst])} rows)")
     if "edge_cut" in d:
-        lines.append(
-            f"  edge cut: {_n(d['edge_cut'])} of {_n(d['num_edges'])} edges "
-            f"({100 * d['edge_cut_fraction']:.2f}%)"
-        )
+        if "num_edges" in d:
+            lines.append(
+                f"  edge cut: {_n(d['edge_cut'])} of {_n(d['num_edges'])} edges "
+                f"({100 * d['edge_cut_fraction']:.2f}%)"
+            )
+        else:
+            lines.append(f"  edge cut: {_n(d['edge_cut'])} edges")
         lines.append(f"  communication volume: {_n(d['comm_volume'])}")
         halo = np.asarray(d["halo_sizes"])
         lines.append(
@@ -95,11 +98,14 @@ def format_report(d: dict[str, Any]) -> str:
         lines.append(
             f"  neighbours per part: max {nb['max']}, min {nb['min']}, avg {nb['mean']:.2f}"
         )
-        comp = np.asarray(d["components"])
-        lines.append(
-            f"  contiguity: {d['noncontiguous_parts']} of {d['parts']} parts non-contiguous "
-            f"(components per part max {int(comp.max()) if comp.size else 0})"
-        )
+        if "components" in d:
+            comp = np.asarray(d["components"])
+            lines.append(
+                f"  contiguity: {d['noncontiguous_parts']} of {d['parts']} parts non-contiguous "
+                f"(components per part max {int(comp.max()) if comp.size else 0})"
+            )
+        else:
+            lines.append(f"  total edges, contiguity: {d.get('graph_metrics', 'not computed')}")
     elif d.get("graph_metrics"):
         lines.append(f"  edge cut, volume, halos and contiguity: {d['graph_metrics']}")
     else:
