@@ -213,6 +213,9 @@ def test_metrics_cut_and_auto_on_big_meshes(files, tmp_path, capfd, monkeypatch)
     text = capfd.readouterr().out
     assert f"edge cut: {full['edge_cut']:,} edges" in text
     assert "not computed (--metrics cut counts cut faces only; --metrics full adds them)" in text
+    assert main(["inspect", str(tmp_path / "full"), "--metrics", "cut", "--json"]) == 0
+    again = json.loads(capfd.readouterr().out)
+    assert again["edge_cut"] == full["edge_cut"] and "components" not in again
     monkeypatch.setattr(cmd, "AUTO_FULL_CELLS", 100)  # the grid has 192 cells: "big"
     assert main(["partition", grid, "-p", "3", "--out", str(tmp_path / "auto"), "--json"]) == 0
     auto = json.loads(capfd.readouterr().out)

@@ -8,7 +8,15 @@ import json
 from pathlib import Path
 
 from meshshard.cli import CLIError
-from meshshard.commands.partition import METHODS, add_geometry_args, check_parts, parse_targets
+from meshshard.commands.partition import (
+    AUTO_FULL_CELLS,
+    METHODS,
+    add_geometry_args,
+    build_report,
+    check_parts,
+    metrics_mode,
+    parse_targets,
+)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +32,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     add_geometry_args(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--allow-empty", action="store_true", help="allow empty shards")
+    parser.add_argument(
+        "--metrics", choices=("auto", "full", "cut"), default="auto",
+        help="full: every graph metric; cut: edge cut, volume, halos and neighbours from the "
+        "cells along the cuts (dual graph only); auto (default): full up to "
+        f"{AUTO_FULL_CELLS:,} cells, cut above (stores: always a full kNN graph)",
+    )  # fmt: skip
     parser.add_argument("--png", metavar="FILE", help="render the shards to a PNG (off-screen)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -96,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     from meshshard.commands._progress import Stages, progress_enabled
     from meshshard.partition import Partition, partition
     from meshshard.partition.io import MESH_SUFFIXES, load_geometry
-    from meshshard.partition.report import format_report, render_png, report
+    from meshshard.partition.report import format_report, render_png
 
     target = Path(args.target)
     if args.png:
@@ -143,8 +157,13 @@ def run(args: argparse.Namespace) -> int:
             kind, knn = args.graph, args.knn
             part = None
         kind = kind or geom.default_graph()
-        with st.stage("graph", kind):
-            graph = geom.graph(kind, knn=knn)
+        method = args.method if part is None else ""  # "": nothing to partition here
+        auto = args.metrics == "auto"
+        mode = metrics_mode(args.metrics, kind, method, geom.points.shape[0])
+        graph = None
+        if mode == "full" or method == "metis":
+            with st.stage("graph", kind):
+                graph = geom.graph(kind, knn=knn)
         if part is None:
             extra = {"graph": graph} if args.method == "metis" else {}
             with st.stage("partition", args.method):
@@ -154,9 +173,7 @@ def run(args: argparse.Namespace) -> int:
                 )  # fmt: skip
         weights_field = part.params.get("weights_field")
         weights = geom.field(weights_field) if weights_field else None
-        with st.stage("metrics"):
-            rep = report(part, graph=graph, points=geom.points, weights=weights,
-                         timings=st.timings, source=geom.source)  # fmt: skip
+        rep = build_report(part, geom, graph, weights, mode, st, auto=auto)
         if args.png:
             with st.stage("render"):
                 render_png(part, args.png, mesh=geom.mesh, points=geom.points, on=geom.on,

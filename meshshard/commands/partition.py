@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         check_parts(args.parts, geom.points.shape[0], allow_empty=args.allow_empty, geom=geom)
         kind = args.graph or geom.default_graph()
         auto = mode == "auto"
-        mode = _metrics_mode(mode, kind, args.method, geom.points.shape[0])
+        mode = metrics_mode(mode, kind, args.method, geom.points.shape[0])
         need_graph = args.method == "metis" or mode == "full"
         st.set_total(3 + need_graph + (mode != "none") + bool(args.png))
         graph = None
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
         part = Partition(part.assignment, part.order, part.sizes, method=part.method,
                          params=params)  # fmt: skip
-        rep = _report(part, geom, graph, weights, mode, st, auto=auto)
+        rep = build_report(part, geom, graph, weights, mode, st, auto=auto)
         with st.stage("write"):
             part.save(out)
             tmp = out / "metrics.json.tmp"
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _metrics_mode(mode: str, kind: str, method: str, n: int) -> str:
+def metrics_mode(mode: str, kind: str, method: str, n: int) -> str:
     """``auto`` -> ``full`` or ``cut``; METIS has its graph anyway, so ``cut`` is ``full``."""
     if method == "metis" and mode in ("auto", "cut"):
         return "full"
@@ -179,7 +179,7 @@ def _metrics_mode(mode: str, kind: str, method: str, n: int) -> str:
     return mode
 
 
-def _report(
+def build_report(
     part: Any, geom: Any, graph: Any, weights: Any, mode: str, st: Any, *, auto: bool
 ) -> dict:
     """The report dict for ``--metrics`` ``mode`` (full / cut / none)."""
