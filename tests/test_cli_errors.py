@@ -225,3 +225,17 @@ def test_metrics_cut_and_auto_on_big_meshes(files, tmp_path, capfd, monkeypatch)
            "knn", "--out", str(tmp_path / "k")]  # fmt: skip
     assert main(pts) == 2
     _one_line_error(capfd, "--metrics cut counts faces of the dual graph", "--metrics full")
+
+
+def test_bad_npy_files_say_what_is_wrong(tmp_path, capfd):
+    (tmp_path / "text.npy").write_text("garbage\n")
+    np.save(tmp_path / "objects.npy", np.array([{}, 1], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "short.npy", np.zeros((10, 3)))
+    (tmp_path / "short.npy").write_bytes((tmp_path / "short.npy").read_bytes()[:150])
+    for name, needle in (("text", "not a .npy file (no NumPy header)"),
+                         ("objects", "holds Python objects, not numbers"),
+                         ("short", "unreadable or truncated .npy file")):  # fmt: skip
+        out = str(tmp_path / f"o_{name}")
+        assert main(["partition", str(tmp_path / f"{name}.npy"), "-p", "2", "--out", out]) == 2
+        line = _one_line_error(capfd, f"{name}.npy: {needle}")
+        assert "allow_pickle" not in line

@@ -148,9 +148,22 @@ def read_points(path: str | Path) -> np.ndarray:
     p = _check_file(path, (*MESH_SUFFIXES, ".npy"))
     if p.suffix.lower() != ".npy":
         return np.asarray(read_mesh(p).points, dtype=np.float64)
+    with open(p, "rb") as fh:
+        if fh.read(6) != b"\x93NUMPY":
+            msg = f"{p}: not a .npy file (no NumPy header); write points with np.save(path, xyz)"
+            raise ValueError(msg)
     try:
         arr = np.load(p, allow_pickle=False)
-    except Exception as exc:  # ValueError/EOFError/UnpicklingError on corrupt files
+    except ValueError as exc:  # pickled object arrays are refused, never unpickled
+        if "pickle" not in str(exc).lower():
+            msg = f"{p}: unreadable or truncated .npy file ({exc})"
+            raise ValueError(msg) from exc
+        msg = (
+            f"{p}: holds Python objects, not numbers; save the coordinates as a float array, "
+            "e.g. np.save(path, np.asarray(xyz, dtype=float))"
+        )
+        raise ValueError(msg) from exc
+    except Exception as exc:  # EOFError/OSError on truncated files
         msg = f"{p}: unreadable or truncated .npy file ({exc})"
         raise ValueError(msg) from exc
     if arr.ndim != 2 or arr.shape[1] not in (2, 3):
