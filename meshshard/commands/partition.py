@@ -54,6 +54,18 @@ def check_parts(parts: int, n: int, *, allow_empty: bool, geom: Any = None) -> N
         raise CLIError(msg)
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (argparse turns the error into a usage line, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        msg = f"must be an integer >= 1, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
 def add_geometry_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--on", choices=("cells", "points"), default=None,
@@ -63,7 +75,9 @@ def add_geometry_args(parser: argparse.ArgumentParser) -> None:
         "--graph", choices=("dual", "knn"), default=None,
         help="graph for METIS and the metrics (default: dual on polygon or volume cells, else knn)",
     )  # fmt: skip
-    parser.add_argument("--knn", type=int, default=8, help="neighbours of the kNN graph (8)")
+    parser.add_argument(
+        "--knn", type=positive_int, default=8, help="neighbours of the kNN graph (8)"
+    )
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
