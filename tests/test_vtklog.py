@@ -37,3 +37,21 @@ def test_capture_keeps_vtk_quiet_and_restores(tmp_path, capfd):
     with capture_vtk_output() as quiet:
         pv.read(tmp_path / "g.vtu")
     assert quiet.summary() == ""
+
+
+def test_drivaerml_vtk_reader_folds_vtk_output(tmp_path, capfd, monkeypatch):
+    import pytest
+
+    from meshshard.pipelines.drivaerml import read_surface
+    from meshshard.pipelines.synthetic import make_synthetic_run
+
+    make_synthetic_run(tmp_path, 1, surface_cells=800, volume_cells=0, seed=0)
+    vtp = tmp_path / "run_1" / "boundary_1.vtp"
+    vtp.write_bytes(vtp.read_bytes()[: vtp.stat().st_size // 2])
+    monkeypatch.setenv("MESHSHARD_READER", "vtk")  # VTK's reader, not meshshard's
+    capfd.readouterr()
+    with pytest.raises(ValueError, match="truncated or corrupt VTK file") as info:
+        read_surface(vtp)
+    assert "Error parsing XML" in str(info.value)  # VTK's words inside meshshard's message
+    err = capfd.readouterr().err
+    assert "ERR|" not in err and "Error parsing" not in err, err
