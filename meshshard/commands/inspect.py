@@ -75,7 +75,7 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
     shown = None
     names = [n for n in ("surface", "volume") if isinstance(summary.get(n), dict)]
     enabled = progress_enabled(args.no_progress)
-    with Stages("meshshard inspect", 3 * len(names) + 1, enabled=enabled) as st:
+    with Stages("meshshard inspect", 3 * len(names) + bool(args.png), enabled=enabled) as st:
         for name in names:
             with st.stage(f"{name} read"):
                 part, points = store_partition(path, name)
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if target.suffix == ".zarr" or (target / "zarr.json").is_file():
         return _inspect_store(target, args)
     enabled = progress_enabled(args.no_progress)
-    with Stages("meshshard inspect", 4 + bool(args.png), enabled=enabled) as st:
+    with Stages("meshshard inspect", 5, enabled=enabled) as st:
         if target.is_dir():
             part = Partition.load(target)
             src = args.input or part.params.get("input")
@@ -160,8 +160,10 @@ def run(args: argparse.Namespace) -> int:
         method = args.method if part is None else ""  # "": nothing to partition here
         auto = args.metrics == "auto"
         mode = metrics_mode(args.metrics, kind, method, geom.points.shape[0])
+        need_graph = mode == "full" or method == "metis"
+        st.set_total(2 + need_graph + (part is None) + bool(args.png))
         graph = None
-        if mode == "full" or method == "metis":
+        if need_graph:
             with st.stage("graph", kind):
                 graph = geom.graph(kind, knn=knn)
         if part is None:
