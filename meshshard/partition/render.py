@@ -200,7 +200,7 @@ def render_views(
     cent = _part_centroids(centres, partition.assignment, P)
     flat = _flat(centres)
     if solid is None:
-        solid = (kind == "cells" and _is_volume(data)) or (kind == "points" and mesh is None)
+        solid = _is_volume(mesh) if mesh is not None else True  # a bare cloud may be a volume
     volume = bool(solid) and not flat
     row_centres = centres if kind == "cells" else data
     live = np.flatnonzero(partition.sizes > 0)
