@@ -13,6 +13,7 @@ from meshshard.models import Transolver
 from meshshard.partition import knn_graph, partition
 from meshshard.shardtensor import Shard, from_local
 
+torch.manual_seed(0)  # same model weights on every rank and every run: a reproducible loss
 rank, world = init("gloo")  # collectives fail after MESHSHARD_TIMEOUT s (default 5 min)
 mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))
 

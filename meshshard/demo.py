@@ -154,9 +154,9 @@ def run_demo(
         except Exception as exc:
             log.info("rendering points instead of the surface: %s", exc)
         if mesh is not None:
-            render_png(part, png_path, mesh=mesh, on="cells")
+            render_png(part, png_path, mesh=mesh, on="cells", report=rep)
         else:
-            render_png(part, png_path, points=points, on="points")
+            render_png(part, png_path, points=points, on="points", report=rep, solid=False)
         files["partition_png"] = str(png_path)
         _say(f"      shards rendered to {png_path}")
 

@@ -1,6 +1,7 @@
 """The README's quickstart runs as written under torchrun (2 gloo ranks)."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,9 @@ def test_quickstart_under_torchrun():
     assert "sizes [6667, 13333]" in r.stdout
     assert "rank 0: 6667 points" in r.stdout and "rank 1: 13333 points" in r.stdout
     assert "weight gradients equal a single-device run" in r.stdout
+    # seeded: the loss is the one the README promises
+    promised = re.search(r"rank 0 ends with `(loss [0-9.]+)`", (ROOT / "README.md").read_text())
+    assert promised and promised.group(1) + ";" in r.stdout, r.stdout
 
 
 def test_shutdown_with_exit_code_ends_every_rank_there(tmp_path):

@@ -13,19 +13,27 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", type=int, default=4, help="shards in the store")
     parser.add_argument("--ranks", type=int, default=2, help="gloo ranks that train")
     parser.add_argument("--steps", type=int, default=30, help="training steps")
-    parser.add_argument("--method", default="hilbert", help="partition method")
+    parser.add_argument(
+        "--method", default="hilbert", choices=["hilbert", "morton", "rcb", "metis"],
+        help="partition method",
+    )  # fmt: skip
     parser.add_argument("--no-png", action="store_true", help="skip the PNG renderings")
 
 
 def run(args: argparse.Namespace) -> int:
+    from meshshard.commands._checks import check_out_dir
     from meshshard.demo import run_demo
 
+    if args.ranks < 1 or args.parts < 1:
+        msg = f"--ranks {args.ranks} and --parts {args.parts} must be >= 1"
+        raise CLIError(msg)
     if args.parts % args.ranks:
         msg = f"--ranks {args.ranks} must divide --parts {args.parts}"
         raise CLIError(msg)
     if args.cells < 100 or args.steps < 1:
         msg = "--cells must be >= 100 and --steps >= 1"
         raise CLIError(msg)
+    check_out_dir(args.out)  # before generating anything
     summary = run_demo(args.out, cells=args.cells, parts=args.parts, ranks=args.ranks,
                        steps=args.steps, method=args.method, png=not args.no_png)
     return 0 if summary["max_rel_diff"] < 1e-3 else 1

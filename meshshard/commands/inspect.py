@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from meshshard.cli import CLIError
-from meshshard.commands.partition import METHODS, add_geometry_args, parse_targets
+from meshshard.commands.partition import (
+    AUTO_FULL_CELLS,
+    METHODS,
+    add_geometry_args,
+    build_report,
+    check_parts,
+    metrics_mode,
+    parse_targets,
+)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +31,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", help="geometry for a partition directory (default: recorded)")
     add_geometry_args(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--allow-empty", action="store_true", help="allow empty shards")
+    parser.add_argument(
+        "--metrics", choices=("auto", "full", "cut"), default="auto",
+        help="full: every graph metric; cut: edge cut, volume, halos and neighbours from the "
+        "cells along the cuts (dual graph only); auto (default): full up to "
+        f"{AUTO_FULL_CELLS:,} cells, cut above (stores: always a full kNN graph)",
+    )  # fmt: skip
     parser.add_argument("--png", metavar="FILE", help="render the shards to a PNG (off-screen)")
     parser.add_argument(
         "--verify",
@@ -31,6 +45,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="STORE: recompute the crc32 of every chunk file against the store's record "
         "(exit status 2 and the first difference when it is damaged)",
     )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _format_tree(d: dict, indent: int = 0) -> list[str]:
@@ -57,6 +72,7 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
     except ImportError as exc:
         msg = f"{path}: inspecting zarr stores needs meshshard.pipelines.store ({exc})"
         raise CLIError(msg) from exc
+    from meshshard.commands._progress import Stages, progress_enabled
     from meshshard.partition import knn_graph
     from meshshard.partition.report import format_report, render_png, report
 
@@ -70,22 +86,27 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
         summary["verified"] = verified
     out: dict = {"store": summary}
     shown = None
-    for name in ("surface", "volume"):
-        if not isinstance(summary.get(name), dict):
-            continue
-        part, points = store_partition(path, name)
-        t0 = time.perf_counter()
-        graph = knn_graph(points, args.knn)
-        timings = {"graph": time.perf_counter() - t0}
-        out[name] = report(part, graph=graph, points=points, timings=timings,
-                           source=f"{path} [{name}]")  # fmt: skip
-        shown = shown or (part, points)
-    if args.png:
-        if shown is None:
-            msg = f"{path}: no surface or volume part to render"
-            raise CLIError(msg)
-        render_png(shown[0], args.png, points=shown[1])
-        out["png"] = str(args.png)
+    names = [n for n in ("surface", "volume") if isinstance(summary.get(n), dict)]
+    enabled = progress_enabled(args.no_progress)
+    with Stages("meshshard inspect", 3 * len(names) + bool(args.png), enabled=enabled) as st:
+        for name in names:
+            with st.stage(f"{name} read"):
+                part, points = store_partition(path, name)
+            with st.stage(f"{name} graph", f"kNN-{args.knn}"):
+                graph = knn_graph(points, args.knn)
+            with st.stage(f"{name} metrics"):
+                out[name] = report(part, graph=graph, points=points,
+                                   timings={"graph": st.timings[f"{name} graph"]},
+                                   source=f"{path} [{name}]")  # fmt: skip
+            shown = shown or (part, points, out[name], name)
+        if args.png:
+            if shown is None:
+                msg = f"{path}: no surface or volume part to render"
+                raise CLIError(msg)
+            with st.stage("render"):
+                render_png(shown[0], args.png, points=shown[1], report=shown[2],
+                           solid=shown[3] == "volume")  # fmt: skip
+            out["png"] = str(args.png)
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True, default=str))
         return 0
@@ -98,58 +119,81 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from meshshard.commands._checks import check_out_file
+    from meshshard.commands._progress import Stages, progress_enabled
     from meshshard.partition import Partition, partition
-    from meshshard.partition.io import load_geometry
-    from meshshard.partition.report import format_report, render_png, report
+    from meshshard.partition.io import MESH_SUFFIXES, load_geometry
+    from meshshard.partition.report import format_report, render_png
 
     target = Path(args.target)
+    if args.png:
+        check_out_file(args.png)
+    if not target.exists():
+        msg = (
+            f"{args.target}: no such file or directory; give a directory written by "
+            "`meshshard partition --out`, a run_i.zarr store, or a mesh/points file "
+            f"({' '.join(MESH_SUFFIXES)} .npy) with --parts P"
+        )
+        raise CLIError(msg)
     if target.suffix == ".zarr" or (target / "zarr.json").is_file():
         return _inspect_store(target, args)
-    timings: dict[str, float] = {}
-    if target.is_dir():
-        part = Partition.load(target)
-        src = args.input or part.params.get("input")
-        if not src:
-            msg = f"{target}: no input path recorded; pass --input MESH to compute the metrics"
-            raise CLIError(msg)
-        on = args.on or part.params.get("on")
-        geom = load_geometry(src, on=on)
-        if geom.points.shape[0] != part.num_points:
-            msg = (
-                f"{src} gives {geom.points.shape[0]} {geom.on} but the partition in {target} "
-                f"has {part.num_points} rows; pass the matching --input/--on"
-            )
-            raise CLIError(msg)
-        kind = args.graph or part.params.get("graph")
-        knn = args.knn if args.graph else int(part.params.get("knn", args.knn))
-    else:
-        if args.parts is None:
-            msg = f"{target} is a mesh/points file: pass --parts P (and --method) to partition it"
-            raise CLIError(msg)
-        t0 = time.perf_counter()
-        geom = load_geometry(target, on=args.on)
-        timings["read"] = time.perf_counter() - t0
-        kind, knn = args.graph, args.knn
-        part = None
-    t0 = time.perf_counter()
-    graph = geom.graph(kind, knn=knn)
-    timings["graph"] = time.perf_counter() - t0
-    if part is None:
-        t0 = time.perf_counter()
-        extra = {"graph": graph} if args.method == "metis" else {}
-        part = partition(
-            geom.points, args.parts, method=args.method, targets=parse_targets(args.targets),
-            **extra,
-        )  # fmt: skip
-        timings["partition"] = time.perf_counter() - t0
-    weights_field = part.params.get("weights_field")
-    weights = geom.field(weights_field) if weights_field else None
-    t0 = time.perf_counter()
-    rep = report(part, graph=graph, points=geom.points, weights=weights, timings=timings,
-                 source=geom.source)  # fmt: skip
-    rep["timings"]["metrics"] = time.perf_counter() - t0
-    if args.png:
-        render_png(part, args.png, mesh=geom.mesh, points=geom.points, on=geom.on)
-        rep["png"] = str(args.png)
+    enabled = progress_enabled(args.no_progress)
+    with Stages("meshshard inspect", 5, enabled=enabled) as st:
+        if target.is_dir():
+            part = Partition.load(target)
+            src = args.input or part.params.get("input")
+            if not src:
+                msg = f"{target}: no input path recorded; pass --input MESH to compute the metrics"
+                raise CLIError(msg)
+            on = args.on or part.params.get("on")
+            with st.stage("read"):
+                geom = load_geometry(src, on=on)
+            if geom.points.shape[0] != part.num_points:
+                msg = (
+                    f"{src} gives {geom.points.shape[0]} {geom.on} but the partition in "
+                    f"{target} has {part.num_points} rows; pass the matching --input/--on"
+                )
+                raise CLIError(msg)
+            kind = args.graph or part.params.get("graph")
+            knn = args.knn if args.graph else int(part.params.get("knn", args.knn))
+        else:
+            if args.parts is None:
+                msg = (
+                    f"{target} is a mesh/points file: pass --parts P (and --method) to "
+                    "partition it"
+                )
+                raise CLIError(msg)
+            targets = parse_targets(args.targets, args.parts)
+            with st.stage("read"):
+                geom = load_geometry(target, on=args.on)
+            check_parts(args.parts, geom.points.shape[0], allow_empty=args.allow_empty, geom=geom)
+            kind, knn = args.graph, args.knn
+            part = None
+        kind = kind or geom.default_graph()
+        method = args.method if part is None else ""  # "": nothing to partition here
+        auto = args.metrics == "auto"
+        mode = metrics_mode(args.metrics, kind, method, geom.points.shape[0])
+        need_graph = mode == "full" or method == "metis"
+        st.set_total(2 + need_graph + (part is None) + bool(args.png))
+        graph = None
+        if need_graph:
+            with st.stage("graph", kind):
+                graph = geom.graph(kind, knn=knn)
+        if part is None:
+            extra = {"graph": graph} if args.method == "metis" else {}
+            with st.stage("partition", args.method):
+                part = partition(
+                    geom.points, args.parts, method=args.method, targets=targets,
+                    allow_empty=args.allow_empty, **extra,
+                )  # fmt: skip
+        weights_field = part.params.get("weights_field")
+        weights = geom.field(weights_field) if weights_field else None
+        rep = build_report(part, geom, graph, weights, mode, st, auto=auto)
+        if args.png:
+            with st.stage("render"):
+                render_png(part, args.png, mesh=geom.mesh, points=geom.points, on=geom.on,
+                           report=rep)  # fmt: skip
+            rep["png"] = str(args.png)
+    rep["timings"] = dict(st.timings)
     print(json.dumps(rep, indent=2, sort_keys=True) if args.json else format_report(rep))
     return 0

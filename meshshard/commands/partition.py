@@ -5,23 +5,65 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+import math
 from pathlib import Path
+from typing import Any
 
 from meshshard.cli import CLIError
 
 METHODS = ("hilbert", "morton", "rcb", "metis")
+#: ``--metrics auto`` builds the whole dual graph up to this many cells (a few seconds)
+AUTO_FULL_CELLS = 1_000_000
 
 
-def parse_targets(text: str | None) -> list[float] | None:
-    """``"0.5,0.25,0.25"`` -> floats; errors say what was found."""
+def parse_targets(text: str | None, parts: int | None = None) -> list[float] | None:
+    """``"0.5,0.25,0.25"`` -> floats; errors name ``--targets`` and say what was found."""
     if text is None:
         return None
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        t = [float(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
         msg = f"--targets must be comma-separated fractions like 0.5,0.25,0.25; got {text!r}"
         raise CLIError(msg) from exc
+    if parts is not None and len(t) != parts:
+        msg = f"--targets has {len(t)} fraction(s) for --parts {parts}; give one per part"
+        raise CLIError(msg)
+    if any(not math.isfinite(x) or x < 0 for x in t):
+        msg = f"--targets must be finite fractions >= 0; got {text!r}"
+        raise CLIError(msg)
+    if t and abs(sum(t) - 1.0) > 1e-6:
+        msg = f"--targets must sum to 1, got {sum(t):.6g} ({text}); e.g. 0.5,0.25,0.25"
+        raise CLIError(msg)
+    return t
+
+
+def check_parts(parts: int, n: int, *, allow_empty: bool, geom: Any = None) -> None:
+    """``--parts`` against the number of rows, in the CLI's words (``--allow-empty``)."""
+    if parts < 1:
+        msg = f"--parts {parts} must be >= 1"
+        raise CLIError(msg)
+    if n < parts and not allow_empty:
+        on_cells = geom is not None and geom.on == "cells"
+        msg = (
+            f"--parts {parts} but only {n} {'cell(s)' if on_cells else 'point(s)'}: some "
+            "shards would be empty; pass --allow-empty (empty shards are legal) or use fewer "
+            "--parts"
+        )
+        if on_cells and geom.mesh is not None and geom.mesh.n_points >= parts:
+            msg += f", or --on points (the mesh has {geom.mesh.n_points} vertices)"
+        raise CLIError(msg)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (argparse turns the error into a usage line, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        msg = f"must be an integer >= 1, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
 
 
 def add_geometry_args(parser: argparse.ArgumentParser) -> None:
@@ -31,9 +73,11 @@ def add_geometry_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--graph", choices=("dual", "knn"), default=None,
-        help="graph for METIS and the metrics (default: dual on cells, knn on points)",
+        help="graph for METIS and the metrics (default: dual on polygon or volume cells, else knn)",
     )  # fmt: skip
-    parser.add_argument("--knn", type=int, default=8, help="neighbours of the kNN graph (8)")
+    parser.add_argument(
+        "--knn", type=positive_int, default=8, help="neighbours of the kNN graph (8)"
+    )
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -48,50 +92,125 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", "-o", required=True, help="output directory")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    parser.add_argument(
+        "--metrics", choices=("auto", "full", "cut", "none"), default="auto",
+        help="full: every graph metric (builds the whole graph); cut: edge cut, volume, halos "
+        "and neighbours from the cells along the cuts only (dual graph; no total edges or "
+        "contiguity); none: sizes and imbalance; auto (default): full up to "
+        f"{AUTO_FULL_CELLS:,} cells, cut above (metis: always full)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-metrics", action="store_true",
+        help="same as --metrics none: no graph is built unless --method metis needs one",
+    )  # fmt: skip
+    parser.add_argument("--png", metavar="FILE", help="also render the shards to a PNG")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
+    from meshshard.commands._checks import check_out_dir, check_out_file
+    from meshshard.commands._progress import Stages, progress_enabled
     from meshshard.partition import Partition, partition
     from meshshard.partition.io import load_geometry
-    from meshshard.partition.report import format_report, report
+    from meshshard.partition.report import format_report, render_png
 
+    # everything that can be refused is refused before the expensive work
     out = Path(args.out)
     if out.exists() and not args.force:
         msg = f"{out} already exists; pass --force to overwrite it or choose another --out"
         raise CLIError(msg)
-    if out.exists() and not out.is_dir():
-        msg = f"{out} exists and is not a directory"
+    check_out_dir(out)
+    if args.png:
+        check_out_file(args.png)
+    if args.parts < 1:
+        check_parts(args.parts, 0, allow_empty=True)
+    targets = parse_targets(args.targets, args.parts)
+    mode = "none" if args.no_metrics else args.metrics
+    if mode == "cut" and args.graph == "knn" and args.method != "metis":
+        msg = "--metrics cut counts faces of the dual graph; with --graph knn use --metrics full"
         raise CLIError(msg)
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    geom = load_geometry(args.input, on=args.on)
-    timings["read"] = time.perf_counter() - t0
-    weights = geom.field(args.weights) if args.weights else None
-    targets = parse_targets(args.targets)
-    t0 = time.perf_counter()
-    graph = geom.graph(args.graph, knn=args.knn)
-    timings["graph"] = time.perf_counter() - t0
-    extra = {"seed": args.seed, "graph": graph} if args.method == "metis" else {}
-    t0 = time.perf_counter()
-    part = partition(
-        geom.points, args.parts, method=args.method, weights=weights, targets=targets,
-        allow_empty=args.allow_empty, **extra,
-    )  # fmt: skip
-    timings["partition"] = time.perf_counter() - t0
-    params = dict(part.params)
-    params.update(
-        input=str(Path(args.input).resolve()), on=geom.on,
-        graph=args.graph or ("dual" if geom.on == "cells" else "knn"), knn=args.knn,
-        weights_field=args.weights,
-    )  # fmt: skip
-    part = Partition(part.assignment, part.order, part.sizes, method=part.method, params=params)
-    rep = report(part, graph=graph, points=geom.points, weights=weights, timings=timings,
-                 source=geom.source)  # fmt: skip
-    part.save(out)
-    tmp = out / "metrics.json.tmp"
-    tmp.write_text(json.dumps(rep, indent=2, sort_keys=True))
-    tmp.replace(out / "metrics.json")
+    enabled = progress_enabled(args.no_progress)
+    with Stages("meshshard partition", 6, enabled=enabled) as st:
+        with st.stage("read"):
+            geom = load_geometry(args.input, on=args.on)
+        weights = geom.field(args.weights) if args.weights else None
+        check_parts(args.parts, geom.points.shape[0], allow_empty=args.allow_empty, geom=geom)
+        kind = args.graph or geom.default_graph()
+        auto = mode == "auto"
+        mode = metrics_mode(mode, kind, args.method, geom.points.shape[0])
+        need_graph = args.method == "metis" or mode == "full"
+        st.set_total(3 + need_graph + (mode != "none") + bool(args.png))
+        graph = None
+        if need_graph:
+            why = "for METIS" if args.method == "metis" else "for the metrics"
+            with st.stage("graph", f"{kind}, {why}"):
+                graph = geom.graph(kind, knn=args.knn)
+        extra = {"seed": args.seed, "graph": graph} if args.method == "metis" else {}
+        with st.stage("partition", args.method):
+            part = partition(
+                geom.points, args.parts, method=args.method, weights=weights, targets=targets,
+                allow_empty=args.allow_empty, **extra,
+            )  # fmt: skip
+        params = dict(part.params)
+        params.update(
+            input=str(Path(args.input).resolve()), on=geom.on, graph=kind, knn=args.knn,
+            weights_field=args.weights,
+        )  # fmt: skip
+        part = Partition(part.assignment, part.order, part.sizes, method=part.method,
+                         params=params)  # fmt: skip
+        rep = build_report(part, geom, graph, weights, mode, st, auto=auto)
+        with st.stage("write"):
+            part.save(out)
+            tmp = out / "metrics.json.tmp"
+            tmp.write_text(json.dumps(rep, indent=2, sort_keys=True))
+            tmp.replace(out / "metrics.json")
+        if args.png:
+            with st.stage("render"):
+                render_png(part, args.png, mesh=geom.mesh, points=geom.points, on=geom.on,
+                           report=rep)  # fmt: skip
+    rep["timings"] = dict(st.timings)
     print(json.dumps(rep, indent=2, sort_keys=True) if args.json else format_report(rep))
     if not args.json:
-        print(f"wrote {out / 'partition.npz'}, {out / 'partition.json'}, {out / 'metrics.json'}")
+        wrote = [out / "partition.npz", out / "partition.json", out / "metrics.json"]
+        if args.png:
+            wrote.append(Path(args.png))
+        print("wrote " + ", ".join(str(w) for w in wrote))
     return 0
+
+
+def metrics_mode(mode: str, kind: str, method: str, n: int) -> str:
+    """``auto`` -> ``full`` or ``cut``; METIS has its graph anyway, so ``cut`` is ``full``."""
+    if method == "metis" and mode in ("auto", "cut"):
+        return "full"
+    if mode == "auto":
+        return "cut" if kind == "dual" and n > AUTO_FULL_CELLS else "full"
+    if mode == "cut" and kind != "dual":
+        msg = (
+            "--metrics cut counts faces of the dual graph, and this input gets a kNN graph; "
+            "use --metrics full or --no-metrics"
+        )
+        raise CLIError(msg)
+    return mode
+
+
+def build_report(
+    part: Any, geom: Any, graph: Any, weights: Any, mode: str, st: Any, *, auto: bool
+) -> dict:
+    """The report dict for ``--metrics`` ``mode`` (full / cut / none)."""
+    from meshshard.partition.cutcount import dual_cut_metrics
+    from meshshard.partition.report import report
+
+    if mode == "full":
+        with st.stage("metrics"):
+            return report(part, graph=graph, points=geom.points, weights=weights,
+                          timings=st.timings, source=geom.source)  # fmt: skip
+    rep = report(part, points=geom.points, weights=weights, timings=st.timings,
+                 source=geom.source)  # fmt: skip
+    if mode == "none":
+        rep["graph_metrics"] = "skipped (--no-metrics)"
+        return rep
+    with st.stage("metrics", "cut faces only"):
+        rep.update(dual_cut_metrics(geom.mesh, part))
+    why = f"above {AUTO_FULL_CELLS:,} cells the default" if auto else "--metrics cut"
+    rep["graph_metrics"] = f"not computed ({why} counts cut faces only; --metrics full adds them)"
+    return rep

@@ -15,6 +15,7 @@ __all__ = [
     "MESH_SUFFIXES",
     "Geometry",
     "cell_centers",
+    "dual_graph_supported",
     "load_geometry",
     "read_mesh",
     "read_points",
@@ -58,21 +59,26 @@ def read_mesh(path: str | Path) -> Any:
     import pyvista as pv
     from pyvista.core.utilities.observers import VtkErrorCatcher
 
+    from meshshard._vtklog import capture_vtk_output
+
     p = _check_file(path, MESH_SUFFIXES)
     if p.suffix.lower() == ".ply":
         _check_ply(p)  # VTK's PLY reader crashes the process on truncated binary files
-    with warnings.catch_warnings(record=True) as caught, VtkErrorCatcher() as vtk_errors:
+    # VTK's own messages go to a buffer (not 20-odd lines on stderr) and into the error below
+    with capture_vtk_output() as vtk_log, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        try:
-            mesh = pv.read(p)
-        except Exception as exc:
-            msg = f"{p}: unreadable mesh file ({type(exc).__name__}: {exc})"
-            raise ValueError(msg) from exc
+        with VtkErrorCatcher() as vtk_errors:
+            try:
+                mesh = pv.read(p)
+            except Exception as exc:
+                said = vtk_log.summary() or f"{type(exc).__name__}: {exc}"
+                msg = f"{p}: unreadable mesh file (VTK: {said})"
+                raise ValueError(msg) from exc
     problems = [str(e.alert).strip() for e in vtk_errors.events]
     problems += [str(w.message).strip() for w in caught if "error" in str(w.message).lower()]
     if problems:
-        first = problems[0].splitlines()[0][:200]
-        msg = f"{p}: unreadable or truncated mesh file (VTK reported: {first})"
+        said = vtk_log.summary() or problems[0].splitlines()[0][:200]
+        msg = f"{p}: unreadable or truncated mesh file (VTK: {said}); re-export or re-download it"
         raise ValueError(msg)
     if isinstance(mesh, pv.MultiBlock):
         msg = f"{p}: holds a multi-block dataset; save one block (e.g. mesh[0]) and retry"
@@ -142,9 +148,22 @@ def read_points(path: str | Path) -> np.ndarray:
     p = _check_file(path, (*MESH_SUFFIXES, ".npy"))
     if p.suffix.lower() != ".npy":
         return np.asarray(read_mesh(p).points, dtype=np.float64)
+    with open(p, "rb") as fh:
+        if fh.read(6) != b"\x93NUMPY":
+            msg = f"{p}: not a .npy file (no NumPy header); write points with np.save(path, xyz)"
+            raise ValueError(msg)
     try:
         arr = np.load(p, allow_pickle=False)
-    except Exception as exc:  # ValueError/EOFError/UnpicklingError on corrupt files
+    except ValueError as exc:  # pickled object arrays are refused, never unpickled
+        if "pickle" not in str(exc).lower():
+            msg = f"{p}: unreadable or truncated .npy file ({exc})"
+            raise ValueError(msg) from exc
+        msg = (
+            f"{p}: holds Python objects, not numbers; save the coordinates as a float array, "
+            "e.g. np.save(path, np.asarray(xyz, dtype=float))"
+        )
+        raise ValueError(msg) from exc
+    except Exception as exc:  # EOFError/OSError on truncated files
         msg = f"{p}: unreadable or truncated .npy file ({exc})"
         raise ValueError(msg) from exc
     if arr.ndim != 2 or arr.shape[1] not in (2, 3):
@@ -157,11 +176,19 @@ def cell_centers(mesh: Any) -> np.ndarray:
     """Vertex average of every cell (vectorised over the connectivity), shape (ncells, 3).
 
     Equals VTK's cell centre for simplices, parallelograms and parallelepipeds; for other
-    cells it is the vertex centroid.
+    cells it is the vertex centroid. Any cell kind counts (lines and vertices too).
     """
+    import pyvista as pv
+
     from meshshard.partition.graph import mesh_connectivity
 
-    conn, off, _ = mesh_connectivity(mesh)
+    if isinstance(mesh, pv.PolyData) and mesh.n_cells != mesh.GetNumberOfPolys():
+        # lines, vertices or strips: the dual graph refuses them, but they have centres
+        ug = mesh.cast_to_unstructured_grid()
+        conn = np.asarray(ug.cell_connectivity, dtype=np.int64)
+        off = np.asarray(pv.convert_array(ug.GetCells().GetOffsetsArray()), dtype=np.int64)
+    else:
+        conn, off, _ = mesh_connectivity(mesh)
     pts = np.asarray(mesh.points, dtype=np.float64)
     counts = np.diff(off)
     if (counts == 0).any():
@@ -169,6 +196,33 @@ def cell_centers(mesh: Any) -> np.ndarray:
         raise ValueError(msg)
     sums = np.add.reduceat(pts[conn], off[:-1], axis=0) if counts.size else np.zeros((0, 3))
     return sums / counts[:, None]
+
+
+def dual_graph_supported(mesh: Any) -> bool:
+    """Whether :func:`~meshshard.partition.dual_graph` takes ``mesh``'s cells (PolyData with
+    lines, vertices or strips is refused; polygons and linear volume cells are fine)."""
+    import pyvista as pv
+
+    if isinstance(mesh, pv.PolyData):
+        return mesh.n_cells > 0 and mesh.n_cells == mesh.GetNumberOfPolys()
+    return True
+
+
+def _check_finite_points(pts: np.ndarray, source: str, on: str) -> None:
+    """Name the mesh points (vertex ids) with NaN/inf coordinates, not the rows derived
+    from them."""
+    if pts.size and np.isfinite(pts.min()) and np.isfinite(pts.max()):
+        return
+    bad = np.flatnonzero(~np.isfinite(pts).all(axis=1))
+    ids = ", ".join(str(i) for i in bad[:5].tolist()) + (", ..." if bad.size > 5 else "")
+    if bad.size == 1:
+        msg = f"{source}: point {ids} has NaN or inf coordinates"
+    else:
+        msg = f"{source}: points {ids} ({bad.size} in all) have NaN or inf coordinates"
+    if on == "cells":
+        msg += ", so the centres of the cells using them are undefined"
+    msg += "; repair or remove those points (e.g. fix the export, or mesh.extract_points)"
+    raise ValueError(msg)
 
 
 @dataclass
@@ -200,6 +254,12 @@ class Geometry:
         if name not in data:
             have = ", ".join(data.keys()) or "none"
             msg = f"{self.source}: no {self.on[:-1]} field {name!r} (available: {have})"
+            other = "points" if self.on == "cells" else "cells"
+            if name in (self.mesh.point_data if other == "points" else self.mesh.cell_data):
+                msg += (
+                    f"; {name!r} is a {other[:-1]} field: add --on {other} to partition the "
+                    f"mesh's {'vertices' if other == 'points' else 'cells'} weighted by it"
+                )
             raise ValueError(msg)
         arr = np.asarray(data[name])
         if arr.ndim != 1:
@@ -207,14 +267,27 @@ class Geometry:
             raise ValueError(msg)
         return arr
 
+    def default_graph(self) -> str:
+        """``"dual"`` on cells the dual graph takes, else ``"knn"``."""
+        if self.on == "cells" and dual_graph_supported(self.mesh):
+            return "dual"
+        return "knn"
+
     def graph(self, kind: str | None = None, knn: int = 8) -> Any:
         """Adjacency: the dual graph of the cells (default on cells) or a kNN graph."""
         from meshshard.partition.graph import dual_graph, knn_graph
 
-        kind = kind or ("dual" if self.on == "cells" else "knn")
+        kind = kind or self.default_graph()
         if kind == "dual":
             if self.on != "cells":
                 msg = "the dual graph connects cells; use --graph knn when partitioning points"
+                raise ValueError(msg)
+            if not dual_graph_supported(self.mesh):
+                msg = (
+                    f"{self.source}: the dual graph needs polygon or volume cells, and this "
+                    "mesh has lines, vertices or strips; use --graph knn (a kNN graph of the "
+                    "cell centres)"
+                )
                 raise ValueError(msg)
             return dual_graph(self.mesh)
         if kind == "knn":
@@ -240,7 +313,9 @@ def load_geometry(path: str | Path, on: str | None = None) -> Geometry:
         if on == "cells":
             msg = f"{p}: a .npy point cloud has no cells; use --on points"
             raise ValueError(msg)
-        return Geometry(read_points(p), "points", None, str(p))
+        pts = read_points(p)
+        _check_finite_points(pts, str(p), "points")
+        return Geometry(pts, "points", None, str(p))
     mesh = read_mesh(p)
     import pyvista as pv
 
@@ -248,9 +323,12 @@ def load_geometry(path: str | Path, on: str | None = None) -> Geometry:
     has_cells = mesh.n_cells > 0 and not only_verts
     if on is None:
         on = "cells" if has_cells else "points"
+    pts = np.asarray(mesh.points, dtype=np.float64)
     if on == "cells":
         if not has_cells:
             msg = f"{p}: the mesh has no cells to partition; use --on points"
             raise ValueError(msg)
+        _check_finite_points(pts, str(p), on)
         return Geometry(cell_centers(mesh), "cells", mesh, str(p))
-    return Geometry(np.asarray(mesh.points, dtype=np.float64), "points", mesh, str(p))
+    _check_finite_points(pts, str(p), on)
+    return Geometry(pts, "points", mesh, str(p))

@@ -1,18 +1,19 @@
 """A gpmetis-like report of a partition: :func:`report` (dict), :func:`format_report` (text),
-:func:`render_png` (the geometry coloured by shard, off-screen).
+:func:`render_png` (the shards in 3-D, their sizes and the numbers; see
+:mod:`meshshard.partition.render`).
 
 The pipelines package reuses these for ``meshshard inspect run_i.zarr``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from meshshard.partition.quality import metrics
 from meshshard.partition.record import Partition
+from meshshard.partition.render import render_png, shard_palette
 
 __all__ = ["format_report", "render_png", "report", "shard_palette"]
 
@@ -80,10 +81,13 @@ def format_report(d: dict[str, Any]) -> str:
     worst = d["most_overweight_part"]
     lines.append(f"  most overweight part: {worst} ({_n(sizes[worst])} rows)")
     if "edge_cut" in d:
-        lines.append(
-            f"  edge cut: {_n(d['edge_cut'])} of {_n(d['num_edges'])} edges "
-            f"({100 * d['edge_cut_fraction']:.2f}%)"
-        )
+        if "num_edges" in d:
+            lines.append(
+                f"  edge cut: {_n(d['edge_cut'])} of {_n(d['num_edges'])} edges "
+                f"({100 * d['edge_cut_fraction']:.2f}%)"
+            )
+        else:
+            lines.append(f"  edge cut: {_n(d['edge_cut'])} edges")
         lines.append(f"  communication volume: {_n(d['comm_volume'])}")
         halo = np.asarray(d["halo_sizes"])
         lines.append(
@@ -94,96 +98,19 @@ def format_report(d: dict[str, Any]) -> str:
         lines.append(
             f"  neighbours per part: max {nb['max']}, min {nb['min']}, avg {nb['mean']:.2f}"
         )
-        comp = np.asarray(d["components"])
-        lines.append(
-            f"  contiguity: {d['noncontiguous_parts']} of {d['parts']} parts non-contiguous "
-            f"(components per part max {int(comp.max()) if comp.size else 0})"
-        )
+        if "components" in d:
+            comp = np.asarray(d["components"])
+            lines.append(
+                f"  contiguity: {d['noncontiguous_parts']} of {d['parts']} parts non-contiguous "
+                f"(components per part max {int(comp.max()) if comp.size else 0})"
+            )
+        else:
+            lines.append(f"  total edges, contiguity: {d.get('graph_metrics', 'not computed')}")
+    elif d.get("graph_metrics"):
+        lines.append(f"  edge cut, volume, halos and contiguity: {d['graph_metrics']}")
     else:
         lines.append("  (no graph: edge cut, volume, halos and contiguity not computed)")
     if d.get("timings"):
         t = ", ".join(f"{k} {v:.3f} s" for k, v in d["timings"].items())
         lines.append(f"  time: {t}")
     return "\n".join(lines)
-
-
-def shard_palette(parts: int) -> np.ndarray:
-    """Categorical colours, shape (parts, 3) uint8: tab10/tab20, else a spread of hues."""
-    import matplotlib
-
-    if parts <= 10:
-        rgb = np.asarray(matplotlib.colormaps["tab10"].colors)[:parts]
-    elif parts <= 20:
-        rgb = np.asarray(matplotlib.colormaps["tab20"].colors)[:parts]
-    else:
-        golden = (np.arange(parts) * 0.6180339887) % 1.0  # neighbours in id get distant hues
-        rgb = matplotlib.colormaps["turbo"](0.05 + 0.9 * golden)[:, :3]
-    return np.round(np.asarray(rgb) * 255).astype(np.uint8)
-
-
-def render_png(
-    partition: Partition,
-    path: str | Path,
-    *,
-    mesh: Any = None,
-    points: Any = None,
-    on: str = "cells",
-    window_size: tuple[int, int] = (1024, 768),
-) -> Path:
-    """Render the geometry coloured by shard (off-screen) and save a PNG.
-
-    Parameters
-    ----------
-    partition : Partition
-        Over the mesh's cells (``on="cells"``), its points (``on="points"``), or ``points``.
-    path : str or Path
-        Output PNG.
-    mesh : pyvista.DataSet, optional
-    points : array of shape (N, 3) or (N, 2), optional
-        Used when ``mesh`` is None.
-    on : {"cells", "points"}
-    window_size : (int, int)
-
-    Returns
-    -------
-    Path
-    """
-    import pyvista as pv
-
-    path = Path(path)
-    shard = partition.assignment.astype(np.int64)
-    colours = shard_palette(partition.nparts)
-    if mesh is None:
-        pts = np.asarray(points, dtype=np.float64)
-        if pts.shape[1] == 2:
-            pts = np.c_[pts, np.zeros(len(pts))]
-        geom = pv.PolyData(pts)
-        geom.point_data["shard"] = shard
-        style = {"render_points_as_spheres": True, "point_size": 6}
-    else:
-        geom = mesh.copy(deep=False)
-        (geom.cell_data if on == "cells" else geom.point_data)["shard"] = shard
-        style = {}
-    pl = pv.Plotter(off_screen=True, window_size=list(window_size))
-    pl.background_color = "white"
-    pl.add_mesh(
-        geom,
-        scalars="shard",
-        preference="cell" if (mesh is not None and on == "cells") else "point",
-        categories=True,
-        cmap=[f"#{r:02x}{g:02x}{b:02x}" for r, g, b in colours],
-        clim=[0, max(partition.nparts - 1, 1)],
-        n_colors=partition.nparts,
-        lighting=False,
-        scalar_bar_args={
-            "fmt": "%.0f", "title": "shard", "color": "black", "vertical": True,
-            "position_x": 0.88, "position_y": 0.1, "height": 0.8,
-            "n_labels": min(partition.nparts, 11),
-        },  # fmt: skip
-        **style,
-    )
-    pl.view_isometric()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pl.screenshot(str(path))
-    pl.close()
-    return path

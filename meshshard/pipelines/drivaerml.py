@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from meshshard._vtklog import capture_vtk_output
 from meshshard.pipelines.errors import InputFileError
 from meshshard.pipelines.geometry import (
     cell_centres,
@@ -186,8 +187,11 @@ READER_ENV = "MESHSHARD_READER"
 _XML_READERS = {".vtp": "vtkXMLPolyDataReader", ".vtu": "vtkXMLUnstructuredGridReader"}
 
 
-def _corrupt(path: Path, exc: BaseException) -> InputFileError:
+def _corrupt(path: Path, exc: BaseException, vtk_said: str = "") -> InputFileError:
+    """The one-line error for a file VTK could not read; ``vtk_said`` is VTK's own output
+    (captured by :func:`meshshard._vtklog.capture_vtk_output`), preferred when present."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = vtk_said or first
     msg = f"{path}: truncated or corrupt VTK file ({first[:300]}); re-export or re-download it"
     return InputFileError(msg, path)
 
@@ -334,7 +338,7 @@ def _read_xml_vtk(path: Path, specs: tuple[FieldSpec, ...]):
     from vtkmodules import vtkIOXML
 
     try:
-        with pv.VtkErrorCatcher(raise_errors=True):
+        with capture_vtk_output() as said, pv.VtkErrorCatcher(raise_errors=True):
             reader = getattr(vtkIOXML, _XML_READERS[path.suffix.lower()])()
             reader.SetFileName(str(path))
             reader.GetPointDataArraySelection().SetUnknownArraySetting(0)
@@ -345,7 +349,7 @@ def _read_xml_vtk(path: Path, specs: tuple[FieldSpec, ...]):
             reader.Update()
         mesh = pv.wrap(reader.GetOutput())
     except (RuntimeError, OSError) as exc:
-        raise _corrupt(path, exc) from exc
+        raise _corrupt(path, exc, said.summary()) from exc
     _require_cells(path, mesh)
     read = set(mesh.cell_data.keys())
     names = [cells.GetArrayName(i) for i in range(cells.GetNumberOfArrays())]
@@ -358,7 +362,7 @@ def _read_cells_generic(path: Path, specs: tuple[FieldSpec, ...]):
     import pyvista as pv
 
     try:
-        with pv.VtkErrorCatcher(raise_errors=True):
+        with capture_vtk_output() as said, pv.VtkErrorCatcher(raise_errors=True):
             reader = pv.get_reader(str(path))
             available = list(reader.cell_array_names)
             point_arrays = list(reader.point_array_names)
@@ -370,9 +374,9 @@ def _read_cells_generic(path: Path, specs: tuple[FieldSpec, ...]):
                 reader.disable_all_cell_arrays()
                 for s in present:
                     reader.enable_cell_array(s.name)
-        mesh = reader.read()  # pyvista raises VTKExecutionError (a RuntimeError) on VTK errors
+            mesh = reader.read()  # pyvista raises VTKExecutionError (a RuntimeError) on errors
     except (RuntimeError, OSError) as exc:
-        raise _corrupt(path, exc) from exc
+        raise _corrupt(path, exc, said.summary()) from exc
     _require_cells(path, mesh)
     return mesh, available
 
@@ -480,10 +484,11 @@ def read_stl(path: str | Path) -> StlData:
     path = Path(path)
     _require(path, "STL")
     try:
-        with pv.VtkErrorCatcher(raise_errors=True):
+        with capture_vtk_output() as said, pv.VtkErrorCatcher(raise_errors=True):
             mesh = pv.read(str(path))
     except (RuntimeError, OSError) as exc:
-        msg = f"{path}: truncated or corrupt STL file ({str(exc).strip()[:300]})"
+        why = said.summary() or str(exc).strip()
+        msg = f"{path}: truncated or corrupt STL file ({why[:300]})"
         raise InputFileError(msg, path) from exc
     if mesh.n_cells == 0:
         problem = _binary_stl_problem(path)

@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ["api", "sfc", "rcb", "graph", "graphpart", "quality", "halo"]
+MODULES = ["api", "sfc", "rcb", "graph", "graphpart", "quality", "halo", "cutcount", "render"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,0 +1,68 @@
+"""The PNG shows every shard: exploded and cut-open views of volumes, a title and sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import pyvista as pv
+
+from meshshard.partition import Partition, partition
+from meshshard.partition.io import cell_centers
+from meshshard.partition.render import render_png, render_views
+from tests.partition._pixels import shard_pixels
+
+
+@pytest.fixture(scope="module")
+def cube():
+    grid = pv.ImageData(dimensions=(17, 17, 17)).cast_to_unstructured_grid()
+    return grid, cell_centers(grid)
+
+
+def test_every_shard_of_a_volume_is_visible(cube, tmp_path):
+    grid, centres = cube
+    part = partition(centres, 8, method="hilbert")  # one octant sits behind the centre
+    png = render_png(part, tmp_path / "hilbert.png", mesh=grid)
+    counts = shard_pixels(png, 8)
+    assert (counts > 400).all(), counts.tolist()
+
+
+def test_interior_shard_is_visible_through_the_cut(cube, tmp_path):
+    grid, centres = cube
+    r = np.linalg.norm(centres - centres.mean(axis=0), axis=1)
+    shells = Partition.from_assignment(np.digitize(r, [2.5, 5.0, 7.5]), 4, method="shells")
+    # shard 0 is a ball strictly inside shard 1 inside shard 2 ...: no outside view shows it
+    inner = centres[shells.assignment == 0]
+    assert inner.size and np.linalg.norm(inner - 8, axis=1).max() < 3
+    png = render_png(shells, tmp_path / "shells.png", mesh=grid)
+    counts = shard_pixels(png, 4)
+    assert (counts > 100).all(), counts.tolist()
+
+
+def test_surface_two_sides_and_flat_cloud(tmp_path):
+    sphere = pv.Sphere(theta_resolution=40, phi_resolution=40)
+    part = partition(cell_centers(sphere), 6, method="rcb")
+    images, captions = render_views(part, mesh=sphere)
+    assert captions == ["front", "back"] and images[0].shape == (640, 640, 3)
+    assert (shard_pixels(render_png(part, tmp_path / "s.png", mesh=sphere), 6) > 200).all()
+    pts = np.random.default_rng(0).random((2000, 2))
+    flat = partition(pts, 5)
+    images, captions = render_views(flat, points=pts)
+    assert captions == ["from above"] and len(images) == 1
+
+
+def test_title_names_method_parts_imbalance_and_cut():
+    from meshshard.partition.render import _title
+
+    part = Partition.from_assignment(np.array([0, 0, 0, 1]), 2, method="rcb")
+    text = _title(part, {"imbalance": 1.5, "edge_cut": 1234, "edge_cut_fraction": 0.1})
+    assert text.split("   ·   ") == ["rcb", "P = 2", "imbalance 1.500", "edge cut 1,234 (10.00%)"]
+    assert "edge cut skipped (--no-metrics)" in _title(
+        part, {"graph_metrics": "skipped (--no-metrics)"}
+    )
+
+
+def test_render_prints_no_x_server_noise(cube, tmp_path, capfd):
+    grid, centres = cube
+    render_png(partition(centres, 2), tmp_path / "q.png", mesh=grid)
+    err = capfd.readouterr().err
+    assert "bad X server" not in err and "DISPLAY" not in err, err
