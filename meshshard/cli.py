@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -48,11 +49,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    saved = _on_interrupt_raise()
     try:
         return int(args._module.run(args) or 0)
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM through _on_interrupt_raise
+        signum = exc.args[0] if isinstance(exc, Interrupted) else signal.SIGINT
+        name = signal.Signals(signum).name
+        print(f"meshshard {args.command}: interrupted by {name}, stopped", file=sys.stderr)
+        return 128 + signum
     except (CLIError, FileNotFoundError, FileExistsError, ValueError, TypeError) as exc:
         print(f"meshshard {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM (``args[0]``), raised in the main thread so that clean-up runs
+    (workers stopped, temporaries removed) before the command exits with 128 + signum."""
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _on_interrupt_raise() -> dict:
+    """Route SIGINT and SIGTERM to :class:`Interrupted`; returns the handlers to restore."""
+    import threading
+
+    saved: dict = {}
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            saved[s] = signal.signal(s, _raise_interrupted)
+    return saved
 
 
 if __name__ == "__main__":  # pragma: no cover
