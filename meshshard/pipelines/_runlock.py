@@ -64,9 +64,11 @@ def run_lock(dst: str | Path, name: str) -> Iterator[bool]:
 
 
 def _acquire(path: Path, store: str) -> int | None:
-    import fcntl
-
     global _warned
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return None
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
