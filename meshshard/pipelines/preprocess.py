@@ -477,7 +477,7 @@ def preprocess_runs(
         msg = f"isolate=False runs in this process: workers={workers} must be 1"
         raise ValueError(msg)
     names = list(runs) if runs is not None else discover_runs(src, schema)
-    if not names:
+    if runs is None and not names:
         raise FileNotFoundError(_no_runs_message(src, schema))
     dirs = [_safe_child(src, n, "run") for n in names]
     for n in names:
