@@ -71,6 +71,8 @@ def discover_runs(src: str | Path, schema: DatasetSchema = DRIVAERML) -> list[st
     src = Path(src)
     if not src.is_dir():
         msg = f"{src}: source directory does not exist"
+        if src.exists():
+            msg = f"{src} is a file: pass the directory holding {schema.run_prefix}<number>/ runs"
         raise FileNotFoundError(msg)
     runs = []
     for p in src.iterdir():

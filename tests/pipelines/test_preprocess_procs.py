@@ -297,6 +297,11 @@ def test_no_runs_is_an_error_that_says_where_it_looked(runs_src, tmp_path, capsy
     err = capsys.readouterr().err
     assert f"{runs_src / 'run_1'} looks like one run directory" in err
     assert f"meshshard preprocess drivaerml {runs_src} DST --runs run_1" in err
+    vtp = runs_src / "run_1" / "boundary_1.vtp"
+    assert main(["preprocess", "drivaerml", str(vtp), str(tmp_path / "o"), "--parts", "2"]) == 2
+    assert f"{vtp} is a file: pass the directory holding run_<number>/ runs" in (
+        capsys.readouterr().err
+    )
     assert not (tmp_path / "o").exists()
 
 
