@@ -383,9 +383,23 @@ def _clean_after_worker(dst: Path, pid: int) -> None:
             continue
 
 
-def _init_worker(threads: int) -> None:
-    """A preprocessing worker process: allocator tuning, and its share of the CPUs for the
-    VTK XML reader's decompression threads (workers x threads <= CPUs)."""
+def _parent_logging() -> tuple[int, str | None]:
+    """The root logger's level and first handler's format, for the workers to copy."""
+    root = logging.getLogger()
+    fmt = None
+    if root.handlers and root.handlers[0].formatter is not None:
+        fmt = root.handlers[0].formatter._fmt
+    return root.level, fmt
+
+
+def _init_worker(threads: int, log_setup: tuple[int, str | None] = (logging.WARNING, None)) -> None:
+    """A preprocessing worker process: the parent's logging, allocator tuning, and its share of
+    the CPUs for the VTK XML reader's decompression threads (workers x threads <= CPUs)."""
+    level, fmt = log_setup
+    if fmt is not None:
+        logging.basicConfig(level=level, format=fmt)
+    else:
+        logging.getLogger().setLevel(level)
     from meshshard.pipelines._alloc import tune_allocator
     from meshshard.pipelines.vtkxml import THREADS_ENV
 
@@ -512,7 +526,7 @@ def preprocess_runs(
             pool = WorkerPool(
                 n,
                 initializer=_init_worker,
-                initargs=(threads,),
+                initargs=(threads, _parent_logging()),
                 on_exit=functools.partial(_clean_after_worker, dst),
             )
             with pool:

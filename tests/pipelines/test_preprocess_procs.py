@@ -109,6 +109,8 @@ def test_a_crashing_run_fails_alone(three_runs, reference, tmp_path, workers, ho
     else:
         assert "run_2: the worker process (pid " in res.stderr and died in res.stderr
         assert f"while preprocessing {three_runs / 'run_2'}; the other runs went on" in res.stderr
+        # the worker logs like its parent (the command's format)
+        assert f"ERROR meshshard.pipelines.preprocess: {CRASH_RUN_ENV}=run_2:" in res.stderr
     assert "Traceback" not in res.stderr and "leaked semaphore" not in res.stderr
     assert sorted(p.name for p in out.iterdir()) == ["run_1.zarr", "run_3.zarr"]
     _same_stores(out, reference, ["run_1", "run_3"])
