@@ -141,7 +141,7 @@ class _Worker:
         self.proc = ctx.Process(
             target=_worker_main,
             args=(child_conn, os.getpid(), initializer, initargs),
-            daemon=True,
+            daemon=False,  # a task may start processes of its own; close() ends workers
             name="meshshard-worker",
         )
         self.proc.start()
