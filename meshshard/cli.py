@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -82,13 +83,12 @@ def describe_error(exc: BaseException) -> str:
     return str(exc).strip() or type(exc).__name__
 
 
-def interrupted(command: str | None) -> int:
-    """Ctrl-C: one line on stderr, exit code 130 (128 + SIGINT)."""
-    print(
-        f"meshshard {command}: interrupted" if command else "meshshard: interrupted",
-        file=sys.stderr,
-    )
-    return EXIT_INTERRUPTED
+def interrupted(command: str | None, signum: int = signal.SIGINT) -> int:
+    """SIGINT or SIGTERM: one line on stderr, exit code 128 + signum (130 or 143)."""
+    name = signal.Signals(signum).name
+    who = f"meshshard {command}" if command else "meshshard"
+    print(f"{who}: interrupted by {name}, stopped", file=sys.stderr)
+    return 128 + int(signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,12 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if debug else logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    saved = _on_interrupt_raise()
     try:
         return int(args._module.run(args) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM through _on_interrupt_raise
         if debug:
             traceback.print_exc()
-        return interrupted(args.command)
+        signum = exc.args[0] if isinstance(exc, Interrupted) else signal.SIGINT
+        return interrupted(args.command, signum)
     except Exception as exc:
         if debug:
             traceback.print_exc()
@@ -116,6 +118,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 line += " (rerun with --debug for the traceback)"
         print(f"meshshard {args.command}: error: {line}", file=sys.stderr)
         return EXIT_USER_ERROR if user else EXIT_FAILURE
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM (``args[0]``), raised in the main thread so that clean-up runs
+    (workers stopped, temporaries removed) before the command exits with 128 + signum."""
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _on_interrupt_raise() -> dict:
+    """Route SIGINT and SIGTERM to :class:`Interrupted`; returns the handlers to restore."""
+    import threading
+
+    saved: dict = {}
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            saved[s] = signal.signal(s, _raise_interrupted)
+    return saved
 
 
 if __name__ == "__main__":  # pragma: no cover

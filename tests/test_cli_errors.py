@@ -159,7 +159,7 @@ def test_unexpected_error_exit_1_and_interrupt_exit_130(monkeypatch, capfd):
 
     monkeypatch.setattr(cmd, "run", interrupt)
     assert main(["inspect", "x"]) == 130
-    assert capfd.readouterr().err == "meshshard inspect: interrupted\n"
+    assert capfd.readouterr().err == "meshshard inspect: interrupted by SIGINT, stopped\n"
 
 
 def test_os_errors_read_as_path_and_reason(tmp_path, capfd):

@@ -13,7 +13,14 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--method", default="hilbert", choices=["hilbert", "morton", "rcb", "metis"]
     )
-    parser.add_argument("--workers", type=int, default=1, help="processes on this machine")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes on this machine, one run each at a time (every run is read in "
+        "a worker, so a crashing run fails alone); more than 1 helps only with spare cores "
+        "and memory (see README)",
+    )
     parser.add_argument("--runs", nargs="+", help="only these run directory names")
     g = parser.add_mutually_exclusive_group()
     g.add_argument("--surface", action="store_true", help="surface only")
@@ -64,9 +71,20 @@ def run(args: argparse.Namespace) -> int:
     failed = [r for r in results if r.status == "failed"]
     counts = {s: sum(r.status == s for r in results) for s in ("written", "skipped", "failed")}
     print(
-        f"meshshard preprocess: {counts['written']} written, {counts['skipped']} skipped "
-        f"(up to date), {counts['failed']} failed -> {args.dst}"
+        f"meshshard preprocess{_rank_label()}: {counts['written']} written, "
+        f"{counts['skipped']} skipped (up to date), {counts['failed']} failed -> {args.dst}"
     )
     for r in failed:
         print(f"  {r.run}: {r.message}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _rank_label() -> str:
+    """`` [rank 2/8]`` under torchrun (each rank handles and reports its own runs), else ``""``.
+
+    No process group is created to gather the counts on rank 0: ranks finish their runs at very
+    different times, and a gather would wait on the slowest under the collective timeout."""
+    import os
+
+    world = os.environ.get("WORLD_SIZE", "1")
+    return f" [rank {os.environ.get('RANK', '0')}/{world}]" if world not in ("", "1") else ""

@@ -8,24 +8,33 @@ recorded sizes (the store's integrity record), the source files' fingerprints eq
 (size, mtime, sha256 of the first and last MiB) and the same options; it removes the crashed
 run's temporaries and writes again otherwise.
 
-Parallelism: ``workers`` processes on one machine, and under ``torchrun`` (``RANK`` and
-``WORLD_SIZE`` set) rank ``r`` takes runs ``r::world_size``. Two independent invocations must
-not write to the same DST at the same time.
+Processes: :func:`preprocess_runs` reads and writes every run in a worker process
+(:mod:`meshshard.pipelines._workers`), ``workers`` of them at once, so a run whose reader crashes
+the process (a segfault or abort inside VTK, the out-of-memory killer) fails alone, named in the
+results with how its worker died, while the other runs are written. Workers die with their
+parent; an exception or interrupt in the parent stops them within seconds and removes what they
+left half-written. Each run is written under an advisory lock (:mod:`meshshard.pipelines._runlock`)
+held by the live writer, so a temporary store is removed as stale only when its writer is dead,
+and a second invocation on the same run reports it busy. Under ``torchrun`` (``RANK`` and
+``WORLD_SIZE`` set) rank ``r`` takes runs ``r::world_size``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meshshard.pipelines._runlock import RunBusy, run_lock
 from meshshard.pipelines.drivaerml import file_fingerprint, read_run, run_index
 from meshshard.pipelines.schema import DRIVAERML, DatasetSchema
 from meshshard.pipelines.store import store_status, write_store
@@ -35,6 +44,14 @@ __all__ = ["METHODS", "RunResult", "discover_runs", "preprocess_runs", "process_
 log = logging.getLogger(__name__)
 
 METHODS = ("hilbert", "morton", "rcb", "metis")
+
+#: test hook, read in worker processes only: ``"run_2:segv"`` makes the worker that takes run_2
+#: crash for real before reading it (``segv``, ``abort``, ``exit``, ``memory``)
+CRASH_RUN_ENV = "MESHSHARD_TEST_CRASH_RUN"
+#: test hook, read in worker processes only: a directory; each worker writes
+#: ``<run>.<pid>.held`` there after writing a run's temporary store, then waits (up to 10 min)
+#: for a file ``release`` there before publishing it
+HOLD_ENV = "MESHSHARD_TEST_HOLD_DIR"
 
 
 @dataclass(frozen=True)
@@ -55,6 +72,8 @@ def discover_runs(src: str | Path, schema: DatasetSchema = DRIVAERML) -> list[st
     src = Path(src)
     if not src.is_dir():
         msg = f"{src}: source directory does not exist"
+        if src.exists():
+            msg = f"{src} is a file: pass the directory holding {schema.run_prefix}<number>/ runs"
         raise FileNotFoundError(msg)
     runs = []
     for p in src.iterdir():
@@ -64,6 +83,27 @@ def discover_runs(src: str | Path, schema: DatasetSchema = DRIVAERML) -> list[st
             except ValueError:
                 log.warning("%s: ignored (not named %s<number>)", p, schema.run_prefix)
     return [name for _, name in sorted(runs)]
+
+
+def _no_runs_message(src: Path, schema: DatasetSchema) -> str:
+    """What ``preprocess`` looked for in ``src`` and why it found nothing."""
+    where = src.resolve()
+    want = f"directories named {schema.run_prefix}<number> (like {schema.run_prefix}1/)"
+    try:
+        run_index(src, schema)
+        is_run = True
+    except ValueError:
+        is_run = any(src.glob("*.vtp")) or any(src.glob("*.vtu"))
+    if is_run:
+        return (
+            f"{src} looks like one run directory, not the directory holding the runs: "
+            f"no {want} inside it. Pass its parent instead: `meshshard preprocess drivaerml "
+            f"{src.parent} DST --runs {src.name} ...`"
+        )
+    entries = sorted(p.name for p in src.iterdir())
+    held = "it is empty" if not entries else "it holds " + ", ".join(entries[:8])
+    held += ", ..." if len(entries) > 8 else ""
+    return f"no runs to preprocess: looked for {want} directly under {where}; {held}"
 
 
 def _safe_child(root: Path, name: str, what: str) -> Path:
@@ -139,12 +179,35 @@ def _sources(run_dir: Path, schema: DatasetSchema, surface: bool, volume: bool) 
     return out
 
 
-def _remove_stale(dst: Path, name: str) -> None:
-    for p in sorted(dst.glob(f"{name}.zarr.tmp-*")) + sorted(dst.glob(f"{name}.zarr.old-*")):
-        log.warning("%s: removing a stale temporary store left by a crash", p)
+def _remove_stale(dst: Path, name: str, level: int = logging.WARNING) -> None:
+    """Remove the temporaries of run ``name``; call only while holding its run lock (their
+    writers are then dead). A previous store moved aside by a replacement that died between its
+    two renames is put back first: it was complete."""
+    out = dst / f"{name}.zarr"
+    olds = sorted(dst.glob(f"{name}.zarr.old-*"))
+    if olds and not out.exists():
+        log.log(level, "%s: restoring it from %s (a replacement died half-way)", out, olds[-1])
+        os.replace(olds.pop(), out)
+    for p in sorted(dst.glob(f"{name}.zarr.tmp-*")) + olds:
+        log.log(level, "%s: removing a stale temporary store left by a crash", p)
         shutil.rmtree(p, ignore_errors=False) if p.is_dir() else p.unlink()
 
 
+def _one_writer(fn: Callable[..., RunResult]) -> Callable[..., RunResult]:
+    """Run ``process_run`` holding the run's write lock (see :mod:`._runlock`)."""
+
+    @functools.wraps(fn)
+    def locked(run_dir: str | Path, dst: str | Path, **kwargs: Any) -> RunResult:
+        name = Path(run_dir).name
+        _safe_child(Path(dst), f"{name}.zarr", "run")
+        Path(dst).mkdir(parents=True, exist_ok=True)
+        with run_lock(dst, name):
+            return fn(run_dir, dst, **kwargs)
+
+    return locked
+
+
+@_one_writer
 def process_run(
     run_dir: str | Path,
     dst: str | Path,
@@ -167,6 +230,8 @@ def process_run(
     FileNotFoundError, ValueError
         Missing/corrupt inputs (named), bad options, a path escaping ``dst``, a store from a
         newer meshshard, or a finished store made with other options (pass ``overwrite``).
+    RunBusy
+        Another live process is writing this run's store.
     """
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
@@ -245,24 +310,112 @@ def process_run(
     return RunResult(name, "written", str(out), seconds, timings=timings)
 
 
-def _safe_process(run_dir: str, dst: str, kwargs: dict) -> RunResult:
+def _safe_process(run_dir: str, dst: str, kwargs: dict, hooks: bool = False) -> RunResult:
     t0 = time.perf_counter()
     try:
+        if hooks:
+            _test_hooks(Path(run_dir).name)
         return process_run(run_dir, dst, **kwargs)
     except Exception as exc:  # reported per run; the other runs go on
         log.error("%s: failed: %s", run_dir, exc)
-        msg = f"{type(exc).__name__}: {exc}"
+        text = str(exc) or ("out of memory" if isinstance(exc, MemoryError) else "no message")
+        msg = f"{type(exc).__name__}: {text}"
+        if isinstance(exc, MemoryError) and run_dir not in text:
+            msg += f" (while preprocessing {run_dir})"
         return RunResult(Path(run_dir).name, "failed", "", time.perf_counter() - t0, msg)
 
 
-def _init_worker(threads: int) -> None:
-    """A preprocessing worker process: allocator tuning, and its share of the CPUs for the
-    VTK XML reader's decompression threads (workers x threads <= CPUs)."""
+def _run_in_worker(run_dir: str, dst: str, kwargs: dict) -> RunResult:
+    """:func:`_safe_process` in a worker process (where the test hooks apply)."""
+    return _safe_process(run_dir, dst, kwargs, hooks=True)
+
+
+def _test_hooks(name: str) -> None:
+    crash = os.environ.get(CRASH_RUN_ENV, "")
+    run, _, how = crash.partition(":")
+    if run == name:
+        log.error("%s=%s: crashing this worker for a test", CRASH_RUN_ENV, crash)
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file
+        if how == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        elif how == "abort":
+            os.abort()
+        elif how == "exit":
+            os._exit(3)
+        elif how == "memory":
+            _ = bytearray(1 << 62)  # a real MemoryError from the allocator
+    hold = os.environ.get(HOLD_ENV)
+    global write_store
+    if hold and not getattr(write_store, "_held", False):
+        write_store = _holding(write_store, Path(hold))
+
+
+def _holding(write: Callable, where: Path) -> Callable:
+    def held(path, *args, **kwargs):
+        write(path, *args, **kwargs)
+        run = Path(path).name.split(".zarr.")[0]
+        (where / f"{run}.{os.getpid()}.held").write_text(str(path))
+        deadline = time.monotonic() + 600
+        while not (where / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    held._held = True  # type: ignore[attr-defined]
+    return held
+
+
+def _clean_after_worker(dst: Path, pid: int) -> None:
+    """Remove what worker ``pid`` (dead now) left half-written in ``dst``: its temporaries,
+    and its lock files (taking each run's lock first, so a live writer is never touched)."""
+    names = {p.name.split(".zarr.")[0] for p in dst.glob(f"*.zarr.tmp-{pid}")}
+    names |= {p.name.split(".zarr.")[0] for p in dst.glob(f"*.zarr.old-{pid}")}
+    for p in dst.glob("*.zarr.lock"):
+        try:
+            if p.read_text().startswith(f"pid {pid} "):
+                names.add(p.name[: -len(".zarr.lock")])
+        except OSError:
+            continue
+    for name in sorted(names):
+        try:
+            with run_lock(dst, name):
+                _remove_stale(dst, name, logging.INFO)
+        except RunBusy:
+            continue
+
+
+def _parent_logging() -> tuple[int, str | None]:
+    """The root logger's level and first handler's format, for the workers to copy."""
+    root = logging.getLogger()
+    fmt = None
+    if root.handlers and root.handlers[0].formatter is not None:
+        fmt = root.handlers[0].formatter._fmt
+    return root.level, fmt
+
+
+def _init_worker(threads: int, log_setup: tuple[int, str | None] = (logging.WARNING, None)) -> None:
+    """A preprocessing worker process: the parent's logging, allocator tuning, and its share of
+    the CPUs for the VTK XML reader's decompression threads (workers x threads <= CPUs)."""
+    level, fmt = log_setup
+    if fmt is not None:
+        logging.basicConfig(level=level, format=fmt)
+    else:
+        logging.getLogger().setLevel(level)
     from meshshard.pipelines._alloc import tune_allocator
     from meshshard.pipelines.vtkxml import THREADS_ENV
 
     tune_allocator()
     os.environ[THREADS_ENV] = str(threads)
+    try:  # numcodecs guards Blosc with a multiprocessing.Lock: a named semaphore that a crashed
+        # worker leaks (Python then warns at exit). Within one process a thread lock serves.
+        import threading
+
+        from numcodecs import blosc
+
+        if not blosc._MUTEX_IS_INIT:
+            blosc._MUTEX, blosc._MUTEX_IS_INIT = threading.Lock(), True
+    except (ImportError, AttributeError):
+        pass
 
 
 def _env_rank() -> tuple[int, int]:
@@ -283,6 +436,7 @@ def preprocess_runs(
     rank: int | None = None,
     world_size: int | None = None,
     progress: bool | None = None,
+    isolate: bool = True,
     **options: Any,
 ) -> list[RunResult]:
     """Preprocess the runs under ``src`` into stores under ``dst``.
@@ -297,7 +451,11 @@ def preprocess_runs(
         Run directory names (default: all under ``src``); names that would escape ``src`` or
         ``dst`` are refused.
     workers : int
-        Processes on this machine (1 = in this process).
+        Worker processes on this machine, each taking one run at a time. Every run is read in
+        a worker, also with ``workers=1``, so that a crash fails only that run.
+    isolate : bool
+        False: process the runs in this process instead (``workers`` must be 1); a crash
+        inside a reader then ends the whole call. For debugging.
     rank, world_size : int, optional
         This rank takes runs ``rank::world_size``; default from ``RANK``/``WORLD_SIZE``.
     progress : bool, optional
@@ -309,7 +467,14 @@ def preprocess_runs(
     Returns
     -------
     list of RunResult
-        One per run this rank handled, in run order; failures carry the error message.
+        One per run this rank handled, in run order; failures carry the error message (for a
+        worker that crashed: which signal or exit status ended it).
+
+    Raises
+    ------
+    FileNotFoundError
+        ``src`` is missing, or holds no run directories (the message says what was looked
+        for and notices a run directory passed in place of its parent).
     """
     schema = options.get("schema", DRIVAERML)
     src, dst = Path(src), Path(dst)
@@ -325,7 +490,12 @@ def preprocess_runs(
     if workers < 1:
         msg = f"workers={workers} must be >= 1"
         raise ValueError(msg)
+    if not isolate and workers != 1:
+        msg = f"isolate=False runs in this process: workers={workers} must be 1"
+        raise ValueError(msg)
     names = list(runs) if runs is not None else discover_runs(src, schema)
+    if runs is None and not names:
+        raise FileNotFoundError(_no_runs_message(src, schema))
     dirs = [_safe_child(src, n, "run") for n in names]
     for n in names:
         _safe_child(dst, f"{n}.zarr", "run")
@@ -344,24 +514,31 @@ def preprocess_runs(
     kwargs = dict(options, parts=parts)
     results: dict[str, RunResult] = {}
     try:
-        if workers == 1 or len(mine) <= 1:
+        if not isolate:
             for d in mine:
                 results[d] = _safe_process(d, str(dst), kwargs)
                 bar.update(1)
-        else:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor, as_completed
-
-            ctx = mp.get_context("spawn")
+        elif mine:
+            from meshshard.pipelines._workers import TaskError, WorkerDied, WorkerPool
             from meshshard.pipelines.vtkxml import usable_cpus
 
-            threads = max(1, usable_cpus() // workers)
-            with ProcessPoolExecutor(
-                max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,)
-            ) as pool:
-                futs = {pool.submit(_safe_process, d, str(dst), kwargs): d for d in mine}
-                for f in as_completed(futs):
-                    results[futs[f]] = f.result()
+            n = min(workers, len(mine))
+            threads = max(1, usable_cpus() // n)
+            pool = WorkerPool(
+                n,
+                initializer=_init_worker,
+                initargs=(threads, _parent_logging()),
+                on_exit=functools.partial(_clean_after_worker, dst),
+            )
+            with pool:
+                tasks = [(d, str(dst), kwargs) for d in mine]
+                for i, got in pool.imap_unordered(_run_in_worker, tasks):
+                    if isinstance(got, (WorkerDied, TaskError)):
+                        text = got.message if isinstance(got, WorkerDied) else str(got)
+                        msg = f"{text} while preprocessing {mine[i]}; the other runs went on"
+                        secs = got.seconds if isinstance(got, WorkerDied) else 0.0
+                        got = RunResult(Path(mine[i]).name, "failed", "", secs, msg)
+                    results[mine[i]] = got
                     bar.update(1)
     finally:
         bar.close()

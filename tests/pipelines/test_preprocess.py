@@ -256,11 +256,16 @@ def test_killed_mid_write_leaves_no_store_and_rerun_is_identical(runs_src, tmp_p
     out, ref = tmp_path / "out", tmp_path / "ref"
     args = ["--parts", "2", "--halo-radius", "0.3", "--runs", "run_1"]
     crashed = _cli([str(runs_src), str(out), *args], {CRASH_ENV: "4"})
-    assert crashed.returncode == 86, crashed.stderr
-    left = sorted(p.name for p in out.iterdir())
-    assert "run_1.zarr" not in left and len(left) == 1 and left[0].startswith("run_1.zarr.tmp-")
+    # the worker died mid-write (os._exit(86)); the parent reports it and removes its temporary
+    assert crashed.returncode == 1, crashed.stderr
+    assert "run_1: the worker process" in crashed.stderr
+    assert "exited with status 86" in crashed.stderr
+    assert sorted(p.name for p in out.iterdir()) == []
     with pytest.raises(FileNotFoundError):
         load_shard(out / "run_1.zarr", 0, 2)
+    # a temporary left by a writer that died with its parent is removed by the rerun
+    (out / "run_1.zarr.tmp-999999999").mkdir()
+    (out / "run_1.zarr.tmp-999999999" / "zarr.json").write_text("{}")
     again = _cli([str(runs_src), str(out), *args])
     assert again.returncode == 0, again.stderr
     assert "1 written" in again.stdout
