@@ -177,10 +177,55 @@ def bad_input_cases(rank: int, P: int) -> dict:
     return errors
 
 
-def run_all(rank: int, P: int, cases: list[dict], st_case: dict) -> dict:
+def pyg_layers(kind: str):
+    """Two unmodified PyG layers of one kind (same seed everywhere)."""
+    from torch_geometric.nn import EdgeConv, GCNConv, GraphConv
+
+    torch.manual_seed(0)
+    if kind == "gcn":
+        return GCNConv(NODE_IN, 8), GCNConv(8, OUT)
+    if kind == "graphconv":
+        return GraphConv(NODE_IN, 8, aggr="mean"), GraphConv(8, OUT)
+    if kind == "edgeconv":
+        mlp1 = torch.nn.Sequential(torch.nn.Linear(2 * NODE_IN, 8), torch.nn.ReLU())
+        mlp2 = torch.nn.Sequential(torch.nn.Linear(16, OUT))
+        return EdgeConv(mlp1, aggr="max"), EdgeConv(mlp2, aggr="max")
+    raise ValueError(kind)
+
+
+#: ghost rings each layer kind needs for exact owned outputs with a refresh per layer
+PYG_RINGS = {"gcn": 2, "graphconv": 1, "edgeconv": 1}
+
+
+def pyg_forward(layers, x, edge_index, refresh, owned):
+    h = torch.relu(layers[0](refresh(x), edge_index))
+    return layers[1](refresh(owned(h)), edge_index)
+
+
+def pyg_cases(rank: int, P: int, case: dict) -> dict:
+    from meshshard.graph import refresh_ghosts, sync_gradients
+
+    prob = problem(case, P)
+    out = {}
+    for kind, rings in PYG_RINGS.items():
+        g = _graph(case, prob, rank, P, rings)
+        layers = pyg_layers(kind)
+        x = torch.from_numpy(prob["x"][g.nodes[: g.n_owned]])
+        y = pyg_forward(layers, x, g.edge_index, lambda h, g=g: refresh_ghosts(h, g),
+                        g.owned)[: g.n_owned]  # fmt: skip
+        (y * torch.from_numpy(prob["w"][g.nodes[: g.n_owned]])).sum().backward()
+        params = [p for m in layers for p in m.parameters()]
+        sync_gradients(params)
+        out[kind] = {"out": y.detach().numpy(), "nodes": g.nodes[: g.n_owned],
+                     "grads": [p.grad.numpy().copy() for p in params]}  # fmt: skip
+    return out
+
+
+def run_all(rank: int, P: int, cases: list[dict], st_case: dict, pyg_case: dict | None) -> dict:
     """One spawn of ranks for every graph test of world size P."""
     return {
         "oracle": oracle_cases(rank, P, cases),
         "shardtensor": shardtensor_case(rank, P, st_case),
         "bad": bad_input_cases(rank, P),
+        "pyg": None if pyg_case is None else pyg_cases(rank, P, pyg_case),
     }

@@ -29,6 +29,13 @@ CASES = {
     ],
 }
 ST_CASE = {"graph": "knn", "n": 50, "method": "hand", "assign": slab_uneven}
+PYG_CASE = {"graph": "dual", "n": 200, "method": "metis"}
+try:
+    import torch_geometric  # noqa: F401
+
+    HAVE_PYG = True
+except ImportError:  # optional extra: meshshard[graph]
+    HAVE_PYG = False
 IDS = [(P, i) for P, cs in CASES.items() for i in range(len(cs))]
 _RESULTS: dict[int, list] = {}
 
@@ -37,7 +44,8 @@ def _results(P: int) -> list:
     if P not in _RESULTS:
         from tests.graph._fns import run_all
 
-        _RESULTS[P] = run_ranks(run_all, P, CASES[P], ST_CASE, timeout=300)
+        pyg = PYG_CASE if HAVE_PYG else None
+        _RESULTS[P] = run_ranks(run_all, P, CASES[P], ST_CASE, pyg, timeout=300)
     return _RESULTS[P]
 
 
@@ -198,3 +206,26 @@ def test_build_all_matches_ranks() -> None:
     for g, r in zip(pieces, _oracle(2, 0)):
         np.testing.assert_array_equal(g.nodes, r["nodes"])
         np.testing.assert_array_equal(np.sort(g.edge_ids), np.sort(r["edge_ids"]))
+
+
+@pytest.mark.skipif(not HAVE_PYG, reason="torch_geometric not installed (extra: graph)")
+@pytest.mark.parametrize("P", [2, 4])
+@pytest.mark.parametrize("kind", ["gcn", "graphconv", "edgeconv"])
+def test_unmodified_pyg_layers(P: int, kind: str) -> None:
+    """GCNConv (2 rings: its ghosts' degrees must be complete), GraphConv and EdgeConv
+    (1 ring) on each rank's local subgraph with a refresh per layer equal one process."""
+    from tests.graph._fns import pyg_forward, pyg_layers
+
+    prob = problem(PYG_CASE, P)
+    layers = pyg_layers(kind)
+    ei = torch.from_numpy(prob["edge_index"])
+    out = pyg_forward(layers, torch.from_numpy(prob["x"]), ei, lambda h: h, lambda h: h)
+    (out * torch.from_numpy(prob["w"])).sum().backward()
+    params = [p for m in layers for p in m.parameters()]
+    for res in _results(P):
+        got = res["pyg"][kind]
+        np.testing.assert_allclose(got["out"], out.detach().numpy()[got["nodes"]], rtol=1e-5,
+                                   atol=1e-6)  # fmt: skip
+        for g, p in zip(got["grads"], params):
+            scale = float(np.abs(p.grad.numpy()).max())
+            np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-5, atol=1e-5 * scale + 1e-7)
