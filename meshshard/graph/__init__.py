@@ -10,13 +10,15 @@ nodes is complete), per-edge features, and the ghost send/receive plan (1 or ``r
   :func:`build_all` (every part in one process, for preprocessing);
 - compute: :func:`refresh_ghosts` (differentiable halo refresh), :func:`aggregate`
   (sum / mean / max at targets), :class:`GhostExchange` (plugs both into a plain-torch model),
-  :func:`sync_gradients` (sum replicated-parameter gradients over ranks).
+  :func:`sync_gradients` (sum replicated-parameter gradients over ranks), :func:`gcn_norm`
+  (GCN edge weights from global degrees, for PyG's ``GCNConv`` on a 1-ring graph).
 """
 
 from __future__ import annotations
 
 from meshshard.graph.build import build_all, build_graph, from_adjacency, from_edge_index, from_pyg
 from meshshard.graph.exchange import GhostExchange, aggregate, refresh_ghosts, sync_gradients
+from meshshard.graph.norm import gcn_norm, global_in_degree
 from meshshard.graph.record import ShardedGraph
 
 __all__ = [
@@ -28,6 +30,8 @@ __all__ = [
     "from_adjacency",
     "from_edge_index",
     "from_pyg",
+    "gcn_norm",
+    "global_in_degree",
     "refresh_ghosts",
     "sync_gradients",
 ]

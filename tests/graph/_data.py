@@ -102,3 +102,10 @@ def slab_uneven(n: int, P: int) -> np.ndarray:
     w = np.arange(1, P + 1, dtype=float)
     bounds = np.round(np.cumsum(w) / w.sum() * n).astype(int)
     return np.searchsorted(bounds, np.arange(n), side="right")
+
+
+def first_empty(n: int, P: int) -> np.ndarray:
+    """Rank 0 empty; the rest split 1 : 2 : ... by id (P == 2: rank 1 holds all, no cut)."""
+    a = np.zeros(n, dtype=np.int64)
+    a[:] = 1 + slab_uneven(n, P - 1) if P > 2 else 1
+    return a

@@ -184,6 +184,8 @@ def pyg_layers(kind: str):
     torch.manual_seed(0)
     if kind == "gcn":
         return GCNConv(NODE_IN, 8), GCNConv(8, OUT)
+    if kind == "gcn_norm":  # same parameters as "gcn"; weights from meshshard.graph.gcn_norm
+        return GCNConv(NODE_IN, 8, normalize=False), GCNConv(8, OUT, normalize=False)
     if kind == "graphconv":
         return GraphConv(NODE_IN, 8, aggr="mean"), GraphConv(8, OUT)
     if kind == "edgeconv":
@@ -194,16 +196,17 @@ def pyg_layers(kind: str):
 
 
 #: ghost rings each layer kind needs for exact owned outputs with a refresh per layer
-PYG_RINGS = {"gcn": 2, "graphconv": 1, "edgeconv": 1}
+PYG_RINGS = {"gcn": 2, "gcn_norm": 1, "graphconv": 1, "edgeconv": 1}
 
 
-def pyg_forward(layers, x, edge_index, refresh, owned):
-    h = torch.relu(layers[0](refresh(x), edge_index))
-    return layers[1](refresh(owned(h)), edge_index)
+def pyg_forward(layers, x, edge_index, refresh, owned, weight=None):
+    extra = () if weight is None else (weight,)
+    h = torch.relu(layers[0](refresh(x), edge_index, *extra))
+    return layers[1](refresh(owned(h)), edge_index, *extra)
 
 
 def pyg_cases(rank: int, P: int, case: dict) -> dict:
-    from meshshard.graph import refresh_ghosts, sync_gradients
+    from meshshard.graph import gcn_norm, refresh_ghosts, sync_gradients
 
     prob = problem(case, P)
     out = {}
@@ -211,8 +214,9 @@ def pyg_cases(rank: int, P: int, case: dict) -> dict:
         g = _graph(case, prob, rank, P, rings)
         layers = pyg_layers(kind)
         x = torch.from_numpy(prob["x"][g.nodes[: g.n_owned]])
-        y = pyg_forward(layers, x, g.edge_index, lambda h, g=g: refresh_ghosts(h, g),
-                        g.owned)[: g.n_owned]  # fmt: skip
+        ei, w = gcn_norm(g) if kind == "gcn_norm" else (g.edge_index, None)
+        y = pyg_forward(layers, x, ei, lambda h, g=g: refresh_ghosts(h, g),
+                        g.owned, w)[: g.n_owned]  # fmt: skip
         (y * torch.from_numpy(prob["w"][g.nodes[: g.n_owned]])).sum().backward()
         params = [p for m in layers for p in m.parameters()]
         sync_gradients(params)

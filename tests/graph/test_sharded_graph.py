@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from meshshard.testing.distributed import run_ranks
-from tests.graph._data import empty_and_isolated, problem, slab_uneven
+from tests.graph._data import empty_and_isolated, first_empty, problem, slab_uneven
 from tests.graph._fns import model_run
 
 CASES = {
@@ -17,6 +17,7 @@ CASES = {
         {"graph": "dual", "n": 300, "method": "hilbert", "build": "full", "layers": 3},
         {"graph": "two", "n": 60, "method": "hand", "assign": empty_and_isolated},
         {"graph": "knn", "n": 70, "method": "hand", "assign": slab_uneven, "reduces": ("max",)},
+        {"graph": "knn", "n": 40, "method": "hand", "assign": first_empty, "layers": 3},
         {"graph": "directed", "n": 50, "method": "hilbert", "symmetric": False,
          "reduces": ("sum",)},  # fmt: skip
     ],
@@ -24,6 +25,7 @@ CASES = {
         {"graph": "dual", "n": 300, "method": "metis"},
         {"graph": "knn", "n": 90, "method": "hilbert", "layers": 3, "reduces": ("mean",)},
         {"graph": "two", "n": 70, "method": "hand", "assign": empty_and_isolated},
+        {"graph": "knn", "n": 50, "method": "hand", "assign": first_empty, "reduces": ("mean",)},
         {"graph": "knn", "n": 60, "method": "hand", "assign": slab_uneven, "build": "full",
          "reduces": ("sum", "max")},  # fmt: skip
     ],
@@ -210,14 +212,15 @@ def test_build_all_matches_ranks() -> None:
 
 @pytest.mark.skipif(not HAVE_PYG, reason="torch_geometric not installed (extra: graph)")
 @pytest.mark.parametrize("P", [2, 4])
-@pytest.mark.parametrize("kind", ["gcn", "graphconv", "edgeconv"])
+@pytest.mark.parametrize("kind", ["gcn", "gcn_norm", "graphconv", "edgeconv"])
 def test_unmodified_pyg_layers(P: int, kind: str) -> None:
-    """GCNConv (2 rings: its ghosts' degrees must be complete), GraphConv and EdgeConv
-    (1 ring) on each rank's local subgraph with a refresh per layer equal one process."""
+    """GCNConv (2 rings: its ghosts' degrees must be complete; or 1 ring with normalize=False
+    and meshshard.graph.gcn_norm's weights), GraphConv and EdgeConv (1 ring) on each rank's
+    local subgraph with a refresh per layer equal one process (default GCN normalisation)."""
     from tests.graph._fns import pyg_forward, pyg_layers
 
     prob = problem(PYG_CASE, P)
-    layers = pyg_layers(kind)
+    layers = pyg_layers("gcn" if kind == "gcn_norm" else kind)
     ei = torch.from_numpy(prob["edge_index"])
     out = pyg_forward(layers, torch.from_numpy(prob["x"]), ei, lambda h: h, lambda h: h)
     (out * torch.from_numpy(prob["w"])).sum().backward()
