@@ -184,10 +184,10 @@ def main(argv=None) -> int:
         del prob["adj"], prob["centres"]
         print()
         print("| P | method | strategy | ghost rows / refresh | refreshes / step | "
-              "ghost rows / layer | build (s) | step wall (s) | "
+              "ghost rows / layer | ghost floats / step | build (s) | step wall (s) | "
               "per layer (ms) | CPU (s) | vs 1 process | activations/rank (MB) | ratio | "
               "ideal 1.2/P | RSS growth/rank (MB) |")
-        print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         base = None
         configs = [(1, "-", "-")] + [
             (p, m, s)
@@ -209,8 +209,10 @@ def main(argv=None) -> int:
             if base is None:
                 base = (wall, act)
             refreshes = reps[0]["refreshes"] // (args.repeat + 1)
+            # inputs (6 columns) once, then hidden rows before layers 2..L (per_layer)
+            width = 6 + (args.layers - 1) * args.hidden if strategy == "per_layer" else 6
             print(f"| {p} | {method} | {strategy} | {ghost_rows:,} | {refreshes} | "
-                  f"{per_layer_rows:,.0f} | "
+                  f"{per_layer_rows:,.0f} | {ghost_rows * width:,} | "
                   f"{max(r['build'] for r in reps):.2f} | {wall:.2f} | "
                   f"{1000 * wall / args.layers:.0f} | {cpu:.2f} | {wall / base[0]:.2f}x | "
                   f"{act:,.0f} | {act / base[1]:.3f} | {1.2 / p:.3f} | {rss:,.0f} |",
