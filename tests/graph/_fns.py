@@ -225,11 +225,39 @@ def pyg_cases(rank: int, P: int, case: dict) -> dict:
     return out
 
 
+def dual_from_cells(rank: int, P: int, cells: int) -> dict:
+    """The dual graph built from each rank's own cells against the whole-mesh dual graph."""
+    from meshshard.graph import from_adjacency, from_cells
+    from meshshard.partition import dual_graph, partition
+    from meshshard.pipelines.geometry import cell_centres
+    from meshshard.pipelines.synthetic import car_body
+
+    points, offsets, conn = car_body(cells)
+    types = np.where(np.diff(offsets) == 4, 9, 5)
+    adj = dual_graph(cells=conn, offsets=offsets, celltypes=types)
+    part = partition(cell_centres(points, offsets, conn), P, method="metis", graph=adj)
+    mine = part.shard_rows(rank)
+    counts = np.diff(offsets)[mine]
+    my_off = np.concatenate([[0], np.cumsum(counts)])
+    my_conn = np.concatenate([conn[offsets[c] : offsets[c + 1]] for c in mine])
+    out = {}
+    for name, g in (
+        ("cells", from_cells(part, mine, my_conn, offsets=my_off, celltypes=types[mine], rings=2)),
+        ("whole", from_adjacency(part, adj, rings=2)),
+    ):
+        ei = g.nodes[g.edge_index.numpy()]
+        out[name] = {"nodes": g.nodes, "depth": g.ghost_depth, "n_owned_edges": g.n_owned_edges,
+                     "owned": {tuple(e) for e in ei[:, : g.n_owned_edges].T.tolist()},
+                     "all": {tuple(e) for e in ei.T.tolist()}}  # fmt: skip
+    return out
+
+
 def run_all(rank: int, P: int, cases: list[dict], st_case: dict, pyg_case: dict | None) -> dict:
     """One spawn of ranks for every graph test of world size P."""
     return {
         "oracle": oracle_cases(rank, P, cases),
         "shardtensor": shardtensor_case(rank, P, st_case),
         "bad": bad_input_cases(rank, P),
+        "dual": dual_from_cells(rank, P, 600),
         "pyg": None if pyg_case is None else pyg_cases(rank, P, pyg_case),
     }

@@ -232,3 +232,14 @@ def test_unmodified_pyg_layers(P: int, kind: str) -> None:
         for g, p in zip(got["grads"], params):
             scale = float(np.abs(p.grad.numpy()).max())
             np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-5, atol=1e-5 * scale + 1e-7)
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_dual_graph_from_each_ranks_cells(P: int) -> None:
+    """from_cells (faces matched across ranks by hash) gives the whole mesh's dual graph."""
+    for res in _results(P):
+        a, b = res["dual"]["cells"], res["dual"]["whole"]
+        np.testing.assert_array_equal(a["nodes"], b["nodes"])
+        np.testing.assert_array_equal(a["depth"], b["depth"])
+        assert a["n_owned_edges"] == b["n_owned_edges"] > 0
+        assert a["owned"] == b["owned"] and a["all"] == b["all"]
