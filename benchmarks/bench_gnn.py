@@ -60,19 +60,37 @@ def _reset_peak() -> None:
         pass
 
 
-def make_problem(cells: int, workdir: Path) -> dict:
-    """Car surface, its dual graph, node features; saved as .npy for the ranks to map."""
+def _volume_mesh(cells: int):
+    """The generated DrivaerML-like volume: hexahedra and wedges in boundary-layer shells
+    growing 1.25x per layer away from the car (graded, unlike the surface's regular grid)."""
+    from meshshard.pipelines.synthetic import _volume
+
+    points, hexes, wedges, _ = _volume(cells, 38.889, np.random.default_rng(0))
+    conn = np.concatenate([hexes.reshape(-1), wedges.reshape(-1)]).astype(np.int64)
+    nv = np.concatenate([np.full(len(hexes), 8), np.full(len(wedges), 6)])
+    offsets = np.concatenate([[0], np.cumsum(nv)]).astype(np.int64)
+    types = np.where(nv == 8, 12, 13)
+    return points, offsets, conn, types
+
+
+def make_problem(cells: int, workdir: Path, mesh: str = "surface") -> dict:
+    """Car surface (or volume), its dual graph, node features; saved as .npy for the ranks."""
     from meshshard.partition import dual_graph
     from meshshard.pipelines.geometry import cell_centres, polygon_normals_areas
     from meshshard.pipelines.synthetic import car_body
 
     t = time.perf_counter()
-    points, offsets, conn = car_body(cells)
-    types = np.where(np.diff(offsets) == 4, 9, 5)
+    if mesh == "volume":
+        points, offsets, conn, types = _volume_mesh(cells)
+        centres = cell_centres(points, offsets, conn)
+        extra = np.zeros_like(centres)
+    else:
+        points, offsets, conn = car_body(cells)
+        types = np.where(np.diff(offsets) == 4, 9, 5)
+        centres = cell_centres(points, offsets, conn)
+        extra, _ = polygon_normals_areas(points, offsets, conn)
     adj = dual_graph(cells=conn, offsets=offsets, celltypes=types).tocoo()
-    centres = cell_centres(points, offsets, conn)
-    normals, _ = polygon_normals_areas(points, offsets, conn)
-    x = np.concatenate([centres / 4.0, normals], axis=1).astype(np.float32)
+    x = np.concatenate([centres / 4.0, extra], axis=1).astype(np.float32)
     edges = np.stack([adj.row, adj.col]).astype(np.int64)
     np.save(workdir / "x.npy", x)
     np.save(workdir / "pos.npy", (centres / 4.0).astype(np.float32))
@@ -152,6 +170,8 @@ def rank_step(rank, world, workdir, config):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=float, default=1e6)
+    ap.add_argument("--mesh", default="surface", choices=["surface", "volume"],
+                    help="the car surface (quads/triangles) or the graded volume (hex/wedge)")
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--methods", default="metis,hilbert")
     ap.add_argument("--strategies", default="per_layer,once")
@@ -164,9 +184,9 @@ def main(argv=None) -> int:
     ranks = [int(r) for r in args.ranks.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        prob = make_problem(int(args.cells), workdir)
+        prob = make_problem(int(args.cells), workdir, args.mesh)
         print(f"# MeshGraphNet (hidden {args.hidden}, {args.layers} layers) on the dual graph of "
-              f"a generated car surface: {prob['n']:,} cells, {prob['e']:,} directed edges "
+              f"a generated car {args.mesh}: {prob['n']:,} cells, {prob['e']:,} directed edges "
               f"(built in {prob['seconds']:.1f} s); 1 torch thread per rank; "
               f"load average at start {os.getloadavg()[0]:.1f}")  # fmt: skip
         print()
