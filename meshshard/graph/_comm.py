@@ -22,11 +22,15 @@ class DistComm:
     """Exchange numpy arrays between the ranks of a process group (collective methods)."""
 
     def __init__(self, group: Any = None):
+        import torch
         import torch.distributed as dist
 
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+        # NCCL moves CUDA tensors only; the builder's arrays are staged there and back
+        nccl = str(dist.get_backend(group)).lower() == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
 
     def exchange(self, parts: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``parts[q]`` goes to rank ``q``; returns what every rank sent here, by source.
@@ -39,9 +43,10 @@ class DistComm:
         from meshshard.ops._comm import all_to_all, exchange_counts
 
         send = [int(p.shape[0]) for p in parts]
-        recv = exchange_counts(send, self.group)
-        flat = np.ascontiguousarray(np.concatenate(parts))
-        got = all_to_all(torch.from_numpy(flat), send, recv, self.group).numpy()
+        dev = self.device or torch.device("cpu")
+        recv = exchange_counts(send, self.group, dev)
+        flat = torch.from_numpy(np.ascontiguousarray(np.concatenate(parts))).to(dev)
+        got = all_to_all(flat, send, recv, self.group).cpu().numpy()
         bounds = np.concatenate([[0], np.cumsum(recv)])
         return [got[bounds[q] : bounds[q + 1]] for q in range(self.size)]
 
@@ -51,7 +56,8 @@ class DistComm:
 
         from meshshard.ops._validation import collective_flag
 
-        collective_flag(problem, group=self.group, device=torch.device("cpu"), op=op)
+        dev = self.device or torch.device("cpu")
+        collective_flag(problem, group=self.group, device=dev, op=op)
 
     def allgather_int(self, value: int) -> list[int]:
         """Every rank's integer, in rank order. Collective."""
@@ -59,7 +65,7 @@ class DistComm:
 
         from meshshard.ops._comm import all_gather_rows
 
-        t = torch.tensor([int(value)], dtype=torch.int64)
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self.device or "cpu")
         return [int(v) for v in all_gather_rows(t, self.group).flatten().tolist()]
 
 
