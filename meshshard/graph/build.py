@@ -477,6 +477,18 @@ def build_all(
     Runs the same per-rank algorithm as :func:`build_graph`, one thread per part; for
     preprocessing (:mod:`meshshard.pipelines.graphstore`) and tests. The pieces have
     ``group=None``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from meshshard.partition import Partition
+    >>> part = Partition.from_assignment(np.array([0, 0, 1, 1]), 2)
+    >>> path = np.array([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])  # 0 - 1 - 2 - 3, both ways
+    >>> g0, g1 = build_all(part, path, symmetric=True)
+    >>> g0.nodes.tolist(), g0.edge_index.tolist()  # owned 0, 1; ghost 2 (the edge 2 -> 1)
+    ([0, 1, 2], [[1, 0, 2], [0, 1, 1]])
+    >>> g1.nodes.tolist(), g1.n_owned_edges, g1.plan.recv_idx[1].tolist()
+    ([2, 3, 1], 3, [1])
     """
     partition, inverse = _prepare(partition)
     src, dst = _edge_rows(edge_index)
