@@ -48,6 +48,14 @@ def test_stored_shards_equal_the_built_ones(graph_store, runs_src):
         assert rows.shape[0] == g.n_owned
 
 
+def test_inspect_reports_the_graph(graph_store):
+    from meshshard.pipelines import inspect_store
+
+    info = inspect_store(graph_store)["surface_graph"]
+    assert info["kind"] == "dual" and info["rings"] == 1 and info["nparts"] == 3
+    assert len(info["ghosts"]) == 3 and min(info["ghosts"]) > 0 and info["edges"] > 0
+
+
 def test_missing_graph_and_wrong_world_size(graph_store, runs_src, tmp_path):
     with pytest.raises(ValueError, match="stored for 3 parts"):
         load_graph_shard(graph_store, 0, 2)
