@@ -31,6 +31,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-volume-cells", type=int, help="keep a seeded random subset of volume cells"
     )
+    parser.add_argument(
+        "--graph", choices=["dual"], help="also store the surface dual graph's shards (GNNs)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="rewrite finished stores")
     parser.add_argument("--drop-nan", action="store_true", help="drop cells with NaN fields")
     parser.add_argument("--u-inf", type=float, default=38.889, help="free-stream speed, m/s")
@@ -67,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         max_volume_cells=args.max_volume_cells,
         schema=schema,
         compressor=None if args.compressor == "none" else args.compressor,
+        graph=args.graph,
     )
     failed = [r for r in results if r.status == "failed"]
     counts = {s: sum(r.status == s for r in results) for s in ("written", "skipped", "failed")}

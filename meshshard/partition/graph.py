@@ -15,7 +15,15 @@ import numpy as np
 
 from meshshard.partition._validation import as_points, unique_int
 
-__all__ = ["CELL_FACES", "dual_graph", "knn_graph", "knn_graph_sorted", "mesh_connectivity"]
+__all__ = [
+    "CELL_FACES",
+    "cell_faces",
+    "dual_graph",
+    "knn_graph",
+    "knn_graph_sorted",
+    "mesh_connectivity",
+    "shared_face_pairs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +214,38 @@ def dual_graph(
     """
     conn, off, types = _connectivity_from_args(mesh, cells, offsets, celltypes)
     ncells = types.size
+    keys, owner = cell_faces(conn, off, types)
+    if keys.shape[0] == 0:
+        import scipy.sparse as sp
+
+        return sp.csr_matrix((ncells, ncells), dtype=np.int32)
+    r, c = shared_face_pairs(keys, owner)
+    if r.size == 0:
+        import scipy.sparse as sp
+
+        return sp.csr_matrix((ncells, ncells), dtype=np.int32)
+    log.debug("dual graph: %d cells, %d shared faces", ncells, r.size)
+    return _symmetric_binary(r, c, ncells)
+
+
+def cell_faces(
+    conn: np.ndarray, off: np.ndarray, types: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every face of every cell as a padded row of sorted vertex ids, and its cell.
+
+    Returns
+    -------
+    keys : ndarray of shape (F, 4), int64
+        Faces of 3-D cells and edges of 2-D cells (padded with -1 on the left; edges carry
+        -2 in column 0 so they never match a triangle face). Equal rows = a shared face.
+    cells : ndarray of shape (F,), int64
+        Index (into ``types``) of the cell of every face.
+
+    Raises
+    ------
+    ValueError
+        Unsupported VTK cell types (named), cells with the wrong vertex count.
+    """
     face_rows: list[np.ndarray] = []
     face_cells: list[np.ndarray] = []
     nvert = np.diff(off)
@@ -234,35 +274,44 @@ def dual_graph(
         dim, faces = CELL_FACES[code]
         _add_faces(verts, sel, faces, dim, face_rows, face_cells, width)
     if not face_rows:
-        import scipy.sparse as sp
+        return np.zeros((0, width), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(face_rows), np.concatenate(face_cells).astype(np.int64)
 
-        return sp.csr_matrix((ncells, ncells), dtype=np.int32)
-    keys = np.concatenate(face_rows)
-    owner = np.concatenate(face_cells)
+
+def shared_face_pairs(keys: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs of cells that share a face: every cell with every later cell listing the same
+    face row (runs are usually length 2; non-manifold faces give longer runs).
+
+    Parameters
+    ----------
+    keys : ndarray of shape (F, 4)
+        Face rows as :func:`cell_faces` makes them.
+    cells : ndarray of shape (F,)
+        Any cell id of every face row.
+
+    Returns
+    -------
+    (ndarray, ndarray)
+        Cell ids of both sides, one entry per (face, pair).
+    """
+    if keys.shape[0] < 2:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     order = _group_equal_rows(keys)
-    keys, owner = keys[order], owner[order]
+    keys, cells = keys[order], cells[order]
     same = (keys[1:] == keys[:-1]).all(axis=1)
-    rows: list[np.ndarray] = []
-    cols: list[np.ndarray] = []
-    # pair every cell with every later cell that shares the face (runs are usually length 2;
-    # non-manifold faces give longer runs)
+    rows: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+    cols: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     run = same.copy()
     d = 1
     while run.any():
         i = np.flatnonzero(run)
-        rows.append(owner[i])
-        cols.append(owner[i + d])
+        rows.append(cells[i])
+        cols.append(cells[i + d])
         d += 1
         if d >= keys.shape[0]:
             break
         run = run[:-1] & same[d - 1 :]
-    if not rows:
-        import scipy.sparse as sp
-
-        return sp.csr_matrix((ncells, ncells), dtype=np.int32)
-    r, c = np.concatenate(rows), np.concatenate(cols)
-    log.debug("dual graph: %d cells, %d shared faces", ncells, r.size)
-    return _symmetric_binary(r, c, ncells)
+    return np.concatenate(rows), np.concatenate(cols)
 
 
 def _group_equal_rows(keys: np.ndarray) -> np.ndarray:

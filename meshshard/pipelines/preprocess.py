@@ -222,8 +222,12 @@ def process_run(
     max_volume_cells: int | None = None,
     schema: DatasetSchema = DRIVAERML,
     compressor: str | None = "lz4",
+    graph: str | None = None,
 ) -> RunResult:
     """Preprocess one run directory into ``dst/<run>.zarr`` (see the module docstring).
+
+    ``graph="dual"`` also stores the surface dual graph's shards
+    (:mod:`meshshard.pipelines.graphstore`).
 
     Raises
     ------
@@ -238,6 +242,8 @@ def process_run(
     dst = Path(dst)
     request = _options(parts, method, surface, volume, halo_radius, drop_nan, max_volume_cells)
     request["dataset"] = schema.to_json()
+    if graph is not None:
+        request["graph"] = graph
     dst.mkdir(parents=True, exist_ok=True)
     name = run_dir.name
     out = _safe_child(dst, f"{name}.zarr", "run")
@@ -293,6 +299,10 @@ def process_run(
             dataset=schema.to_json(),
             compressor=compressor,
         )
+        if graph is not None:
+            from meshshard.pipelines.graphstore import write_graph
+
+            write_graph(tmp, run_dir, partitions.get("surface"), data, graph, schema=schema)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a crash (os._exit, kill) leaves it for a rerun
         raise

@@ -587,6 +587,7 @@ def inspect_store(path: str | Path) -> dict:
         "sources": attrs.get("sources"),
         "arrays": attrs.get("arrays"),
         "dataset": attrs.get("dataset"),
+        "surface_graph": attrs.get("surface_graph"),  # graph shards (preprocess --graph dual)
     }
     for part in ("surface", "volume"):
         a = attrs.get(part)

@@ -1,0 +1,113 @@
+"""The dual graph of a cell mesh, built by the ranks from their own cells only.
+
+Each rank passes the cells it owns (connectivity with *global* vertex ids). Every face is sent
+to a rank chosen by a hash of its sorted vertex ids, where the cells sharing it meet and become
+edges (both directions); each edge then travels to the owner of its target, duplicates (two
+cells sharing several faces) are dropped there, and :func:`meshshard.graph.build._build` makes
+the ghosts and send lists. No rank holds the whole mesh or the whole graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from meshshard.graph._comm import DistComm
+from meshshard.graph.build import _build, _prepare, _split_by
+from meshshard.graph.record import ShardedGraph
+from meshshard.partition.record import Partition
+
+__all__ = ["from_cells"]
+
+_MIX = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
+
+
+def _face_rank(keys: np.ndarray, size: int) -> np.ndarray:
+    """A rank for every face row, the same on every rank."""
+    k = keys.astype(np.uint64) + np.uint64(2)
+    h = np.zeros(k.shape[0], dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for col, mult in enumerate(_MIX):
+            h ^= k[:, col] * np.uint64(mult)
+            h ^= h >> np.uint64(29)
+    return (h % np.uint64(size)).astype(np.int64)
+
+
+def from_cells(
+    partition: Partition,
+    cell_ids: Any,
+    cells: Any,
+    *,
+    offsets: Any = None,
+    celltypes: Any,
+    rings: int = 1,
+    group: Any = None,
+) -> ShardedGraph:
+    """This rank's piece of the dual graph (cells sharing a face, or an edge for 2-D cells)
+    from the cells this rank holds.
+
+    Collective: every rank of ``group`` must call this.
+
+    Parameters
+    ----------
+    partition : Partition
+        Of the cells, as many parts as ranks.
+    cell_ids : array of shape (n_cells_r,), int
+        Global (original) ids of this rank's cells (usually ``partition.shard_rows(rank)``;
+        any split of the cells over the ranks works).
+    cells, offsets, celltypes
+        As in :func:`meshshard.partition.dual_graph`: an (n, nverts) array with one VTK type,
+        or flat connectivity with ``offsets`` and one type per cell; vertex ids global.
+    rings : int
+        Ghost layers.
+
+    Returns
+    -------
+    ShardedGraph
+        Edges are the dual graph's, in both directions; edge ids number each rank's owned
+        edges after the previous rank's (sorted by target, then source).
+    """
+    from meshshard.partition.graph import _connectivity_from_args, cell_faces, shared_face_pairs
+
+    partition, inverse = _prepare(partition)
+    comm = DistComm(group)
+    P, rank = comm.size, comm.rank
+    ids = np.asarray(cell_ids, dtype=np.int64).reshape(-1)
+    problem = None
+    try:
+        conn, off, types = _connectivity_from_args(None, cells, offsets, celltypes)
+        if types.size != ids.size:
+            problem = (
+                f"from_cells: rank {rank} has {types.size} cells but {ids.size} cell_ids; give "
+                "one id per cell"
+            )
+        elif ids.size and (ids.min() < 0 or ids.max() >= partition.num_points):
+            problem = (
+                f"from_cells: rank {rank} has cell ids {int(ids.min())}..{int(ids.max())}, "
+                f"outside the partition's {partition.num_points} cells"
+            )
+        else:
+            keys, local = cell_faces(conn, off, types)
+    except (ValueError, TypeError) as exc:
+        problem = f"from_cells: rank {rank}: {exc}"
+    comm.flag(problem, "from_cells")
+    owner_cell = ids[local]
+    parts = _split_by(_face_rank(keys, P), P, keys, owner_cell)
+    keys = np.concatenate(comm.exchange(parts[0])).reshape(-1, keys.shape[1])
+    owner_cell = np.concatenate(comm.exchange(parts[1]))
+    r, c = shared_face_pairs(keys, owner_cell)
+    keep = r != c
+    src = np.concatenate([r[keep], c[keep]])
+    dst = np.concatenate([c[keep], r[keep]])
+    a = partition.assignment
+    pairs = _split_by(a[dst], P, np.stack([src, dst], axis=1))[0]
+    got = np.concatenate(comm.exchange(pairs)).reshape(-1, 2)
+    n = np.int64(max(partition.num_points, 1))
+    key = np.unique(inverse[got[:, 1]] * n + got[:, 0])  # by (stored target, source), deduped
+    src, dst = key % n, partition.order[key // n]
+    counts = comm.allgather_int(src.size)
+    start = sum(counts[:rank])
+    eid = np.arange(start, start + src.size, dtype=np.int64)
+    return _build(comm, partition, inverse, src, dst, eid, None, rings=rings, symmetric=False,
+                  routed=True)  # fmt: skip
