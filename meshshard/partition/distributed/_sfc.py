@@ -1,0 +1,168 @@
+"""Distributed Morton / Hilbert partitioning: a sample sort of ``(code, global row)`` keys.
+
+1. global bounding box (all_reduce min/max) and ``bits`` from the global N, so every rank
+   quantises and encodes exactly as :func:`meshshard.partition.sfc.hilbert` would;
+2. local stable sort by code (local rows are in global-row order, so ties go by row);
+3. splitters from regular samples (one all_gather), then one all_to_all of
+   ``(code, row[, weight])``: rank r now holds the r-th contiguous block of the global curve;
+4. cut positions from the global positions (or a prefix sum of the weights), as in
+   :func:`meshshard.partition.sfc.split_curve`;
+5. one all_to_all of rows to the rank owning their part (``order`` pieces) and one back to the
+   input rank (stored position of every input row).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshshard.partition.distributed._comm import Comm
+from meshshard.partition.distributed._record import DistributedPartition, part_owners
+from meshshard.partition.sfc import _ENCODERS, _encode, _ensure_nonempty, bounding_box
+
+__all__ = ["sfc_partition", "global_box"]
+
+SAMPLES_PER_RANK = 64
+
+
+def global_box(comm: Comm, pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-axis float64 (min, max) over all ranks (collective); empty ranks give +-inf."""
+    dim = pts.shape[1]
+    if pts.shape[0]:
+        lo, hi = bounding_box(pts)
+    else:
+        lo, hi = np.full(dim, np.inf), np.full(dim, -np.inf)
+    comm.phase = "bounding box"
+    both = comm.allreduce(np.concatenate([lo, -hi]), op="min")
+    return both[:dim], -both[dim:]
+
+
+def uniform_starts(n: int, targets: np.ndarray) -> np.ndarray:
+    """``searchsorted(arange(n) + 0.5, cumsum(targets)[:-1] * n)`` without the O(n) array."""
+    bounds = np.cumsum(targets)[:-1] * float(n)
+    out = np.empty(bounds.size, dtype=np.int64)
+    for j, b in enumerate(bounds.tolist()):
+        i = int(min(max(np.ceil(b - 0.5), 0), n))
+        while i > 0 and float(i - 1) + 0.5 >= b:
+            i -= 1
+        while i < n and float(i) + 0.5 < b:
+            i += 1
+        out[j] = i
+    return out
+
+
+def _lex_count_le(cs: np.ndarray, gs: np.ndarray, c: int, g: int) -> int:
+    """Rows of the (code, row)-sorted ``cs, gs`` with key <= ``(c, g)``."""
+    i = int(np.searchsorted(cs, c, side="left"))
+    e = int(np.searchsorted(cs, c, side="right"))
+    return i + int(np.searchsorted(gs[i:e], g, side="right"))
+
+
+def _splitter_counts(comm: Comm, cs: np.ndarray, gs: np.ndarray, n_total: int) -> np.ndarray:
+    """Rows of the local sorted keys bound for each rank (regular-sample splitters)."""
+    W = comm.world
+    n = cs.size
+    s = 0
+    if n:
+        s = int(min(n, max(1, round(SAMPLES_PER_RANK * W * n / max(n_total, 1)))))
+    pick = (np.arange(s, dtype=np.int64) * n) // max(s, 1)
+    comm.phase = "splitters"
+    samples = np.concatenate(comm.allgatherv(np.stack([cs[pick], gs[pick]], axis=1)))
+    o = np.lexsort((samples[:, 1], samples[:, 0]))
+    samples = samples[o]
+    S = samples.shape[0]
+    ends = np.empty(W, dtype=np.int64)
+    for r in range(W - 1):
+        at = ((r + 1) * S) // W
+        if S == 0 or at == 0:
+            ends[r] = 0
+            continue
+        c, g = samples[at - 1]
+        ends[r] = _lex_count_le(cs, gs, int(c), int(g))
+    ends[W - 1] = n
+    return np.diff(np.concatenate([[0], ends]))
+
+
+def sfc_partition(
+    comm: Comm,
+    pts: np.ndarray,
+    w: np.ndarray | None,
+    parts: int,
+    targets: np.ndarray,
+    counts: np.ndarray,
+    *,
+    method: str,
+    bits: int,
+    allow_empty: bool,
+    lo: np.ndarray,
+    hi: np.ndarray,
+) -> DistributedPartition:
+    """See :func:`meshshard.partition.distributed.partition_distributed` (collective)."""
+    W, rank = comm.world, comm.rank
+    n = pts.shape[0]
+    N = int(counts.sum())
+    off = int(counts[:rank].sum())
+    codes = _encode(pts, bits, _ENCODERS[method], bounds=(lo, hi)).view(np.int64)
+    lperm = np.argsort(codes, kind="stable")
+    cols = 2 if w is None else 3
+    payload = np.empty((n, cols), dtype=np.int64)
+    np.take(codes, lperm, out=payload[:, 0])
+    del codes
+    np.add(lperm, off, out=payload[:, 1])
+    if w is not None:
+        payload[:, 2] = w[lperm].view(np.int64)
+    send_counts = _splitter_counts(comm, payload[:, 0], payload[:, 1], N)
+    comm.phase = "sort exchange"
+    recv, recv_counts = comm.alltoallv(payload, send_counts)
+    del payload
+    # sources arrive in rank order, i.e. in row order: a stable sort breaks code ties by row
+    rperm = np.argsort(recv[:, 0], kind="stable")
+    g = recv[rperm, 1]
+    ws = None if w is None else recv[rperm, 2].view(np.float64)
+    del recv
+    m = g.size
+    comm.phase = "cut positions"
+    blocks = comm.allgather(np.array([m], dtype=np.int64))[:, 0]
+    bo = int(blocks[:rank].sum())
+    if ws is None:
+        starts = uniform_starts(N, targets)
+    else:
+        totals = comm.allgather(np.array([ws.sum() if m else 0.0]))[:, 0]
+        prefix = 0.0
+        for r in range(rank):
+            prefix += float(totals[r])
+        total = 0.0
+        for r in range(W):
+            total += float(totals[r])
+        csum = np.cumsum(np.concatenate([[prefix], ws]))[1:]
+        mid = csum - 0.5 * ws
+        bounds = np.cumsum(targets)[:-1] * total
+        starts = comm.allreduce(np.searchsorted(mid, bounds, side="left").astype(np.int64))
+        del csum, mid
+    ptr = np.concatenate([[0], starts, [N]]).astype(np.int64)
+    if not allow_empty and N >= int((targets > 0).sum()):
+        ptr = _ensure_nonempty(ptr, targets > 0)
+    sizes = np.diff(ptr)
+    owners = part_owners(parts, W)
+    # stored rows owned by each rank: [rank_start[o], rank_start[o + 1])
+    first = np.searchsorted(owners, np.arange(W + 1))
+    rank_start = ptr[np.minimum(first, parts)]
+    rank_start[-1] = N
+    cut = np.clip(rank_start, bo, bo + m) - bo
+    comm.phase = "order exchange"
+    order, _ = comm.alltoallv(g, np.diff(cut))
+    del g
+    reply = np.empty(m, dtype=np.int64)
+    reply[rperm] = bo + np.arange(m, dtype=np.int64)
+    del rperm
+    comm.phase = "position exchange"
+    back, _ = comm.alltoallv(reply, recv_counts, send_counts)
+    del reply
+    gpos = np.empty(n, dtype=np.int64)
+    gpos[lperm] = back
+    dest = np.searchsorted(ptr, gpos, side="right") - 1
+    position = gpos - ptr[dest]
+    params = {"bits": int(bits), "targets": targets.tolist(), "weighted": w is not None}
+    return DistributedPartition(
+        method=method, rank=rank, world=W, counts=counts, sizes=sizes, dest=dest,
+        position=position, order=order, params=params,
+    )  # fmt: skip
