@@ -20,6 +20,7 @@ the left, as :func:`meshshard.partition.rcb.rcb` does.
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -177,15 +178,17 @@ def partition_distributed(
     if method == "rcb":
         from meshshard.partition.distributed._rcb import rcb_partition
 
-        return rcb_partition(comm, pts, w, parts, t, counts, allow_empty=allow_empty, lo=lo, hi=hi)
+        out = rcb_partition(comm, pts, w, parts, t, counts, allow_empty=allow_empty, lo=lo, hi=hi)
+        return replace(out, exchange_bytes=dict(comm.bytes), peak_buffer=comm.peak_buffer)
     from meshshard.partition.distributed._sfc import sfc_partition
 
     dim = pts.shape[1]
     bits = default_bits(n_total, dim) if bits is None else _check_bits(bits, dim)
-    return sfc_partition(
+    out = sfc_partition(
         comm, pts, w, parts, t, counts, method=method, bits=bits,
         allow_empty=allow_empty, lo=lo, hi=hi,
     )  # fmt: skip
+    return replace(out, exchange_bytes=dict(comm.bytes), peak_buffer=comm.peak_buffer)
 
 
 def __getattr__(name: str) -> Any:

@@ -55,6 +55,12 @@ class Comm:
         self.device = device
         self.what = what
         self.phase = "start"
+        self.bytes: dict[str, int] = {}  # phase -> bytes this rank sent + received
+        self.peak_buffer = 0  # largest send + receive buffer pair of one collective
+
+    def _count(self, sent: int, received: int) -> None:
+        self.bytes[self.phase] = self.bytes.get(self.phase, 0) + sent + received
+        self.peak_buffer = max(self.peak_buffer, sent + received)
 
     # -- helpers -------------------------------------------------------------------------
     def _t(self, a: np.ndarray) -> torch.Tensor:
@@ -81,6 +87,7 @@ class Comm:
             dist.all_reduce(t, op=red, group=self.group)
         except (RuntimeError, ValueError) as exc:
             raise self._fail(exc) from exc
+        self._count(t.nbytes, t.nbytes)
         return self._np(t)
 
     def allgather(self, a: np.ndarray) -> np.ndarray:
@@ -92,6 +99,7 @@ class Comm:
             _ALLGATHER(out, t, group=self.group)
         except (RuntimeError, ValueError) as exc:
             raise self._fail(exc) from exc
+        self._count(t.nbytes, out.nbytes)
         return self._np(out).reshape(self.world, *a.shape)
 
     def allgatherv(self, a: np.ndarray) -> list[np.ndarray]:
@@ -123,6 +131,7 @@ class Comm:
             )
         except (RuntimeError, ValueError) as exc:
             raise self._fail(exc) from exc
+        self._count(t.nbytes, out.nbytes)
         return self._np(out), recv_counts
 
     def alltoall_counts(self, send_counts: np.ndarray) -> np.ndarray:

@@ -41,6 +41,10 @@ class DistributedPartition:
         (parts ``owned_parts`` back to back).
     params : dict
         Method parameters (JSON-serialisable), as in :class:`Partition`.
+    exchange_bytes : dict
+        Bytes this rank sent plus received, per phase (for memory and network budgets).
+    peak_buffer : int
+        Largest send + receive buffer pair of any one collective on this rank, in bytes.
     """
 
     method: str
@@ -52,6 +56,8 @@ class DistributedPartition:
     position: np.ndarray
     order: np.ndarray
     params: dict = field(default_factory=dict)
+    exchange_bytes: dict = field(default_factory=dict)
+    peak_buffer: int = 0
 
     @property
     def nparts(self) -> int:
