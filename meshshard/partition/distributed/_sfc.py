@@ -98,10 +98,13 @@ def sfc_partition(
 ) -> DistributedPartition:
     """See :func:`meshshard.partition.distributed.partition_distributed` (collective)."""
     W, rank = comm.world, comm.rank
-    n = pts.shape[0]
+    n, dim = pts.shape
     N = int(counts.sum())
     off = int(counts[:rank].sum())
     codes = _encode(pts, bits, _ENCODERS[method], bounds=(lo, hi)).view(np.int64)
+    idx_bits = max((N - 1).bit_length(), 1)
+    if w is None and bits * dim + idx_bits <= 63:
+        return _packed(comm, codes, idx_bits, parts, targets, counts, method, bits, allow_empty)
     lperm = np.argsort(codes, kind="stable")
     cols = 2 if w is None else 3
     payload = np.empty((n, cols), dtype=np.int64)
@@ -166,3 +169,79 @@ def sfc_partition(
         method=method, rank=rank, world=W, counts=counts, sizes=sizes, dest=dest,
         position=position, order=order, params=params,
     )  # fmt: skip
+
+
+def _packed(comm, key, idx_bits, parts, targets, counts, method, bits, allow_empty):
+    """Unweighted fast path: ``code << idx_bits | row`` in one int64 (unique keys, so plain
+    sorts), 8 bytes per row in every exchange, arrays freed as soon as they are spent."""
+    W, rank = comm.world, comm.rank
+    n = key.size
+    N = int(counts.sum())
+    off = int(counts[:rank].sum())
+    mask = np.int64((1 << idx_bits) - 1)
+    key <<= np.int64(idx_bits)
+    key |= np.arange(off, off + n, dtype=np.int64)
+    key.sort()
+    ends = _packed_splitters(comm, key, N)
+    comm.phase = "sort exchange"
+    recv, recv_counts = comm.alltoallv(key, np.diff(np.concatenate([[0], ends])))
+    send_counts = np.diff(np.concatenate([[0], ends]))
+    recv.sort()
+    recv &= mask  # now the global row of each position of this block, in curve order
+    m = recv.size
+    comm.phase = "cut positions"
+    blocks = comm.allgather(np.array([m], dtype=np.int64))[:, 0]
+    bo = int(blocks[:rank].sum())
+    ptr = np.concatenate([[0], uniform_starts(N, targets), [N]]).astype(np.int64)
+    if not allow_empty and N >= int((targets > 0).sum()):
+        ptr = _ensure_nonempty(ptr, targets > 0)
+    owners = part_owners(parts, W)
+    first = np.searchsorted(owners, np.arange(W + 1))
+    rank_start = ptr[np.minimum(first, parts)]
+    rank_start[-1] = N
+    cut = np.clip(rank_start, bo, bo + m) - bo
+    comm.phase = "order exchange"
+    order, _ = comm.alltoallv(recv, np.diff(cut))
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    src = (np.searchsorted(starts, recv, side="right") - 1).astype(
+        np.int16 if W < 2**15 else np.int64
+    )
+    del recv
+    reply = np.argsort(src, kind="stable")  # block positions grouped by input rank, curve order
+    back_counts = np.bincount(src, minlength=W).astype(np.int64)
+    del src
+    reply += bo
+    comm.phase = "position exchange"
+    back, _ = comm.alltoallv(reply, back_counts, send_counts)
+    del reply
+    key &= mask
+    key -= off  # local row of each sent key, in the order the positions come back
+    gpos = np.empty(n, dtype=np.int64)
+    gpos[key] = back
+    del back, key
+    dest = np.searchsorted(ptr, gpos, side="right") - 1
+    gpos -= ptr[dest]
+    params = {"bits": int(bits), "targets": targets.tolist(), "weighted": False}
+    return DistributedPartition(
+        method=method, rank=rank, world=W, counts=counts, sizes=np.diff(ptr), dest=dest,
+        position=gpos, order=order, params=params,
+    )  # fmt: skip
+
+
+def _packed_splitters(comm: Comm, key: np.ndarray, n_total: int) -> np.ndarray:
+    """End (exclusive) in the sorted local ``key`` of the rows bound for each rank."""
+    W = comm.world
+    n = key.size
+    s = 0
+    if n:
+        s = int(min(n, max(1, round(SAMPLES_PER_RANK * W * n / max(n_total, 1)))))
+    pick = (np.arange(s, dtype=np.int64) * n) // max(s, 1)
+    comm.phase = "splitters"
+    samples = np.sort(np.concatenate(comm.allgatherv(key[pick])))
+    S = samples.size
+    at = (np.arange(1, W, dtype=np.int64) * S) // W
+    ends = np.zeros(W, dtype=np.int64)
+    ok = at > 0
+    ends[:-1][ok] = np.searchsorted(key, samples[at[ok] - 1], side="right")
+    ends[-1] = n
+    return np.maximum.accumulate(ends)
