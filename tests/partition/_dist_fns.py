@@ -53,8 +53,17 @@ def partition_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
         sl = _slice(case, rank)
         _select.GATHER_MAX = case.get("gather_max", 8192)
         parts = case.get("parts", world)
+        group, local = None, pts[sl]
+        if case.get("mesh"):  # a 1-D DeviceMesh instead of a process group
+            from torch.distributed.device_mesh import init_device_mesh
+
+            group = init_device_mesh("cpu", (world,))
+        if case.get("torch"):  # torch tensors in, same answer
+            import torch
+
+            local = torch.from_numpy(local.copy())
         dp = partition_distributed(
-            pts[sl], parts, None, case["method"],
+            local, parts, group, case["method"],
             weights=None if w is None else w[sl], targets=case.get("targets"),
             allow_empty=case.get("allow_empty", False),
         )  # fmt: skip

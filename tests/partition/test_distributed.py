@@ -23,6 +23,8 @@ CASES = {
         {"layout": [2, 1], "method": "morton", "parts": 5, "allow_empty": True},
         {"layout": [600, 300], "method": "rcb", "kind": "grid", "gather_max": 30, "r": 1.0},
         {"layout": [400, 400], "method": "hilbert", "dim": 2, "dtype": "float64", "r": 0.05},
+        {"layout": [90, 10], "method": "morton", "mesh": True, "torch": True},
+        {"layout": [0, 0], "method": "hilbert", "parts": 3, "allow_empty": True},
     ],
     3: [
         {"layout": [100, 0, 900], "method": "hilbert", "kind": "dupes", "r": 0.1},
@@ -172,3 +174,16 @@ def test_memory_within_budget_on_even_split(method: str) -> None:
         assert rb["peak_buffer"] <= BUFFER_PER_ROW * large, rb
         slope = (rb["rss_growth_bytes"] - ra["rss_growth_bytes"]) / (large - small)
         assert slope <= BYTES_PER_ROW, (slope, ra, rb)
+
+
+def test_partition_package_does_not_import_torch_distributed() -> None:
+    """Only meshshard.partition.distributed may use torch.distributed (DESIGN.md)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, meshshard.partition as p, numpy as np\n"
+        "p.partition(np.random.default_rng(0).random((50, 3)), 2, 'rcb')\n"
+        "assert 'torch.distributed' not in sys.modules, 'partition imported torch.distributed'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
