@@ -41,7 +41,9 @@ def _slice(case: dict, rank: int) -> slice:
 def partition_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
     """Run every case on this rank: partition, redistribute, radius halo."""
     from meshshard.partition.distributed import (
+        _rcb,
         _select,
+        _sfc,
         halo_plan_radius_distributed,
         partition_distributed,
         redistribute_rows,
@@ -52,6 +54,7 @@ def partition_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
         pts, w = case_data(case)
         sl = _slice(case, rank)
         _select.GATHER_MAX = case.get("gather_max", 8192)
+        _rcb.PACK_BITS = _sfc.PACK_BITS = 0 if case.get("no_pack") else 63
         parts = case.get("parts", world)
         group, local = None, pts[sl]
         if case.get("mesh"):  # a 1-D DeviceMesh instead of a process group

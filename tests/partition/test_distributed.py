@@ -46,6 +46,8 @@ CASES = {
     ],
     4: [
         {"layout": [1, 1, 6, 992], "method": "hilbert", "r": 0.1},
+        {"layout": [200, 300, 0, 500], "method": "hilbert", "kind": "dupes", "no_pack": True},
+        {"layout": [200, 300, 0, 500], "method": "rcb", "kind": "grid", "no_pack": True},
         {"layout": [0, 0, 0, 1200], "method": "rcb", "gather_max": 64, "r": 0.1},
         {"layout": [300, 0, 300, 300], "method": "morton", "kind": "dupes", "weighted": True},
         {

@@ -21,6 +21,10 @@ from meshshard.partition.sfc import _ENCODERS, _encode, default_bits
 
 __all__ = ["rcb_partition"]
 
+#: keys pack into one int64 when they need at most this many bits (tests lower it to run the
+#: general path that very large inputs take)
+PACK_BITS = 63
+
 
 def rcb_partition(
     comm: Comm,
@@ -59,9 +63,11 @@ def rcb_partition(
         for j, (s, e, _a, _b) in enumerate(active):
             cnt[j] = e - s
             if e > s:
-                sub = pts[lp[s:e]]
-                box[j, :dim] = sub.min(axis=0)
-                box[j, dim:] = -sub.max(axis=0)
+                idx = lp[s:e]
+                for a_ in range(dim):  # column by column: (n, 3) axis-0 reductions are slow
+                    col = pts[idx, a_]
+                    box[j, a_], box[j, dim + a_] = col.min(), -col.max()
+                del col
                 if w is not None:
                     wsum[j] = w[lp[s:e]].sum()
             else:
@@ -101,7 +107,6 @@ def rcb_partition(
                     ks[j] = (min(max(k, lo_min), int(cnt[j]) - hi_min), lo_min, hi_min)
         reqs = [("count", k) if 0 < k < int(cnt[j]) else None for j, (k, _, _) in enumerate(ks)]
         keys = select(comm, cands, reqs)
-        del cands
         nxt = []
         for j, (s, e, a, b) in enumerate(active):
             m = a + (b - a) // 2
@@ -111,12 +116,13 @@ def rcb_partition(
                 nleft = idx.size if k == int(cnt[j]) else 0
             else:
                 kc, kg = keys[j]
-                c = pts[idx, axes[j]]
+                c = cands[j][0]
                 left = (c < kc) | ((c == kc) & (idx + off <= kg))
                 nleft = int(np.count_nonzero(left))
                 lp[s:e] = np.concatenate([idx[left], idx[~left]])
             nxt.append((s, s + nleft, a, m))
             nxt.append((s + nleft, e, m, b))
+        del cands
         nodes = nxt
     return _to_owners(comm, pts, dest, parts, counts, lo, hi, targets, w is not None)
 
@@ -130,25 +136,38 @@ def _to_owners(comm, pts, dest, parts, counts, lo, hi, targets, weighted) -> Dis
     comm.phase = "rcb sizes"
     sizes = comm.allreduce(np.bincount(dest, minlength=parts).astype(np.int64))
     ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    codes = _encode(pts, default_bits(N, dim), _ENCODERS["hilbert"], bounds=(lo, hi))
-    codes = codes.view(np.int64)
-    sperm = np.lexsort((codes, dest))  # by part, then code, then row (stable)
+    bits = default_bits(N, dim)
+    codes = _encode(pts, bits, _ENCODERS["hilbert"], bounds=(lo, hi)).view(np.int64)
+    cb = bits * dim
+    packed = parts.bit_length() + cb <= PACK_BITS
     owners = part_owners(parts, W)
     send_counts = np.bincount(owners[dest], minlength=W).astype(np.int64)
-    payload = np.empty((n, 3), dtype=np.int64)
-    np.take(dest, sperm, out=payload[:, 0])
-    np.take(codes, sperm, out=payload[:, 1])
-    del codes
-    np.add(sperm, off, out=payload[:, 2])
+    if packed:  # (part, code) in one int64; stable sorts keep equal keys in row order
+        key = (dest << np.int64(cb)) | codes
+        del codes
+        sperm = np.argsort(key, kind="stable")
+        payload = np.empty((n, 2), dtype=np.int64)
+        np.take(key, sperm, out=payload[:, 0])
+        del key
+    else:
+        sperm = np.lexsort((codes, dest))  # by part, then code, then row (stable)
+        payload = np.empty((n, 3), dtype=np.int64)
+        np.take(dest, sperm, out=payload[:, 0])
+        np.take(codes, sperm, out=payload[:, 1])
+        del codes
+    np.add(sperm, off, out=payload[:, -1])
     comm.phase = "rcb owner exchange"
     recv, recv_counts = comm.alltoallv(payload, send_counts)
     del payload
-    rperm = np.lexsort((recv[:, 1], recv[:, 0]))  # sources arrive in row order
-    order = recv[rperm, 2]
+    if packed:  # sources arrive in row order
+        rperm = np.argsort(recv[:, 0], kind="stable")
+    else:
+        rperm = np.lexsort((recv[:, 1], recv[:, 0]))
+    order = recv[rperm, -1]
+    del recv
     m = order.size
     first = int(np.searchsorted(owners, rank))
     base = int(ptr[min(first, parts)])
-    del recv
     reply = np.empty(m, dtype=np.int64)
     reply[rperm] = base + np.arange(m, dtype=np.int64)
     comm.phase = "rcb position exchange"

@@ -31,13 +31,15 @@ def _lex_order(c: np.ndarray, g: np.ndarray) -> np.ndarray:
 def _buckets(c: np.ndarray, g: np.ndarray, pc: np.ndarray, pg: np.ndarray) -> np.ndarray:
     """Number of pivots ``(pc, pg)`` (sorted by key) strictly below each ``(c, g)``."""
     b = np.searchsorted(pc, c, side="left")
-    hi = np.searchsorted(pc, c, side="right")
-    tie = np.flatnonzero(hi > b)  # coordinate equals some pivot's: compare the rows
+    q = pc.size
+    tie = np.flatnonzero(pc[np.minimum(b, q - 1)] == c)  # coordinate equals a pivot's
     if tie.size:
+        hi = np.searchsorted(pc, c[tie], side="right")
         starts = b[tie]
         for s in np.unique(starts).tolist():
-            sel = tie[starts == s]
-            e = int(hi[sel[0]])
+            at = starts == s
+            sel = tie[at]
+            e = int(hi[at][0])
             b[sel] += np.searchsorted(pg[s:e], g[sel], side="left")
     return b
 

@@ -22,6 +22,9 @@ from meshshard.partition.sfc import _ENCODERS, _encode, _ensure_nonempty, boundi
 __all__ = ["sfc_partition", "global_box"]
 
 SAMPLES_PER_RANK = 64
+#: (code, row) keys pack into one int64 when they need at most this many bits (tests lower it
+#: to run the general path that very large inputs take)
+PACK_BITS = 63
 
 
 def global_box(comm: Comm, pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -103,7 +106,7 @@ def sfc_partition(
     off = int(counts[:rank].sum())
     codes = _encode(pts, bits, _ENCODERS[method], bounds=(lo, hi)).view(np.int64)
     idx_bits = max((N - 1).bit_length(), 1)
-    if w is None and bits * dim + idx_bits <= 63:
+    if w is None and bits * dim + idx_bits <= PACK_BITS:
         return _packed(comm, codes, idx_bits, parts, targets, counts, method, bits, allow_empty)
     lperm = np.argsort(codes, kind="stable")
     cols = 2 if w is None else 3
