@@ -29,6 +29,7 @@ _LAZY = {
     "partition_distributed": "meshshard.partition.distributed",
     "redistribute_rows": "meshshard.partition.distributed",
     "halo_plan_radius_distributed": "meshshard.partition.distributed",
+    "halo_plan_graph_distributed": "meshshard.partition.distributed",
     "DistributedPartition": "meshshard.partition.distributed",
 }
 

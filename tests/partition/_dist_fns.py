@@ -44,6 +44,7 @@ def partition_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
         _rcb,
         _select,
         _sfc,
+        halo_plan_graph_distributed,
         halo_plan_radius_distributed,
         partition_distributed,
         redistribute_rows,
@@ -80,6 +81,12 @@ def partition_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
         if "r" in case and parts == world:
             piece = halo_plan_radius_distributed(dp, moved["x"], case["r"])
             res["halo"] = (piece.send_ptr, piece.send_idx, piece.recv_ptr, piece.recv_idx)
+        if "rings" in case and parts == world:
+            from meshshard.partition import knn_graph
+
+            graph = knn_graph(pts, 6).tocsr()[sl]  # this rank's rows only
+            piece = halo_plan_graph_distributed(dp, graph, case["rings"])
+            res["ring"] = (piece.send_ptr, piece.send_idx, piece.recv_ptr, piece.recv_idx)
         out.append(res)
     return out
 

@@ -13,8 +13,8 @@ from tests.partition._dist_fns import bad_input, case_data, memory_case, partiti
 
 CASES = {
     2: [
-        {"layout": [300, 500], "method": "hilbert", "r": 0.12},
-        {"layout": [0, 800], "method": "morton", "r": 0.12},
+        {"layout": [300, 500], "method": "hilbert", "r": 0.12, "rings": 1},
+        {"layout": [0, 800], "method": "morton", "r": 0.12, "rings": 2},
         {"layout": [3, 5], "method": "rcb"},
         {"layout": [700, 0], "method": "rcb", "kind": "dupes", "r": 0.1, "gather_max": 40},
         {"layout": [400, 700], "method": "rcb", "weighted": True, "gather_max": 40},
@@ -27,7 +27,7 @@ CASES = {
         {"layout": [0, 0], "method": "hilbert", "parts": 3, "allow_empty": True},
     ],
     3: [
-        {"layout": [100, 0, 900], "method": "hilbert", "kind": "dupes", "r": 0.1},
+        {"layout": [100, 0, 900], "method": "hilbert", "kind": "dupes", "r": 0.1, "rings": 2},
         {
             "layout": [333, 333, 334],
             "method": "rcb",
@@ -45,10 +45,10 @@ CASES = {
         },
     ],
     4: [
-        {"layout": [1, 1, 6, 992], "method": "hilbert", "r": 0.1},
+        {"layout": [1, 1, 6, 992], "method": "hilbert", "r": 0.1, "rings": 3},
         {"layout": [200, 300, 0, 500], "method": "hilbert", "kind": "dupes", "no_pack": True},
         {"layout": [200, 300, 0, 500], "method": "rcb", "kind": "grid", "no_pack": True},
-        {"layout": [0, 0, 0, 1200], "method": "rcb", "gather_max": 64, "r": 0.1},
+        {"layout": [0, 0, 0, 1200], "method": "rcb", "gather_max": 64, "r": 0.1, "rings": 1},
         {"layout": [300, 0, 300, 300], "method": "morton", "kind": "dupes", "weighted": True},
         {
             "layout": [250, 250, 250, 250],
@@ -124,6 +124,27 @@ def test_radius_halo_equals_single_process(P: int, ci: int) -> None:
     assert plan.halo_sizes().sum() > 0, "case too easy: no halo at all"
     for p, r in enumerate(per_rank):
         send_ptr, send_idx, recv_ptr, recv_idx = r["halo"]
+        np.testing.assert_array_equal(send_ptr, plan.send_ptr[p])
+        np.testing.assert_array_equal(send_idx, plan.send_idx[p])
+        np.testing.assert_array_equal(recv_ptr, plan.recv_ptr[p])
+        np.testing.assert_array_equal(recv_idx, plan.recv_idx[p])
+
+
+RING_IDS = [(P, i) for P, i in IDS if "rings" in CASES[P][i]]
+
+
+@pytest.mark.parametrize(("P", "ci"), RING_IDS)
+def test_graph_halo_equals_single_process(P: int, ci: int) -> None:
+    from meshshard.partition import knn_graph
+    from meshshard.partition.halo import halo_plan_graph
+
+    case = CASES[P][ci]
+    per_rank = [r[ci] for r in _results(P)]
+    pts, ref = _reference(case, P)
+    plan = halo_plan_graph(ref, knn_graph(pts, 6), case["rings"])
+    assert plan.halo_sizes().sum() > 0
+    for p, r in enumerate(per_rank):
+        send_ptr, send_idx, recv_ptr, recv_idx = r["ring"]
         np.testing.assert_array_equal(send_ptr, plan.send_ptr[p])
         np.testing.assert_array_equal(send_idx, plan.send_idx[p])
         np.testing.assert_array_equal(recv_ptr, plan.recv_ptr[p])

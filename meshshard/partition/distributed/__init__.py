@@ -9,7 +9,8 @@ function here is a collective: every rank of the group must call it.
   :func:`meshshard.partition.partition` on the rows concatenated in rank order.
 - :func:`redistribute_rows`: move row fields to the rank owning their part (bounded buffers).
 - :func:`halo_plan_radius_distributed`: this rank's piece of the exact radius halo plan,
-  from part bounding boxes, with no global gather.
+  from part bounding boxes, with no global gather; :func:`halo_plan_graph_distributed`: the
+  k-ring halo along a graph whose rows are spread like the points.
 
 Tie rule (the oracle): points are ordered by ``(key, global row)``, where the global row is
 the position in the rank-ordered concatenation. Hilbert/Morton codes equal ties by row, as the
@@ -32,6 +33,7 @@ from meshshard.partition.distributed._record import DistributedPartition, part_o
 __all__ = [
     "DistributedPartition",
     "ExchangeError",
+    "halo_plan_graph_distributed",
     "halo_plan_radius_distributed",
     "partition_distributed",
     "part_owners",
@@ -196,9 +198,9 @@ def __getattr__(name: str) -> Any:
         from meshshard.partition.distributed.redistribute import redistribute_rows
 
         return redistribute_rows
-    if name == "halo_plan_radius_distributed":
-        from meshshard.partition.distributed.halo import halo_plan_radius_distributed
+    if name in ("halo_plan_radius_distributed", "halo_plan_graph_distributed"):
+        from meshshard.partition.distributed import halo
 
-        return halo_plan_radius_distributed
+        return getattr(halo, name)
     msg = f"module {__name__!r} has no attribute {name!r}"
     raise AttributeError(msg)

@@ -19,7 +19,12 @@ from meshshard.partition._validation import as_points
 from meshshard.partition.distributed._comm import Comm
 from meshshard.partition.distributed._record import DistributedPartition
 
-__all__ = ["HaloPiece", "box_mindist2", "halo_plan_radius_distributed"]
+__all__ = [
+    "HaloPiece",
+    "box_mindist2",
+    "halo_plan_graph_distributed",
+    "halo_plan_radius_distributed",
+]
 
 
 @dataclass(frozen=True)
@@ -119,3 +124,87 @@ def halo_plan_radius_distributed(
     recv_idx = (off[src] + ghost_local)[keep].astype(np.int64)
     recv_ptr = np.searchsorted(recv_idx, off).astype(np.int64)
     return HaloPiece(p, off, send_ptr, send_idx.astype(np.int64), recv_ptr, recv_idx)
+
+
+def halo_plan_graph_distributed(
+    plan: DistributedPartition,
+    local_graph: Any,
+    rings: int = 1,
+    group: Any = None,
+) -> HaloPiece:
+    """This part's piece of the ``rings``-deep graph halo plan (collective).
+
+    Parameters
+    ----------
+    plan : DistributedPartition
+        Made with ``parts == world``.
+    local_graph : scipy.sparse matrix of shape (n_local, N)
+        This rank's input rows of the symmetric adjacency, columns = global input rows.
+    rings : int
+        Graph hops (>= 1).
+
+    Returns
+    -------
+    HaloPiece
+        Equal to entry ``rank`` of :func:`meshshard.partition.halo.halo_plan_graph` on the
+        gathered graph. Each ring is one all_to_all of (part, vertex) requests to the rank
+        holding the vertex's row; nothing is gathered.
+    """
+    import scipy.sparse as sp
+
+    comm = Comm(group, what="halo_plan_graph_distributed")
+    W, rank = comm.world, comm.rank
+    P, N = plan.nparts, plan.num_points
+    n = plan.dest.shape[0]
+    if P != W:
+        msg = f"halo_plan_graph_distributed needs parts == world size, got {P} != {W}"
+        raise ValueError(msg)
+    g = sp.csr_matrix(local_graph)
+    if g.shape != (n, N):
+        msg = f"rank {rank}: local_graph has shape {g.shape}, expected ({n}, {N})"
+        raise ValueError(msg)
+    if isinstance(rings, bool) or not isinstance(rings, (int, np.integer)) or rings < 1:
+        msg = f"rings={rings!r} must be an int >= 1"
+        raise ValueError(msg)
+    starts = np.concatenate([[0], np.cumsum(plan.counts)]).astype(np.int64)
+    off = int(starts[rank])
+    nn = max(N, 1)
+    deg = np.diff(g.indptr)
+    fp, fv = plan.dest.astype(np.int64), np.arange(off, off + n, dtype=np.int64)
+    ghosts = np.zeros(0, dtype=np.int64)  # sorted part * N + vertex keys, vertices held here
+    for ring in range(int(rings)):
+        lv = fv - off
+        reps = deg[lv]
+        first = np.repeat(g.indptr[lv] - np.cumsum(reps) + reps, reps)
+        nbr = g.indices[first + np.arange(int(reps.sum()))].astype(np.int64)
+        cand = np.unique(np.repeat(fp, reps) * nn + nbr)
+        holder = np.searchsorted(starts, cand % nn, side="right") - 1
+        o = np.argsort(holder, kind="stable")
+        comm.phase = f"halo ring {ring + 1}"
+        got, _ = comm.alltoallv(cand[o], np.bincount(holder, minlength=W).astype(np.int64))
+        got = np.unique(got)
+        gp, gv = got // nn, got % nn
+        got = got[plan.dest[gv - off] != gp]  # not the part's own rows
+        if ghosts.size and got.size:
+            at = np.minimum(np.searchsorted(ghosts, got), ghosts.size - 1)
+            got = got[ghosts[at] != got]  # not reached on an earlier ring
+        done = int(comm.allreduce(np.array([got.size], dtype=np.int64))[0]) == 0
+        ghosts = np.sort(np.concatenate([ghosts, got]))
+        fp, fv = got // nn, got % nn
+        if done:
+            break
+    dest, v = ghosts // nn, ghosts % nn
+    stored = plan.offsets[plan.dest[v - off]] + plan.position[v - off]
+    src = plan.dest[v - off]
+    comm.phase = "halo lists"
+    o = np.argsort(dest, kind="stable")
+    recv, _ = comm.alltoallv(stored[o], np.bincount(dest, minlength=W).astype(np.int64))
+    recv_idx = np.sort(recv)
+    recv_ptr = np.searchsorted(recv_idx, plan.offsets).astype(np.int64)
+    o = np.argsort(src, kind="stable")
+    pairs = np.stack([dest[o], stored[o]], axis=1)
+    sent, _ = comm.alltoallv(pairs, np.bincount(src, minlength=W).astype(np.int64))
+    o = np.lexsort((sent[:, 1], sent[:, 0]))
+    send_idx = sent[o, 1] - plan.offsets[rank]
+    send_ptr = np.searchsorted(sent[o, 0], np.arange(W + 1)).astype(np.int64)
+    return HaloPiece(rank, plan.offsets, send_ptr, send_idx.astype(np.int64), recv_ptr, recv_idx)
