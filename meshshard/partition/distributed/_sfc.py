@@ -165,13 +165,24 @@ def sfc_partition(
     del reply
     gpos = np.empty(n, dtype=np.int64)
     gpos[lperm] = back
-    dest = np.searchsorted(ptr, gpos, side="right") - 1
-    position = gpos - ptr[dest]
+    dest = _to_part_rows(ptr, gpos)
+    position = gpos
     params = {"bits": int(bits), "targets": targets.tolist(), "weighted": w is not None}
     return DistributedPartition(
         method=method, rank=rank, world=W, counts=counts, sizes=sizes, dest=dest,
         position=position, order=order, params=params,
     )  # fmt: skip
+
+
+def _to_part_rows(ptr: np.ndarray, gpos: np.ndarray) -> np.ndarray:
+    """Part of each global stored row; turns ``gpos`` into rows within the part, in place and
+    in chunks (no full-size temporaries)."""
+    dest = np.searchsorted(ptr, gpos, side="right")
+    dest -= 1
+    step = 1 << 20
+    for c in range(0, gpos.size, step):
+        gpos[c : c + step] -= ptr[dest[c : c + step]]
+    return dest
 
 
 def _packed(comm, key, idx_bits, parts, targets, counts, method, bits, allow_empty):
@@ -206,9 +217,9 @@ def _packed(comm, key, idx_bits, parts, targets, counts, method, bits, allow_emp
     comm.phase = "order exchange"
     order, _ = comm.alltoallv(recv, np.diff(cut))
     starts = np.concatenate([[0], np.cumsum(counts)])
-    src = (np.searchsorted(starts, recv, side="right") - 1).astype(
-        np.int16 if W < 2**15 else np.int64
-    )
+    src = np.empty(m, dtype=np.int16 if W < 2**15 else np.int64)  # input rank of each row
+    for c in range(0, m, 1 << 20):  # chunked: no int64 temporary of the whole block
+        src[c : c + (1 << 20)] = np.searchsorted(starts, recv[c : c + (1 << 20)], "right") - 1
     del recv
     reply = np.argsort(src, kind="stable")  # block positions grouped by input rank, curve order
     back_counts = np.bincount(src, minlength=W).astype(np.int64)
@@ -222,8 +233,7 @@ def _packed(comm, key, idx_bits, parts, targets, counts, method, bits, allow_emp
     gpos = np.empty(n, dtype=np.int64)
     gpos[key] = back
     del back, key
-    dest = np.searchsorted(ptr, gpos, side="right") - 1
-    gpos -= ptr[dest]
+    dest = _to_part_rows(ptr, gpos)
     params = {"bits": int(bits), "targets": targets.tolist(), "weighted": False}
     return DistributedPartition(
         method=method, rank=rank, world=W, counts=counts, sizes=np.diff(ptr), dest=dest,
