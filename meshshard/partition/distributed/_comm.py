@@ -45,13 +45,13 @@ class Comm:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        if device is None:
-            backend = dist.get_backend(group)
-            device = (
-                torch.device("cuda", torch.cuda.current_device())
-                if backend == "nccl"
-                else torch.device("cpu")
-            )
+        # NCCL exchanges device buffers (the points' device, else the current CUDA device);
+        # gloo and the others exchange host buffers
+        if dist.get_backend(group) == "nccl":
+            if device is None or device.type != "cuda":
+                device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            device = torch.device("cpu")
         self.device = device
         self.what = what
         self.phase = "start"
