@@ -66,10 +66,13 @@ def single(rank: int, world: int, n: int, method: str, parts: int) -> dict:
     return {"wall": wall, "cpu": cpu, "hwm": _status_kb("VmHWM") * 1024, "base": base * 1024}
 
 
-def ranked(rank: int, world: int, n: int, method: str, parts: int) -> dict:
+def ranked(rank: int, world: int, n: int, method: str, parts: int, no_pack: bool = False) -> dict:
     import torch.distributed as dist
 
-    from meshshard.partition.distributed import partition_distributed
+    from meshshard.partition.distributed import _rcb, _sfc, partition_distributed
+
+    if no_pack:  # the general (code, row) path that inputs too large to pack take
+        _sfc.PACK_BITS = _rcb.PACK_BITS = 0
 
     start, stop = (n * rank) // world, (n * (rank + 1)) // world
     base = _status_kb("VmRSS")
@@ -126,27 +129,59 @@ def main(argv: list[str] | None = None) -> None:
                       f"{'ok' if hwm <= target else 'MISSED'} | {gib(xb)} |",
                       flush=True)  # fmt: skip
                 last[method] = (n, w, got)
-    model(last, int(args.model_n), args.model_ranks)
+    for method, (n, _w, _got) in list(last.items()):
+        if _packs(method, n, args.parts) != _packs(method, int(args.model_n), args.parts):
+            n2, w2 = 16 << 20, 4
+            print(f"\n({method}: {args.model_n:.0e} points take the unpacked key path; its "
+                  f"per-row costs measured at N={n2:,} on {w2} ranks)")  # fmt: skip
+            got = run_ranks(ranked, w2, n2, method, args.parts, True, timeout=3600)
+            last[method] = (n2, w2, got)
+    model(last, int(args.model_n), args.model_ranks, args.parts)
 
 
-def model(last: dict, n_model: int, ranks: int) -> None:
-    """Bytes per rank per phase for ``n_model`` points on ``ranks`` ranks, scaled linearly in
-    local rows from the largest measured run (all-gather phases scale with ranks instead)."""
+def _packs(method: str, n: int, parts: int) -> bool:
+    """Whether the distributed partitioner packs keys into one int64 at this size (3-D)."""
+    from meshshard.partition.sfc import default_bits
+
+    bits = default_bits(n, 3)
+    if method == "rcb":
+        return parts.bit_length() + 3 * bits <= 63
+    return 3 * bits + max((n - 1).bit_length(), 1) <= 63
+
+
+def model(last: dict, n_model: int, ranks: int, parts: int) -> None:
+    """Bytes per rank per phase for ``n_model`` points on ``ranks`` ranks: exchanges scale with
+    local rows (measured bytes per row); RCB selection rounds scale with ranks x tree nodes."""
+    from meshshard.partition.distributed._select import GATHER_MAX, PIVOTS, SAMPLES
+
     rows = n_model / ranks
     print(f"\nPaper model: {n_model:.0e} points on {ranks} ranks = {rows:,.0f} rows per rank")
     for method, (n, w, got) in last.items():
         g = max(got, key=lambda r: r["rows"])
+        base = max(r["base"] for r in got)
         per_row_mem = (g["hwm"] - g["base"]) / g["rows"]
-        print(f"\n{method} (from N={n:,} on {w} rank(s), {g['rows']:,} rows on the largest rank)")
-        print("| phase | measured bytes/row | model bytes/rank (GiB) |")
+        print(f"\n{method} (per-row costs from N={n:,} on {w} rank(s), {g['rows']:,} rows "
+              f"on the largest rank)")  # fmt: skip
+        print("| phase | measured bytes/row (sent + received) | model per rank (GiB) |")
         print("|---|---:|---:|")
         for phase, b in sorted(g["phases"].items()):
             per = b / g["rows"]
-            scale = rows if per > 1e-3 else 0.0
-            small = "all_reduce/all_gather" if per <= 1e-3 else ""
-            print(f"| {phase} | {per:.2f} | {gib(per * scale)} {small} |")
+            if phase == "rcb select":
+                # per tree level: <= 3 sample rounds of nodes x SAMPLES x 24 B from every rank
+                levels = max(parts - 1, 1).bit_length()
+                rounds = 1
+                while rows * ranks / (PIVOTS**rounds) > GATHER_MAX:
+                    rounds += 1
+                est = sum(min(2**lv, parts // 2) for lv in range(levels)) * rounds
+                est *= SAMPLES * 24 * ranks + (PIVOTS + 1) * 16
+                print(f"| {phase} | {per:.2f} | {gib(est)} (ranks x nodes, not rows) |")
+            elif per < 0.5:
+                print(f"| {phase} | {per:.3f} | ~0 (all_reduce / all_gather of O(ranks)) |")
+            else:
+                print(f"| {phase} | {per:.2f} | {gib(per * rows)} |")
         print(f"| input points (float32) | 12.00 | {gib(12 * rows)} |")
-        print(f"| peak RSS above start (model) | {per_row_mem:.1f} | {gib(per_row_mem * rows)} |")
+        print(f"| peak RSS = process {gib(base)} GiB + {per_row_mem:.1f} B/row | - | "
+              f"{gib(base + per_row_mem * rows)} |")  # fmt: skip
 
 
 if __name__ == "__main__":
