@@ -56,6 +56,7 @@ def partition_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
         sl = _slice(case, rank)
         _select.GATHER_MAX = case.get("gather_max", 8192)
         _rcb.PACK_BITS = _sfc.PACK_BITS = 0 if case.get("no_pack") else 63
+        _sfc.TORCH_KEYS = bool(case.get("torch_keys"))  # the device (torch) key path, on CPU
         parts = case.get("parts", world)
         group, local = None, pts[sl]
         if case.get("mesh"):  # a 1-D DeviceMesh instead of a process group

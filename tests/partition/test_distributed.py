@@ -24,6 +24,8 @@ CASES = {
         {"layout": [600, 300], "method": "rcb", "kind": "grid", "gather_max": 30, "r": 1.0},
         {"layout": [400, 400], "method": "hilbert", "dim": 2, "dtype": "float64", "r": 0.05},
         {"layout": [90, 10], "method": "morton", "mesh": True, "torch": True},
+        {"layout": [300, 400], "method": "hilbert", "torch": True, "torch_keys": True},
+        {"layout": [500, 0], "method": "rcb", "torch": True, "torch_keys": True, "kind": "dupes"},
         {"layout": [0, 0], "method": "hilbert", "parts": 3, "allow_empty": True},
     ],
     3: [
@@ -210,3 +212,22 @@ def test_partition_package_does_not_import_torch_distributed() -> None:
         "assert 'torch.distributed' not in sys.modules, 'partition imported torch.distributed'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+@pytest.mark.parametrize("method", ["morton", "hilbert"])
+def test_torch_keys_equal_numpy_codes(dim: int, method: str) -> None:
+    """The device key path (torch) gives the numpy encoder's codes bit for bit."""
+    import torch
+
+    from meshshard.partition.distributed._keys import torch_codes
+    from meshshard.partition.sfc import _ENCODERS, _MAX_BITS, _encode, bounding_box
+
+    rng = np.random.default_rng(dim)
+    p = (rng.random((3000, dim)) * 7 - 3).astype(np.float32)
+    p[:200] = p[0]
+    lo, hi = bounding_box(p)
+    for bits in (1, 5, 12, _MAX_BITS[dim]):
+        want = _encode(p, bits, _ENCODERS[method], bounds=(lo, hi)).view(np.int64)
+        got = torch_codes(torch.from_numpy(p), bits, method, lo, hi).numpy()
+        np.testing.assert_array_equal(got, want, err_msg=f"bits={bits}")

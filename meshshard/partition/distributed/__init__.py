@@ -176,11 +176,14 @@ def partition_distributed(
     from meshshard.partition.distributed._sfc import global_box
 
     lo, hi = global_box(comm, pts)
+    tensor = local_points if isinstance(local_points, torch.Tensor) else None  # keys on its device
     _fault(comm, "exchange")
     if method == "rcb":
         from meshshard.partition.distributed._rcb import rcb_partition
 
-        out = rcb_partition(comm, pts, w, parts, t, counts, allow_empty=allow_empty, lo=lo, hi=hi)
+        out = rcb_partition(
+            comm, pts, w, parts, t, counts, allow_empty=allow_empty, lo=lo, hi=hi, tensor=tensor
+        )
         return replace(out, exchange_bytes=dict(comm.bytes), peak_buffer=comm.peak_buffer)
     from meshshard.partition.distributed._sfc import sfc_partition
 
@@ -188,7 +191,7 @@ def partition_distributed(
     bits = default_bits(n_total, dim) if bits is None else _check_bits(bits, dim)
     out = sfc_partition(
         comm, pts, w, parts, t, counts, method=method, bits=bits,
-        allow_empty=allow_empty, lo=lo, hi=hi,
+        allow_empty=allow_empty, lo=lo, hi=hi, tensor=tensor,
     )  # fmt: skip
     return replace(out, exchange_bytes=dict(comm.bytes), peak_buffer=comm.peak_buffer)
 

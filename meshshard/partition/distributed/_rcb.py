@@ -17,7 +17,8 @@ import numpy as np
 from meshshard.partition.distributed._comm import Comm
 from meshshard.partition.distributed._record import DistributedPartition, part_owners
 from meshshard.partition.distributed._select import select
-from meshshard.partition.sfc import _ENCODERS, _encode, default_bits
+from meshshard.partition.distributed._sfc import encode
+from meshshard.partition.sfc import default_bits
 
 __all__ = ["rcb_partition"]
 
@@ -37,6 +38,7 @@ def rcb_partition(
     allow_empty: bool,
     lo: np.ndarray,
     hi: np.ndarray,
+    tensor=None,
 ) -> DistributedPartition:
     """See :func:`meshshard.partition.distributed.partition_distributed` (collective)."""
     rank = comm.rank
@@ -124,10 +126,12 @@ def rcb_partition(
             nxt.append((s + nleft, e, m, b))
         del cands
         nodes = nxt
-    return _to_owners(comm, pts, dest, parts, counts, lo, hi, targets, w is not None)
+    return _to_owners(comm, pts, dest, parts, counts, lo, hi, targets, w is not None, tensor)
 
 
-def _to_owners(comm, pts, dest, parts, counts, lo, hi, targets, weighted) -> DistributedPartition:
+def _to_owners(
+    comm, pts, dest, parts, counts, lo, hi, targets, weighted, tensor=None
+) -> DistributedPartition:
     """Send (part, Hilbert code, row) to the part owners, sort there, reply positions."""
     W, rank = comm.world, comm.rank
     n, dim = pts.shape
@@ -137,7 +141,7 @@ def _to_owners(comm, pts, dest, parts, counts, lo, hi, targets, weighted) -> Dis
     sizes = comm.allreduce(np.bincount(dest, minlength=parts).astype(np.int64))
     ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     bits = default_bits(N, dim)
-    codes = _encode(pts, bits, _ENCODERS["hilbert"], bounds=(lo, hi)).view(np.int64)
+    codes = encode(pts, bits, "hilbert", lo, hi, tensor)
     cb = bits * dim
     packed = parts.bit_length() + cb <= PACK_BITS
     owners = part_owners(parts, W)

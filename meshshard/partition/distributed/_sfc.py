@@ -25,6 +25,18 @@ SAMPLES_PER_RANK = 64
 #: (code, row) keys pack into one int64 when they need at most this many bits (tests lower it
 #: to run the general path that very large inputs take)
 PACK_BITS = 63
+#: compute keys with torch even for CPU tensors (tests; CUDA tensors always use torch)
+TORCH_KEYS = False
+
+
+def encode(pts, bits, method, lo, hi, tensor=None) -> np.ndarray:
+    """int64 curve codes on the global box: with torch on the tensor's device when the input
+    was a CUDA tensor (or ``TORCH_KEYS``), else with the numpy encoder (same bits)."""
+    if tensor is not None and (tensor.device.type != "cpu" or TORCH_KEYS):
+        from meshshard.partition.distributed._keys import torch_codes
+
+        return torch_codes(tensor.detach(), bits, method, lo, hi).cpu().numpy()
+    return _encode(pts, bits, _ENCODERS[method], bounds=(lo, hi)).view(np.int64)
 
 
 def global_box(comm: Comm, pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -98,13 +110,14 @@ def sfc_partition(
     allow_empty: bool,
     lo: np.ndarray,
     hi: np.ndarray,
+    tensor=None,
 ) -> DistributedPartition:
     """See :func:`meshshard.partition.distributed.partition_distributed` (collective)."""
     W, rank = comm.world, comm.rank
     n, dim = pts.shape
     N = int(counts.sum())
     off = int(counts[:rank].sum())
-    codes = _encode(pts, bits, _ENCODERS[method], bounds=(lo, hi)).view(np.int64)
+    codes = encode(pts, bits, method, lo, hi, tensor)
     idx_bits = max((N - 1).bit_length(), 1)
     if w is None and bits * dim + idx_bits <= PACK_BITS:
         return _packed(comm, codes, idx_bits, parts, targets, counts, method, bits, allow_empty)
