@@ -116,7 +116,10 @@ def bad_input(rank: int, world: int, kind: str) -> tuple[str, str]:
     parts = world + 1 if kind == "parts" and rank == 0 else world
     t0 = time.monotonic()
     try:
-        pd.partition_distributed(pts, parts, group, "hilbert")
+        dp = pd.partition_distributed(pts, parts, group, "hilbert")
+        if kind == "rows":  # one rank passes a field with the wrong number of rows
+            f = np.zeros((49 if rank == 1 else 50, 2), dtype=np.float32)
+            pd.redistribute_rows({"f": f}, dp)
     except Exception as exc:  # the test inspects it
         if kind == "fault" and rank == 1:
             time.sleep(6)  # stay alive (no closed sockets): the others must time out

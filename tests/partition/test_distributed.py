@@ -160,6 +160,7 @@ def test_graph_halo_equals_single_process(P: int, ci: int) -> None:
         ("dtype", "ValueError", "disagree on points dtype"),
         ("nan", "ValueError", "invalid input on rank(s) [2]"),
         ("parts", "ValueError", "disagree on parts"),
+        ("rows", "ValueError", "redistribute_rows: wrong row count on rank(s) [1]"),
     ],
 )
 def test_bad_input_raises_on_every_rank(kind: str, etype: str, needle: str) -> None:

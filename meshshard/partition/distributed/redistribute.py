@@ -87,12 +87,15 @@ def redistribute_rows(
     comm.phase = "exchange counts"
     recv_counts = comm.alltoall_counts(send_counts)
     rounds = max(1, math.ceil(n * row_bytes / max(int(budget_bytes), 1)))
-    rounds = int(comm.allreduce(np.array([rounds], dtype=np.int64), op="max")[0])
     m = int(recv_counts.sum())
-    if m != plan.order.shape[0]:
+    bad = int(m != plan.order.shape[0])
+    # one all_reduce agrees on the number of rounds and on whether every rank's plan fits
+    rounds, bad = comm.allreduce(np.array([rounds, bad], dtype=np.int64), op="max").tolist()
+    if bad:
         msg = (
-            f"redistribute_rows: rank {comm.rank} receives {m} rows, "
-            f"the plan says {plan.order.shape[0]}: was the plan made on another group?"
+            "redistribute_rows: the rows received do not match the plan's order on some rank "
+            f"(here {m} rows, the plan says {plan.order.shape[0]}): was the plan made on "
+            "another group?"
         )
         raise ValueError(msg)
     place = np.argsort(plan.order, kind="stable")  # rows arrive in global-row order
