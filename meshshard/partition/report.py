@@ -176,13 +176,8 @@ def render_png(
         n_colors=partition.nparts,
         lighting=False,
         scalar_bar_args={
-            "fmt": "%.0f",
-            "title": "shard",
-            "color": "black",
-            "vertical": True,
-            "position_x": 0.88,
-            "position_y": 0.1,
-            "height": 0.8,
+            "fmt": "%.0f", "title": "shard", "color": "black", "vertical": True,
+            "position_x": 0.88, "position_y": 0.1, "height": 0.8,
             "n_labels": min(partition.nparts, 11),
         },  # fmt: skip
         **style,

@@ -98,11 +98,15 @@ def repartition_store(
     overwrite: bool = False,
     compressor: str | None = "lz4",
     target_chunk: int = 1 << 17,
+    which: tuple[str, ...] | None = None,
 ) -> str:
     """Repartition one finished run store into ``dst_dir/<same name>`` across ranks.
 
     Collective: every rank of ``group`` must call this with the same arguments; ``src`` and
     ``dst_dir`` must be on a file system every rank sees.
+
+    which : tuple of {"surface", "volume"}, optional
+        Parts to keep (default: every part the source has).
 
     Returns
     -------
@@ -126,6 +130,7 @@ def repartition_store(
     try:
         sgroup, sattrs = open_store(src)
         request = {"distributed": True, "parts": int(parts), "method": method,
+                   "which": list(which) if which else None,
                    "from": str(src.resolve()), "source_request": sattrs.get("request")}  # fmt: skip
         sources = sattrs.get("sources")
         status = "overwrite" if overwrite else store_status(out, sources=sources, request=request)
@@ -144,7 +149,7 @@ def repartition_store(
             shutil.rmtree(p, ignore_errors=True)
     try:
         return _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group,
-                      compressor, target_chunk)  # fmt: skip
+                      compressor, target_chunk, which)  # fmt: skip
     except BaseException:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -152,7 +157,7 @@ def repartition_store(
 
 
 def _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group, compressor,
-           target_chunk) -> str:  # fmt: skip
+           target_chunk, which) -> str:  # fmt: skip
     """Partition, move and write; publish on rank 0 once every rank succeeded."""
     import json
 
@@ -170,7 +175,8 @@ def _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group, 
     shapes: dict[str, list[int]] = {}
     chunks: dict[str, int] = {}
     for part, keys in PART_KEYS.items():
-        if sattrs.get(part) is None:
+        if sattrs.get(part) is None or (which and part not in which):
+            attrs.pop(part, None)
             continue
         n = int(sgroup[keys[0]].shape[0])
         a, b = (n * rank) // W, (n * (rank + 1)) // W
@@ -250,6 +256,15 @@ def run_cli(args: Any) -> int:
     group, which this initialises from the torchrun environment when needed)."""
     import torch.distributed as dist
 
+    unsupported = [flag for flag, on in (
+        ("--halo-radius", args.halo_radius is not None),
+        ("--max-volume-cells", args.max_volume_cells is not None),
+        ("--drop-nan", args.drop_nan),
+        ("--workers", args.workers != 1),
+    ) if on]  # fmt: skip
+    if unsupported:
+        msg = f"{', '.join(unsupported)} cannot be combined with --distributed (yet)"
+        raise ValueError(msg)
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     src = Path(args.src)
@@ -263,6 +278,7 @@ def run_cli(args: Any) -> int:
     for s in stores:
         got = repartition_store(
             s, args.dst, parts=args.parts, method=args.method, overwrite=args.overwrite,
+            which=("surface",) if args.surface else ("volume",) if args.volume else None,
             compressor=None if args.compressor == "none" else args.compressor,
         )  # fmt: skip
         counts[got] += 1

@@ -73,3 +73,21 @@ def test_failing_rank_publishes_nothing(source_store, tmp_path):
     # a clean rerun writes it
     assert run_ranks(cli_rank, 2, argv, timeout=240) == [(0, "")] * 2
     assert open_store(dst / "run_1.zarr")[1]["complete"] is True
+
+
+def test_surface_only_and_unsupported_flags(source_store, tmp_path):
+    dst = tmp_path / "out"
+    argv = [*_argv(source_store, dst, 2, "morton"), "--surface"]
+    assert run_ranks(cli_rank, 2, argv, timeout=240) == [(0, "")] * 2
+    g, attrs = open_store(dst / "run_1.zarr")
+    assert attrs.get("volume") is None and "volume_fields" not in attrs["arrays"]
+    assert (
+        attrs["surface"]["sharding_shapes"]
+        == partition(
+            np.asarray(open_store(source_store)[0]["surface_mesh_centers"][...]), 2, "morton"
+        ).sizes.tolist()
+    )
+    # options the distributed path does not implement are refused on every rank (exit 2)
+    bad = [*_argv(source_store, tmp_path / "x", 2, "morton"), "--halo-radius", "0.1"]
+    assert run_ranks(cli_rank, 2, bad, timeout=240) == [(2, "")] * 2
+    assert not (tmp_path / "x").exists()
