@@ -32,6 +32,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_memory.py --points 2e5
 	$(BIN)/python benchmarks/bench_ops.py --n 200000
 	$(BIN)/python benchmarks/bench_pipeline.py --cells 500000
+	$(BIN)/python benchmarks/bench_scale.py --sizes 2e6 --ranks 1 2
 
 clean:
 	rm -rf $(VENV) build *.egg-info
