@@ -213,7 +213,7 @@ def _packed(comm, key, idx_bits, parts, targets, counts, method, bits, allow_emp
     comm.phase = "sort exchange"
     recv, recv_counts = comm.alltoallv(key, np.diff(np.concatenate([[0], ends])))
     send_counts = np.diff(np.concatenate([[0], ends]))
-    recv.sort()
+    recv.sort(kind="stable")  # sorted runs, one per source: timsort merges them in O(n log W)
     recv &= mask  # now the global row of each position of this block, in curve order
     m = recv.size
     comm.phase = "cut positions"
