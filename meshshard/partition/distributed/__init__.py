@@ -99,6 +99,15 @@ def _agree(comm: Comm, local_points: Any, weights: Any, parts: Any, method: str,
     return pts, w, allst[:, 3].astype(np.int64)
 
 
+def _stats(out: DistributedPartition, comm: Comm) -> DistributedPartition:
+    return replace(
+        out,
+        exchange_bytes=dict(comm.bytes),
+        peak_buffer=comm.peak_buffer,
+        exchange_seconds=dict(comm.seconds),
+    )
+
+
 def partition_distributed(
     local_points: Any,
     parts: int,
@@ -184,7 +193,7 @@ def partition_distributed(
         out = rcb_partition(
             comm, pts, w, parts, t, counts, allow_empty=allow_empty, lo=lo, hi=hi, tensor=tensor
         )
-        return replace(out, exchange_bytes=dict(comm.bytes), peak_buffer=comm.peak_buffer)
+        return _stats(out, comm)
     from meshshard.partition.distributed._sfc import sfc_partition
 
     dim = pts.shape[1]
@@ -193,7 +202,7 @@ def partition_distributed(
         comm, pts, w, parts, t, counts, method=method, bits=bits,
         allow_empty=allow_empty, lo=lo, hi=hi, tensor=tensor,
     )  # fmt: skip
-    return replace(out, exchange_bytes=dict(comm.bytes), peak_buffer=comm.peak_buffer)
+    return _stats(out, comm)
 
 
 def __getattr__(name: str) -> Any:

@@ -10,6 +10,7 @@ naming the phase, so every surviving rank ends with a clear message instead of h
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -57,10 +58,13 @@ class Comm:
         self.phase = "start"
         self.bytes: dict[str, int] = {}  # phase -> bytes this rank sent + received
         self.peak_buffer = 0  # largest send + receive buffer pair of one collective
+        self.seconds: dict[str, float] = {}  # phase -> wall seconds inside collectives
 
-    def _count(self, sent: int, received: int) -> None:
+    def _count(self, sent: int, received: int, t0: float) -> None:
         self.bytes[self.phase] = self.bytes.get(self.phase, 0) + sent + received
         self.peak_buffer = max(self.peak_buffer, sent + received)
+        dt = time.perf_counter() - t0
+        self.seconds[self.phase] = self.seconds.get(self.phase, 0.0) + dt
 
     # -- helpers -------------------------------------------------------------------------
     def _t(self, a: np.ndarray) -> torch.Tensor:
@@ -83,11 +87,12 @@ class Comm:
         """Element-wise sum / min / max over ranks (collective)."""
         t = self._t(np.array(a, copy=True))
         red = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
+        t0 = time.perf_counter()
         try:
             dist.all_reduce(t, op=red, group=self.group)
         except (RuntimeError, ValueError) as exc:
             raise self._fail(exc) from exc
-        self._count(t.nbytes, t.nbytes)
+        self._count(t.nbytes, t.nbytes, t0)
         return self._np(t)
 
     def allgather(self, a: np.ndarray) -> np.ndarray:
@@ -95,11 +100,12 @@ class Comm:
         a = np.ascontiguousarray(a)
         t = self._t(a.reshape(-1))
         out = torch.empty(self.world * t.numel(), dtype=t.dtype, device=t.device)
+        t0 = time.perf_counter()
         try:
             _ALLGATHER(out, t, group=self.group)
         except (RuntimeError, ValueError) as exc:
             raise self._fail(exc) from exc
-        self._count(t.nbytes, out.nbytes)
+        self._count(t.nbytes, out.nbytes, t0)
         return self._np(out).reshape(self.world, *a.shape)
 
     def allgatherv(self, a: np.ndarray) -> list[np.ndarray]:
@@ -121,6 +127,7 @@ class Comm:
             recv_counts = self.alltoall_counts(send_counts)
         t = self._t(a)
         out = torch.empty((int(recv_counts.sum()), *t.shape[1:]), dtype=t.dtype, device=t.device)
+        t0 = time.perf_counter()
         try:
             dist.all_to_all_single(
                 out,
@@ -131,7 +138,7 @@ class Comm:
             )
         except (RuntimeError, ValueError) as exc:
             raise self._fail(exc) from exc
-        self._count(t.nbytes, out.nbytes)
+        self._count(t.nbytes, out.nbytes, t0)
         return self._np(out), recv_counts
 
     def alltoall_counts(self, send_counts: np.ndarray) -> np.ndarray:

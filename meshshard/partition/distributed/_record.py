@@ -45,6 +45,8 @@ class DistributedPartition:
         Bytes this rank sent plus received, per phase (for memory and network budgets).
     peak_buffer : int
         Largest send + receive buffer pair of any one collective on this rank, in bytes.
+    exchange_seconds : dict
+        Wall seconds this rank spent inside collectives, per phase (waiting included).
     """
 
     method: str
@@ -58,6 +60,7 @@ class DistributedPartition:
     params: dict = field(default_factory=dict)
     exchange_bytes: dict = field(default_factory=dict)
     peak_buffer: int = 0
+    exchange_seconds: dict = field(default_factory=dict)
 
     @property
     def nparts(self) -> int:
