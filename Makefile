@@ -34,6 +34,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_pipeline.py --cells 500000
 	$(BIN)/python benchmarks/bench_preprocess_workers.py --runs 2 --cells 200000 --repeat 1
 	$(BIN)/python benchmarks/bench_gnn.py --cells 100000 --ranks 1,2
+	$(BIN)/python benchmarks/bench_scale.py --sizes 2e6 --ranks 1 2
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -42,6 +42,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--compressor", default="lz4", choices=["lz4", "zstd", "none"], help="zarr codec"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help="under torchrun: all ranks repartition each run store in SRC together",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
     from meshshard.pipelines._alloc import tune_allocator
 
     tune_allocator()  # this process is ours: keep freed arrays for reuse (see _alloc)
+    if args.distributed:
+        from meshshard.pipelines.distributed import run_cli
+
+        return run_cli(args)
 
     schema = replace(DRIVAERML, u_inf=args.u_inf, rho=args.rho)
     results = preprocess_runs(

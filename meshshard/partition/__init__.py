@@ -25,6 +25,12 @@ _LAZY = {
     "halo_plan_radius": "meshshard.partition.halo",
     "read_points": "meshshard.partition.io",
     "read_mesh": "meshshard.partition.io",
+    # collectives over torch.distributed (imported on first use only)
+    "partition_distributed": "meshshard.partition.distributed",
+    "redistribute_rows": "meshshard.partition.distributed",
+    "halo_plan_radius_distributed": "meshshard.partition.distributed",
+    "halo_plan_graph_distributed": "meshshard.partition.distributed",
+    "DistributedPartition": "meshshard.partition.distributed",
 }
 
 __all__ = [

@@ -29,25 +29,51 @@ def _split_index(
     frac: float,
     lo_min: int,
     hi_min: int,
+    idx: np.ndarray,
 ) -> tuple[np.ndarray, int]:
     """Permutation of ``coord`` and the count ``k`` going left, so that the left weight is
-    ``frac`` of the total (clamped to keep ``lo_min`` rows left and ``hi_min`` right)."""
+    ``frac`` of the total (clamped to keep ``lo_min`` rows left and ``hi_min`` right).
+
+    Tie rule: points are ordered by ``(coord, idx)`` (``idx``: original row), so the left side
+    is always the ``k`` smallest by that key. The distributed RCB applies the same rule and
+    so reproduces every cut exactly, duplicate coordinates included."""
     n = coord.size
     if w is None:
         k = int(np.floor(frac * n + 0.5))
         k = min(max(k, lo_min), n - hi_min)
         if 0 < k < n:
             perm = np.argpartition(coord, k - 1)
-            # argpartition leaves ties split arbitrarily but deterministically; fine for RCB.
-            return perm, k
+            return _ties_by_index(coord, perm, k, idx), k
         return np.arange(n), k
     perm = np.argsort(coord, kind="stable")
+    cs = coord[perm]
+    if n > 1 and bool((cs[1:] == cs[:-1]).any()):  # equal coordinates: order them by row
+        perm = np.lexsort((idx, coord))
     ws = w[perm]
     csum = np.cumsum(ws)
     mid = csum - 0.5 * ws
     k = int(np.searchsorted(mid, frac * csum[-1], side="left")) if n else 0
     k = min(max(k, lo_min), n - hi_min)
     return perm, k
+
+
+def _ties_by_index(coord: np.ndarray, perm: np.ndarray, k: int, idx: np.ndarray) -> np.ndarray:
+    """Fix an ``argpartition`` at ``k - 1`` so the first ``k`` are the smallest by
+    ``(coord, idx)``; only runs the fix when the k-th value is shared by several points."""
+    v = coord[perm[k - 1]]
+    eq = coord == v
+    n_eq = int(np.count_nonzero(eq))
+    if n_eq == 1:
+        return perm
+    less = np.flatnonzero(coord < v)
+    eqpos = np.flatnonzero(eq)
+    need = k - less.size  # 1 <= need <= n_eq
+    if need < n_eq:
+        eqpos = eqpos[np.argsort(idx[eqpos], kind="stable")]
+    left = np.concatenate([less, eqpos[:need]])
+    mask = np.ones(coord.size, dtype=bool)
+    mask[left] = False
+    return np.concatenate([left, np.flatnonzero(mask)])
 
 
 def rcb(
@@ -110,7 +136,7 @@ def rcb(
                 lo_min = int(want[a:m].sum()) if strict else 0
                 hi_min = int(want[m:b].sum()) if strict else 0
                 local, k = _split_index(
-                    sub[:, axis], None if w is None else w[idx], frac, lo_min, hi_min
+                    sub[:, axis], None if w is None else w[idx], frac, lo_min, hi_min, idx
                 )
                 perm[r0:r1] = idx[local]
             else:

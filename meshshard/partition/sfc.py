@@ -38,15 +38,27 @@ def default_bits(n: int, dim: int) -> int:
     return int(min(max(need, 4), _MAX_BITS[dim]))
 
 
-def _quantise(points: np.ndarray, bits: int) -> np.ndarray:
-    """Integer grid coordinates in ``[0, 2**bits)`` on the bounding cube (aspect preserved)."""
-    if points.shape[0] == 0:
-        return np.zeros(points.shape, dtype=np.uint32)
-    # Column-wise reductions and chunked arithmetic: (N, 3) reductions along axis 0 and
-    # large float temporaries are several times slower than this on big inputs.
-    # float64 bounds: float32 points then quantise exactly as their float64 copy would
+def bounding_box(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-axis (min, max) of ``points`` as float64 (column-wise reductions: on big inputs
+    (N, 3) reductions along axis 0 are several times slower)."""
     lo = np.array([points[:, i].min() for i in range(points.shape[1])], dtype=np.float64)
     hi = np.array([points[:, i].max() for i in range(points.shape[1])], dtype=np.float64)
+    return lo, hi
+
+
+def _quantise(
+    points: np.ndarray, bits: int, bounds: tuple[np.ndarray, np.ndarray] | None = None
+) -> np.ndarray:
+    """Integer grid coordinates in ``[0, 2**bits)`` on the bounding cube (aspect preserved).
+
+    ``bounds`` (float64 per-axis min and max) defaults to the box of ``points``; the
+    distributed partitioner passes the global box so every rank quantises as one process
+    holding all points would."""
+    if points.shape[0] == 0:
+        return np.zeros(points.shape, dtype=np.uint32)
+    # Chunked arithmetic: large float temporaries are several times slower on big inputs.
+    # float64 bounds: float32 points then quantise exactly as their float64 copy would
+    lo, hi = bounding_box(points) if bounds is None else bounds
     extent = float((hi - lo).max())
     cells = (1 << bits) - 1
     q = np.zeros(points.shape, dtype=np.uint32)
@@ -133,10 +145,11 @@ def _codes(points: Any, bits: int | None, encode) -> np.ndarray:
     return _encode(pts, bits, encode)
 
 
-def _encode(pts: np.ndarray, bits: int, encode) -> np.ndarray:
+def _encode(pts: np.ndarray, bits: int, encode, bounds=None) -> np.ndarray:
     """Quantise validated ``pts`` and ``encode(q, bits)`` them in cache-sized chunks (the ~30
-    passes per bit level of the Hilbert transform, or the bit spreading, then run in cache)."""
-    q = _quantise(pts, bits)
+    passes per bit level of the Hilbert transform, or the bit spreading, then run in cache).
+    ``bounds``: see :func:`_quantise`."""
+    q = _quantise(pts, bits, bounds)
     codes = np.empty(q.shape[0], dtype=np.uint64)
     chunk = 1 << 15
     for s in range(0, q.shape[0], chunk):

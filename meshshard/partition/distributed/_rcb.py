@@ -1,0 +1,186 @@
+"""Distributed recursive coordinate bisection; the points never move until the end.
+
+Level by level, for all tree nodes of the level at once: global row counts and bounding boxes
+(all_reduce), the cut axis and the count ``k`` going left exactly as
+:func:`meshshard.partition.rcb.rcb` computes them, then the k-th smallest key ``(coord, global
+row)`` by distributed selection (:mod:`._select`; weighted cuts first find ``k`` from the
+weight midpoints). Every rank then splits its own rows of the node by that key. At the end the
+rows go to the rank owning their part in one all_to_all, sorted there by Hilbert code (the
+single-process stored order), and each input rank learns its rows' stored positions in one
+more all_to_all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshshard.partition.distributed._comm import Comm
+from meshshard.partition.distributed._record import DistributedPartition, part_owners
+from meshshard.partition.distributed._select import select
+from meshshard.partition.distributed._sfc import encode
+from meshshard.partition.sfc import default_bits
+
+__all__ = ["rcb_partition"]
+
+#: keys pack into one int64 when they need at most this many bits (tests lower it to run the
+#: general path that very large inputs take)
+PACK_BITS = 63
+
+
+def rcb_partition(
+    comm: Comm,
+    pts: np.ndarray,
+    w: np.ndarray | None,
+    parts: int,
+    targets: np.ndarray,
+    counts: np.ndarray,
+    *,
+    allow_empty: bool,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    tensor=None,
+) -> DistributedPartition:
+    """See :func:`meshshard.partition.distributed.partition_distributed` (collective)."""
+    rank = comm.rank
+    n, dim = pts.shape
+    N = int(counts.sum())
+    off = int(counts[:rank].sum())
+    t = targets
+    want = (t > 0).astype(np.int64)
+    strict = not allow_empty and N >= int(want.sum())
+    lp = np.arange(n, dtype=np.int64)  # local rows grouped by node
+    dest = np.empty(n, dtype=np.int64)
+    nodes = [(0, n, 0, parts)]  # (local start, local stop, first part, part stop)
+    while nodes:
+        for s, e, a, b in nodes:
+            if b - a == 1:
+                dest[lp[s:e]] = a
+        active = [nd for nd in nodes if nd[3] - nd[2] > 1]
+        if not active:
+            break
+        J = len(active)
+        cnt = np.zeros(J, dtype=np.int64)
+        box = np.empty((J, 2 * dim))
+        wsum = np.zeros(J)
+        for j, (s, e, _a, _b) in enumerate(active):
+            cnt[j] = e - s
+            if e > s:
+                idx = lp[s:e]
+                for a_ in range(dim):  # column by column: (n, 3) axis-0 reductions are slow
+                    col = pts[idx, a_]
+                    box[j, a_], box[j, dim + a_] = col.min(), -col.max()
+                del col
+                if w is not None:
+                    wsum[j] = w[lp[s:e]].sum()
+            else:
+                box[j] = np.inf
+        comm.phase = "rcb boxes"
+        cnt = comm.allreduce(cnt)
+        box = comm.allreduce(box, op="min")
+        if w is not None:
+            wsum = comm.allreduce(wsum)
+        axes, cands, reqs, ks = [], [], [], []
+        for j, (s, e, a, b) in enumerate(active):
+            nn = int(cnt[j])
+            m = a + (b - a) // 2
+            tl, tr = float(t[a:m].sum()), float(t[m:b].sum())
+            frac = tl / (tl + tr) if tl + tr > 0 else 0.5
+            axis = int(np.argmax(-box[j, dim:] - box[j, :dim])) if nn else 0
+            axes.append(axis)
+            idx = lp[s:e]
+            cands.append((pts[idx, axis], idx + off, None if w is None else w[idx]))
+            lo_min = int(want[a:m].sum()) if strict else 0
+            hi_min = int(want[m:b].sum()) if strict else 0
+            if nn == 0:
+                ks.append((0, lo_min, hi_min))
+                reqs.append(None)
+            elif w is None:
+                k = int(np.floor(frac * nn + 0.5))
+                ks.append((min(max(k, lo_min), nn - hi_min), lo_min, hi_min))
+                reqs.append(None)
+            else:
+                ks.append((None, lo_min, hi_min))
+                reqs.append(("weight", frac * float(wsum[j])))
+        if w is not None:
+            found = select(comm, cands, reqs)
+            for j in range(J):
+                if ks[j][0] is None:
+                    k, lo_min, hi_min = int(found[j]), ks[j][1], ks[j][2]
+                    ks[j] = (min(max(k, lo_min), int(cnt[j]) - hi_min), lo_min, hi_min)
+        reqs = [("count", k) if 0 < k < int(cnt[j]) else None for j, (k, _, _) in enumerate(ks)]
+        keys = select(comm, cands, reqs)
+        nxt = []
+        for j, (s, e, a, b) in enumerate(active):
+            m = a + (b - a) // 2
+            k = ks[j][0]
+            idx = lp[s:e]
+            if keys[j] is None:
+                nleft = idx.size if k == int(cnt[j]) else 0
+            else:
+                kc, kg = keys[j]
+                c = cands[j][0]
+                left = (c < kc) | ((c == kc) & (idx + off <= kg))
+                nleft = int(np.count_nonzero(left))
+                lp[s:e] = np.concatenate([idx[left], idx[~left]])
+            nxt.append((s, s + nleft, a, m))
+            nxt.append((s + nleft, e, m, b))
+        del cands
+        nodes = nxt
+    return _to_owners(comm, pts, dest, parts, counts, lo, hi, targets, w is not None, tensor)
+
+
+def _to_owners(
+    comm, pts, dest, parts, counts, lo, hi, targets, weighted, tensor=None
+) -> DistributedPartition:
+    """Send (part, Hilbert code, row) to the part owners, sort there, reply positions."""
+    W, rank = comm.world, comm.rank
+    n, dim = pts.shape
+    N = int(counts.sum())
+    off = int(counts[:rank].sum())
+    comm.phase = "rcb sizes"
+    sizes = comm.allreduce(np.bincount(dest, minlength=parts).astype(np.int64))
+    ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    bits = default_bits(N, dim)
+    codes = encode(pts, bits, "hilbert", lo, hi, tensor)
+    cb = bits * dim
+    packed = parts.bit_length() + cb <= PACK_BITS
+    owners = part_owners(parts, W)
+    send_counts = np.bincount(owners[dest], minlength=W).astype(np.int64)
+    if packed:  # (part, code) in one int64; stable sorts keep equal keys in row order
+        key = (dest << np.int64(cb)) | codes
+        del codes
+        sperm = np.argsort(key, kind="stable")
+        payload = np.empty((n, 2), dtype=np.int64)
+        np.take(key, sperm, out=payload[:, 0])
+        del key
+    else:
+        sperm = np.lexsort((codes, dest))  # by part, then code, then row (stable)
+        payload = np.empty((n, 3), dtype=np.int64)
+        np.take(dest, sperm, out=payload[:, 0])
+        np.take(codes, sperm, out=payload[:, 1])
+        del codes
+    np.add(sperm, off, out=payload[:, -1])
+    comm.phase = "rcb owner exchange"
+    recv, recv_counts = comm.alltoallv(payload, send_counts)
+    del payload
+    if packed:  # sources arrive in row order
+        rperm = np.argsort(recv[:, 0], kind="stable")
+    else:
+        rperm = np.lexsort((recv[:, 1], recv[:, 0]))
+    order = recv[rperm, -1]
+    del recv
+    m = order.size
+    first = int(np.searchsorted(owners, rank))
+    base = int(ptr[min(first, parts)])
+    reply = np.empty(m, dtype=np.int64)
+    reply[rperm] = base + np.arange(m, dtype=np.int64)
+    comm.phase = "rcb position exchange"
+    back, _ = comm.alltoallv(reply, recv_counts, send_counts)
+    gpos = np.empty(n, dtype=np.int64)
+    gpos[sperm] = back
+    position = gpos - ptr[dest]
+    params = {"targets": np.asarray(targets).tolist(), "weighted": bool(weighted)}
+    return DistributedPartition(
+        method="rcb", rank=rank, world=W, counts=counts, sizes=sizes, dest=dest,
+        position=position, order=order, params=params,
+    )  # fmt: skip

@@ -1,0 +1,273 @@
+"""Distributed Morton / Hilbert partitioning: a sample sort of ``(code, global row)`` keys.
+
+1. global bounding box (all_reduce min/max) and ``bits`` from the global N, so every rank
+   quantises and encodes exactly as :func:`meshshard.partition.sfc.hilbert` would;
+2. local stable sort by code (local rows are in global-row order, so ties go by row);
+3. splitters from regular samples (one all_gather), then one all_to_all of
+   ``(code, row[, weight])``: rank r now holds the r-th contiguous block of the global curve;
+4. cut positions from the global positions (or a prefix sum of the weights), as in
+   :func:`meshshard.partition.sfc.split_curve`;
+5. one all_to_all of rows to the rank owning their part (``order`` pieces) and one back to the
+   input rank (stored position of every input row).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshshard.partition.distributed._comm import Comm
+from meshshard.partition.distributed._record import DistributedPartition, part_owners
+from meshshard.partition.sfc import _ENCODERS, _encode, _ensure_nonempty, bounding_box
+
+__all__ = ["sfc_partition", "global_box"]
+
+SAMPLES_PER_RANK = 64
+#: (code, row) keys pack into one int64 when they need at most this many bits (tests lower it
+#: to run the general path that very large inputs take)
+PACK_BITS = 63
+#: compute keys with torch even for CPU tensors (tests; CUDA tensors always use torch)
+TORCH_KEYS = False
+
+
+def encode(pts, bits, method, lo, hi, tensor=None) -> np.ndarray:
+    """int64 curve codes on the global box: with torch on the tensor's device when the input
+    was a CUDA tensor (or ``TORCH_KEYS``), else with the numpy encoder (same bits)."""
+    if tensor is not None and (tensor.device.type != "cpu" or TORCH_KEYS):
+        from meshshard.partition.distributed._keys import torch_codes
+
+        return torch_codes(tensor.detach(), bits, method, lo, hi).cpu().numpy()
+    return _encode(pts, bits, _ENCODERS[method], bounds=(lo, hi)).view(np.int64)
+
+
+def global_box(comm: Comm, pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-axis float64 (min, max) over all ranks (collective); empty ranks give +-inf."""
+    dim = pts.shape[1]
+    if pts.shape[0]:
+        lo, hi = bounding_box(pts)
+    else:
+        lo, hi = np.full(dim, np.inf), np.full(dim, -np.inf)
+    comm.phase = "bounding box"
+    both = comm.allreduce(np.concatenate([lo, -hi]), op="min")
+    return both[:dim], -both[dim:]
+
+
+def uniform_starts(n: int, targets: np.ndarray) -> np.ndarray:
+    """``searchsorted(arange(n) + 0.5, cumsum(targets)[:-1] * n)`` without the O(n) array."""
+    bounds = np.cumsum(targets)[:-1] * float(n)
+    out = np.empty(bounds.size, dtype=np.int64)
+    for j, b in enumerate(bounds.tolist()):
+        i = int(min(max(np.ceil(b - 0.5), 0), n))
+        while i > 0 and float(i - 1) + 0.5 >= b:
+            i -= 1
+        while i < n and float(i) + 0.5 < b:
+            i += 1
+        out[j] = i
+    return out
+
+
+def _lex_count_le(cs: np.ndarray, gs: np.ndarray, c: int, g: int) -> int:
+    """Rows of the (code, row)-sorted ``cs, gs`` with key <= ``(c, g)``."""
+    i = int(np.searchsorted(cs, c, side="left"))
+    e = int(np.searchsorted(cs, c, side="right"))
+    return i + int(np.searchsorted(gs[i:e], g, side="right"))
+
+
+def _splitter_counts(comm: Comm, cs: np.ndarray, gs: np.ndarray, n_total: int) -> np.ndarray:
+    """Rows of the local sorted keys bound for each rank (regular-sample splitters)."""
+    W = comm.world
+    n = cs.size
+    s = 0
+    if n:
+        s = int(min(n, max(1, round(SAMPLES_PER_RANK * W * n / max(n_total, 1)))))
+    pick = (np.arange(s, dtype=np.int64) * n) // max(s, 1)
+    comm.phase = "splitters"
+    samples = np.concatenate(comm.allgatherv(np.stack([cs[pick], gs[pick]], axis=1)))
+    o = np.lexsort((samples[:, 1], samples[:, 0]))
+    samples = samples[o]
+    S = samples.shape[0]
+    ends = np.empty(W, dtype=np.int64)
+    for r in range(W - 1):
+        at = ((r + 1) * S) // W
+        if S == 0 or at == 0:
+            ends[r] = 0
+            continue
+        c, g = samples[at - 1]
+        ends[r] = _lex_count_le(cs, gs, int(c), int(g))
+    ends[W - 1] = n
+    return np.diff(np.concatenate([[0], ends]))
+
+
+def sfc_partition(
+    comm: Comm,
+    pts: np.ndarray,
+    w: np.ndarray | None,
+    parts: int,
+    targets: np.ndarray,
+    counts: np.ndarray,
+    *,
+    method: str,
+    bits: int,
+    allow_empty: bool,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    tensor=None,
+) -> DistributedPartition:
+    """See :func:`meshshard.partition.distributed.partition_distributed` (collective)."""
+    W, rank = comm.world, comm.rank
+    n, dim = pts.shape
+    N = int(counts.sum())
+    off = int(counts[:rank].sum())
+    codes = encode(pts, bits, method, lo, hi, tensor)
+    idx_bits = max((N - 1).bit_length(), 1)
+    if w is None and bits * dim + idx_bits <= PACK_BITS:
+        return _packed(comm, codes, idx_bits, parts, targets, counts, method, bits, allow_empty)
+    lperm = np.argsort(codes, kind="stable")
+    cols = 2 if w is None else 3
+    payload = np.empty((n, cols), dtype=np.int64)
+    np.take(codes, lperm, out=payload[:, 0])
+    del codes
+    np.add(lperm, off, out=payload[:, 1])
+    if w is not None:
+        payload[:, 2] = w[lperm].view(np.int64)
+    send_counts = _splitter_counts(comm, payload[:, 0], payload[:, 1], N)
+    comm.phase = "sort exchange"
+    recv, recv_counts = comm.alltoallv(payload, send_counts)
+    del payload
+    # sources arrive in rank order, i.e. in row order: a stable sort breaks code ties by row
+    rperm = np.argsort(recv[:, 0], kind="stable")
+    g = recv[rperm, 1]
+    ws = None if w is None else recv[rperm, 2].view(np.float64)
+    del recv
+    m = g.size
+    comm.phase = "cut positions"
+    blocks = comm.allgather(np.array([m], dtype=np.int64))[:, 0]
+    bo = int(blocks[:rank].sum())
+    if ws is None:
+        starts = uniform_starts(N, targets)
+    else:
+        totals = comm.allgather(np.array([ws.sum() if m else 0.0]))[:, 0]
+        prefix = 0.0
+        for r in range(rank):
+            prefix += float(totals[r])
+        total = 0.0
+        for r in range(W):
+            total += float(totals[r])
+        csum = np.cumsum(np.concatenate([[prefix], ws]))[1:]
+        mid = csum - 0.5 * ws
+        bounds = np.cumsum(targets)[:-1] * total
+        starts = comm.allreduce(np.searchsorted(mid, bounds, side="left").astype(np.int64))
+        del csum, mid
+    ptr = np.concatenate([[0], starts, [N]]).astype(np.int64)
+    if not allow_empty and N >= int((targets > 0).sum()):
+        ptr = _ensure_nonempty(ptr, targets > 0)
+    sizes = np.diff(ptr)
+    owners = part_owners(parts, W)
+    # stored rows owned by each rank: [rank_start[o], rank_start[o + 1])
+    first = np.searchsorted(owners, np.arange(W + 1))
+    rank_start = ptr[np.minimum(first, parts)]
+    rank_start[-1] = N
+    cut = np.clip(rank_start, bo, bo + m) - bo
+    comm.phase = "order exchange"
+    order, _ = comm.alltoallv(g, np.diff(cut))
+    del g
+    reply = np.empty(m, dtype=np.int64)
+    reply[rperm] = bo + np.arange(m, dtype=np.int64)
+    del rperm
+    comm.phase = "position exchange"
+    back, _ = comm.alltoallv(reply, recv_counts, send_counts)
+    del reply
+    gpos = np.empty(n, dtype=np.int64)
+    gpos[lperm] = back
+    dest = _to_part_rows(ptr, gpos)
+    position = gpos
+    params = {"bits": int(bits), "targets": targets.tolist(), "weighted": w is not None}
+    return DistributedPartition(
+        method=method, rank=rank, world=W, counts=counts, sizes=sizes, dest=dest,
+        position=position, order=order, params=params,
+    )  # fmt: skip
+
+
+def _to_part_rows(ptr: np.ndarray, gpos: np.ndarray) -> np.ndarray:
+    """Part of each global stored row; turns ``gpos`` into rows within the part, in place and
+    in chunks (no full-size temporaries)."""
+    dest = np.searchsorted(ptr, gpos, side="right")
+    dest -= 1
+    step = 1 << 20
+    for c in range(0, gpos.size, step):
+        gpos[c : c + step] -= ptr[dest[c : c + step]]
+    return dest
+
+
+def _packed(comm, key, idx_bits, parts, targets, counts, method, bits, allow_empty):
+    """Unweighted fast path: ``code << idx_bits | row`` in one int64 (unique keys, so plain
+    sorts), 8 bytes per row in every exchange, arrays freed as soon as they are spent."""
+    W, rank = comm.world, comm.rank
+    n = key.size
+    N = int(counts.sum())
+    off = int(counts[:rank].sum())
+    mask = np.int64((1 << idx_bits) - 1)
+    key <<= np.int64(idx_bits)
+    key |= np.arange(off, off + n, dtype=np.int64)
+    key.sort()
+    ends = _packed_splitters(comm, key, N)
+    comm.phase = "sort exchange"
+    recv, recv_counts = comm.alltoallv(key, np.diff(np.concatenate([[0], ends])))
+    send_counts = np.diff(np.concatenate([[0], ends]))
+    recv.sort(kind="stable")  # sorted runs, one per source: timsort merges them in O(n log W)
+    recv &= mask  # now the global row of each position of this block, in curve order
+    m = recv.size
+    comm.phase = "cut positions"
+    blocks = comm.allgather(np.array([m], dtype=np.int64))[:, 0]
+    bo = int(blocks[:rank].sum())
+    ptr = np.concatenate([[0], uniform_starts(N, targets), [N]]).astype(np.int64)
+    if not allow_empty and N >= int((targets > 0).sum()):
+        ptr = _ensure_nonempty(ptr, targets > 0)
+    owners = part_owners(parts, W)
+    first = np.searchsorted(owners, np.arange(W + 1))
+    rank_start = ptr[np.minimum(first, parts)]
+    rank_start[-1] = N
+    cut = np.clip(rank_start, bo, bo + m) - bo
+    comm.phase = "order exchange"
+    order, _ = comm.alltoallv(recv, np.diff(cut))
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    src = np.empty(m, dtype=np.int16 if W < 2**15 else np.int64)  # input rank of each row
+    for c in range(0, m, 1 << 20):  # chunked: no int64 temporary of the whole block
+        src[c : c + (1 << 20)] = np.searchsorted(starts, recv[c : c + (1 << 20)], "right") - 1
+    del recv
+    reply = np.argsort(src, kind="stable")  # block positions grouped by input rank, curve order
+    back_counts = np.bincount(src, minlength=W).astype(np.int64)
+    del src
+    reply += bo
+    comm.phase = "position exchange"
+    back, _ = comm.alltoallv(reply, back_counts, send_counts)
+    del reply
+    key &= mask
+    key -= off  # local row of each sent key, in the order the positions come back
+    gpos = np.empty(n, dtype=np.int64)
+    gpos[key] = back
+    del back, key
+    dest = _to_part_rows(ptr, gpos)
+    params = {"bits": int(bits), "targets": targets.tolist(), "weighted": False}
+    return DistributedPartition(
+        method=method, rank=rank, world=W, counts=counts, sizes=np.diff(ptr), dest=dest,
+        position=gpos, order=order, params=params,
+    )  # fmt: skip
+
+
+def _packed_splitters(comm: Comm, key: np.ndarray, n_total: int) -> np.ndarray:
+    """End (exclusive) in the sorted local ``key`` of the rows bound for each rank."""
+    W = comm.world
+    n = key.size
+    s = 0
+    if n:
+        s = int(min(n, max(1, round(SAMPLES_PER_RANK * W * n / max(n_total, 1)))))
+    pick = (np.arange(s, dtype=np.int64) * n) // max(s, 1)
+    comm.phase = "splitters"
+    samples = np.sort(np.concatenate(comm.allgatherv(key[pick])))
+    S = samples.size
+    at = (np.arange(1, W, dtype=np.int64) * S) // W
+    ends = np.zeros(W, dtype=np.int64)
+    ok = at > 0
+    ends[:-1][ok] = np.searchsorted(key, samples[at[ok] - 1], side="right")
+    ends[-1] = n
+    return np.maximum.accumulate(ends)

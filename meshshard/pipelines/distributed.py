@@ -1,0 +1,291 @@
+"""Distributed (re)partitioning of one huge run store: no rank reads or holds the whole run.
+
+``meshshard preprocess drivaerml SRC DST --parts P --distributed`` under torchrun: SRC is a
+finished run store (``run_<i>.zarr``, today's format) or a directory of them. For each store,
+rank ``r`` of ``W`` reads rows ``[N r / W, N (r + 1) / W)`` of every part (surface, volume),
+the ranks partition the centres together (:func:`partition_distributed`), move every row's
+fields to the rank owning its part (:func:`redistribute_rows`), hand the rows of chunks that
+straddle a rank boundary to the chunk's owner, and each rank writes only its chunks of one new
+store in the same format (so loaders need no change).
+
+Atomic and resumable as the single-process pipeline: rank 0 creates the store under a
+temporary name (``run_<i>.zarr.tmp-<token>``), every rank writes its chunks, the ranks agree
+that all writes succeeded (one all_reduce), and only then rank 0 writes the attributes with
+``complete: true`` and renames the store. A crash of any rank leaves only a temporary store
+without ``complete``, which the next run removes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meshshard.pipelines.store import (
+    STL_KEYS,
+    _compressors,
+    choose_chunk,
+    open_store,
+    store_status,
+)
+
+__all__ = ["repartition_store", "run_cli"]
+
+log = logging.getLogger(__name__)
+
+PART_KEYS = {
+    "surface": ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fields",
+                "surface_perm"),
+    "volume": ("volume_mesh_centers", "volume_fields", "volume_perm"),
+}  # fmt: skip
+
+# Test hook: {"phase": name, "rank": r} makes rank r raise at that phase.
+_FAULT: dict = {}
+
+
+def _fault(rank: int, phase: str) -> None:
+    if _FAULT.get("phase") == phase and _FAULT.get("rank") == rank:
+        msg = f"injected fault on rank {rank} at phase {phase!r}"
+        raise RuntimeError(msg)
+
+
+def _agree_ok(comm, ok: bool, what: str) -> None:
+    """Every rank learns whether every rank succeeded (collective); raises on all if not."""
+    bad = comm.allgather(np.array([0 if ok else 1], dtype=np.int64))[:, 0]
+    if bad.any():
+        msg = f"{what} failed on rank(s) {np.flatnonzero(bad).tolist()}; nothing was published"
+        raise RuntimeError(msg)
+
+
+def _chunk_rows(comm, arrays: dict[str, np.ndarray], owned: tuple[int, int], n: int, chunk: int):
+    """Move rows so that each rank holds whole chunks: chunk ``c`` goes to the rank owning
+    its first row (collective). Returns (rows [A, B), arrays of those rows)."""
+    W = comm.world
+    ranges = comm.allgather(np.array(owned, dtype=np.int64))  # (W, 2) stored rows per rank
+    starts = ranges[:, 0]
+    # rank owning each chunk's first row; ranks with no rows own no chunk
+    n_chunks = -(-n // chunk) if n else 0
+    first_rows = np.arange(n_chunks, dtype=np.int64) * chunk
+    holders = np.searchsorted(ranges[:, 1], first_rows, side="right")  # first rank with end > row
+    bounds = np.zeros(W + 1, dtype=np.int64)  # rows [bounds[o], bounds[o+1]) written by o
+    for o in range(W):
+        mine = np.flatnonzero(holders == o)
+        bounds[o + 1] = min(n, int((mine[-1] + 1) * chunk)) if mine.size else bounds[o]
+    for o in range(W):  # ranks without chunks: empty ranges at the running position
+        bounds[o + 1] = max(bounds[o + 1], bounds[o])
+    s, e = owned
+    cut = np.clip(bounds, s, e) - s
+    send = np.diff(cut)
+    out = {}
+    for k, a in arrays.items():
+        out[k], _ = comm.alltoallv(np.ascontiguousarray(a), send)
+    del starts
+    r = comm.rank
+    return (int(bounds[r]), int(bounds[r + 1])), out
+
+
+def repartition_store(
+    src: str | Path,
+    dst_dir: str | Path,
+    *,
+    parts: int,
+    method: str = "hilbert",
+    group: Any = None,
+    overwrite: bool = False,
+    compressor: str | None = "lz4",
+    target_chunk: int = 1 << 17,
+    which: tuple[str, ...] | None = None,
+) -> str:
+    """Repartition one finished run store into ``dst_dir/<same name>`` across ranks.
+
+    Collective: every rank of ``group`` must call this with the same arguments; ``src`` and
+    ``dst_dir`` must be on a file system every rank sees.
+
+    which : tuple of {"surface", "volume"}, optional
+        Parts to keep (default: every part the source has).
+
+    Returns
+    -------
+    str
+        ``"written"`` or ``"skipped"`` (up to date).
+
+    Raises
+    ------
+    RuntimeError
+        On every rank, when any rank failed (nothing is published).
+    """
+    from meshshard.partition.distributed._comm import Comm
+
+    comm = Comm(group, what="repartition_store")
+    rank = comm.rank
+    src = Path(src)
+    dst_dir = Path(dst_dir)
+    name = src.name[: -len(".zarr")] if src.name.endswith(".zarr") else src.name
+    out = dst_dir / f"{name}.zarr"
+    ok, err = True, None
+    try:
+        sgroup, sattrs = open_store(src)
+        request = {"distributed": True, "parts": int(parts), "method": method,
+                   "which": list(which) if which else None,
+                   "from": str(src.resolve()), "source_request": sattrs.get("request")}  # fmt: skip
+        sources = sattrs.get("sources")
+        status = "overwrite" if overwrite else store_status(out, sources=sources, request=request)
+    except Exception as exc:
+        ok, err = False, exc
+    comm.phase = "open source"
+    _agree_ok(comm, ok, f"opening {src}: {err}" if err else f"opening {src}")
+    # skip only when every rank sees an up-to-date store; rank 0's pid names the temporary
+    flags = comm.allreduce(np.array([status is not None, os.getpid() if rank == 0 else 0]))
+    if not flags[0]:
+        return "skipped"
+    tmp = dst_dir / f"{name}.zarr.tmp-{int(flags[1])}"
+    if rank == 0:
+        for p in sorted(dst_dir.glob(f"{name}.zarr.tmp-*")):
+            log.warning("%s: removing a stale temporary store left by a crash", p)
+            shutil.rmtree(p, ignore_errors=True)
+    try:
+        return _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group,
+                      compressor, target_chunk, which)  # fmt: skip
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group, compressor,
+           target_chunk, which) -> str:  # fmt: skip
+    """Partition, move and write; publish on rank 0 once every rank succeeded."""
+    import json
+
+    import zarr
+
+    from meshshard.partition.distributed import partition_distributed, redistribute_rows
+
+    rank, W = comm.rank, comm.world
+    dst_dir = out.parent
+    token = tmp.name.rsplit("-", 1)[-1]
+    attrs = {k: v for k, v in sattrs.items() if k not in ("complete", "arrays")}
+    attrs["request"] = request
+    attrs["nparts"] = int(parts)
+    local: dict[str, tuple[tuple[int, int], dict[str, np.ndarray]]] = {}
+    shapes: dict[str, list[int]] = {}
+    chunks: dict[str, int] = {}
+    for part, keys in PART_KEYS.items():
+        if sattrs.get(part) is None or (which and part not in which):
+            attrs.pop(part, None)
+            continue
+        n = int(sgroup[keys[0]].shape[0])
+        a, b = (n * rank) // W, (n * (rank + 1)) // W
+        rows = {k: np.asarray(sgroup[k][a:b]) for k in keys}
+        dp = partition_distributed(rows[keys[0]], parts, group, method)
+        moved = redistribute_rows(rows, dp, group)
+        del rows
+        chunk, aligned = choose_chunk(dp.offsets, n, target=target_chunk)
+        rng, data = _chunk_rows(comm, moved, dp.owned_rows, n, chunk)
+        local[part] = (rng, data)
+        for k in keys:
+            shapes[k] = [n, *sgroup[k].shape[1:]]
+            chunks[k] = chunk
+        pa = dict(sattrs[part])
+        pa.update(partition_ptr=dp.offsets.tolist(), sharding_shapes=dp.sizes.tolist(),
+                  method=method, params=dp.params, n_rows=n, chunk=chunk,
+                  chunk_aligned=aligned, halo=None)  # fmt: skip
+        attrs[part] = pa
+    ok, err = True, None
+    if rank == 0:  # the empty arrays (metadata only), under the temporary name
+        try:
+            dst_dir.mkdir(parents=True, exist_ok=True)
+            g = zarr.open_group(str(tmp), mode="w-", zarr_format=3)
+            comp = _compressors(compressor)
+            for k, shape in shapes.items():
+                ch = (max(1, min(chunks[k], shape[0] or 1)), *shape[1:])
+                g.create_array(k, shape=shape, dtype=sgroup[k].dtype, chunks=ch, compressors=comp)
+        except Exception as exc:
+            ok, err = False, exc
+    comm.phase = "create store"
+    _agree_ok(comm, ok, f"creating {tmp}: {err}" if err else f"creating {tmp}")
+    ok, err = True, None
+    try:  # every rank writes only its whole chunks
+        g = zarr.open_group(str(tmp), mode="r+")
+        for _part, ((lo, hi), data) in local.items():
+            for k, arr in data.items():
+                if hi > lo:
+                    g[k][lo:hi] = arr
+        _fault(rank, "write")
+    except Exception as exc:
+        ok, err = False, exc
+    comm.phase = "write shards"
+    _agree_ok(comm, ok, f"writing {tmp}: {err}" if err else f"writing {tmp}")
+    ok, err = True, None
+    if rank == 0:
+        try:
+            for k in STL_KEYS:
+                if k in sattrs.get("arrays", {}):
+                    v = np.asarray(sgroup[k][...])
+                    ch = (max(1, min(target_chunk, v.shape[0] or 1)), *v.shape[1:])
+                    g.create_array(k, shape=v.shape, dtype=v.dtype, chunks=ch,
+                                   compressors=_compressors(compressor))  # fmt: skip
+                    if v.size:
+                        g[k][...] = v
+                    shapes[k] = list(v.shape)
+            attrs["arrays"] = shapes
+            attrs["complete"] = True
+            g.attrs.update(json.loads(json.dumps(attrs)))
+            if out.exists():
+                old = dst_dir / f"{name}.zarr.old-{token}"
+                os.replace(out, old)
+                os.replace(tmp, out)
+                shutil.rmtree(old)
+            else:
+                os.replace(tmp, out)
+        except Exception as exc:
+            ok, err = False, exc
+    comm.phase = "publish"
+    _agree_ok(comm, ok, f"publishing {out}: {err}" if err else f"publishing {out}")
+    log.info("%s: written by %d ranks", out, W)
+    return "written"
+
+
+def run_cli(args: Any) -> int:
+    """``meshshard preprocess ... --distributed``: every store under ``args.src`` (or the store
+    ``args.src`` itself), repartitioned by all ranks together (collective over the default
+    group, which this initialises from the torchrun environment when needed)."""
+    import torch.distributed as dist
+
+    unsupported = [flag for flag, on in (
+        ("--halo-radius", args.halo_radius is not None),
+        ("--max-volume-cells", args.max_volume_cells is not None),
+        ("--drop-nan", args.drop_nan),
+        ("--workers", args.workers != 1),
+    ) if on]  # fmt: skip
+    if unsupported:
+        msg = f"{', '.join(unsupported)} cannot be combined with --distributed (yet)"
+        raise ValueError(msg)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    src = Path(args.src)
+    stores = [src] if (src / "zarr.json").is_file() else sorted(src.glob("*.zarr"))
+    if args.runs:
+        stores = [s for s in stores if s.name[: -len(".zarr")] in set(args.runs)]
+    if not stores:
+        msg = f"{src}: no run stores (*.zarr) to repartition"
+        raise FileNotFoundError(msg)
+    counts = {"written": 0, "skipped": 0}
+    for s in stores:
+        got = repartition_store(
+            s, args.dst, parts=args.parts, method=args.method, overwrite=args.overwrite,
+            which=("surface",) if args.surface else ("volume",) if args.volume else None,
+            compressor=None if args.compressor == "none" else args.compressor,
+        )  # fmt: skip
+        counts[got] += 1
+    if dist.get_rank() == 0:
+        print(
+            f"meshshard preprocess --distributed: {counts['written']} written, "
+            f"{counts['skipped']} skipped (up to date) on {dist.get_world_size()} ranks "
+            f"-> {args.dst}"
+        )
+    return 0
