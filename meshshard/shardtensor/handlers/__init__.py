@@ -3,6 +3,7 @@
 from meshshard.shardtensor.handlers import (  # noqa: F401
     basic,
     cat,
+    grid,
     indexing,
     linalg,
     nn,

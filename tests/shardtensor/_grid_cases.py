@@ -1,0 +1,177 @@
+"""Oracle cases for the grid rules, run inside real gloo ranks.
+
+A *layout* shards the first one or two spatial dims of every grid input: ``((2,), ((3, 5),))``
+is a 1-D mesh of 2 ranks splitting dim 2 as (3, 5); ``((2, 2), ((3, 5), (1, 6)))`` a 2x2 mesh
+splitting dims 2 and 3. Every case builds the same inputs on every rank, runs ``f`` on
+ShardTensors and on plain tensors, and compares the output (``full_tensor()``), every input
+gradient and any extra returned tensors (e.g. running statistics) with one process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+RTOL, ATOL = 1e-4, 1e-5
+CASES: list = []
+
+
+def case(family, name, nsp, make, f):
+    """``make(sp)`` -> list of (tensor, is_grid); ``sp`` is the size of each spatial dim."""
+    CASES.append((family, name, nsp, make, f))
+
+
+def _g(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def grid(sp, c=3, b=2, seed=0):
+    return torch.randn(b, c, *sp, generator=_g(seed))
+
+
+def w(*shape, seed=1):
+    return torch.randn(*shape, generator=_g(seed)) * 0.3
+
+
+def conv_inputs(c_in, c_out, k, groups=1, bias=True):
+    def make(sp):
+        out = [(grid(sp, c=c_in), True), (w(c_out, c_in // groups, *k), False)]
+        if bias:
+            out.append((w(c_out, seed=2), False))
+        return out
+
+    return make
+
+
+# conv ----------------------------------------------------------------------------------------
+case("conv", "conv1d_k3_p1", 1, conv_inputs(3, 4, (3,)),
+     lambda x, wt, b: F.conv1d(x, wt, b, padding=1))
+case("conv", "conv1d_k5_s2_d2_p3", 1, conv_inputs(3, 4, (5,)),
+     lambda x, wt, b: F.conv1d(x, wt, b, stride=2, padding=3, dilation=2))
+case("conv", "conv2d_k5_same", 2, conv_inputs(3, 4, (5, 5)),
+     lambda x, wt, b: F.conv2d(x, wt, b, padding="same"))
+case("conv", "conv2d_k4_same_even", 2, conv_inputs(3, 2, (4, 2)),
+     lambda x, wt, b: F.conv2d(x, wt, b, padding="same"))
+case("conv", "conv2d_k3_s2_p1", 2, conv_inputs(3, 4, (3, 3)),
+     lambda x, wt, b: F.conv2d(x, wt, b, stride=2, padding=1))
+case("conv", "conv2d_k3_s3_valid_groups", 2, conv_inputs(4, 6, (3, 2), groups=2, bias=False),
+     lambda x, wt: F.conv2d(x, wt, None, stride=(3, 1), groups=2))
+case("conv", "conv2d_k3_d2_p2_nobias", 2, conv_inputs(3, 2, (3, 3), bias=False),
+     lambda x, wt: F.conv2d(x, wt, padding=2, dilation=2))
+case("conv", "conv3d_k3_p1", 3, conv_inputs(2, 3, (3, 3, 3)),
+     lambda x, wt, b: F.conv3d(x, wt, b, padding=1))
+case("conv", "conv3d_k2_s2", 3, conv_inputs(2, 3, (2, 2, 2)),
+     lambda x, wt, b: F.conv3d(x, wt, b, stride=2))
+case("conv", "conv2d_twice_relu", 2, conv_inputs(3, 3, (3, 3)),
+     lambda x, wt, b: F.conv2d(F.relu(F.conv2d(x, wt, b, padding=1)), wt, b, padding=1) + x)
+
+
+def _mod_conv(mode, nd=2, k=3, pad=1, stride=1):
+    def f(x):
+        torch.manual_seed(3)
+        cls = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)[nd - 1]
+        m = cls(3, 2, k, padding=pad, stride=stride, padding_mode=mode)
+        return m(x)
+
+    return f
+
+
+for _mode in ("zeros", "reflect", "replicate", "circular"):
+    case("conv", f"nn_conv2d_{_mode}", 2, lambda sp: [(grid(sp), True)], _mod_conv(_mode))
+case("conv", "nn_conv2d_circular_k5_s2", 2, lambda sp: [(grid(sp), True)],
+     _mod_conv("circular", k=5, pad=2, stride=2))
+case("conv", "nn_conv1d_reflect_k5", 1, lambda sp: [(grid(sp), True)],
+     _mod_conv("reflect", nd=1, k=5, pad=2))
+case("conv", "nn_conv3d_replicate", 3, lambda sp: [(grid(sp, c=3), True)],
+     _mod_conv("replicate", nd=3))
+
+
+# ------------------------------------------------------------------------------------------
+def _split(full, dims, sizes, coord):
+    out = full
+    for d, s, c in zip(dims, sizes, coord):
+        out = out.narrow(d, sum(s[:c]), s[c])
+    return out
+
+
+def _sp(nsp, layout_sizes, other=5):
+    sp = [other] * nsp
+    for k, s in enumerate(layout_sizes[:nsp]):
+        sp[k] = sum(s)
+    return sp
+
+
+def _to_full(v):
+    from meshshard.shardtensor import ShardTensor
+
+    return v.full_tensor() if isinstance(v, ShardTensor) else v
+
+
+def run_grid_cases(rank, world_size, mesh_shape, layout_sizes, families=None):
+    """Rank function: run every applicable case; return {case: None | error text | 'n/a'}."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.shardtensor import Shard, from_local
+
+    mesh = init_device_mesh("cpu", tuple(mesh_shape))
+    coord = mesh.get_coordinate()
+    results = {}
+    for family, name, nsp, make, f in CASES:
+        if families and family not in families:
+            continue
+        key = f"{family}/{name}"
+        if len(layout_sizes) > nsp:
+            results[key] = "n/a"
+            continue
+        if os.environ.get("GRID_CASES_DEBUG"):
+            print(f"rank {rank}: {key}", file=sys.stderr, flush=True)
+        try:
+            sp = _sp(nsp, layout_sizes)
+            inputs = make(sp)
+            ref_in = [t.clone().requires_grad_(t.dtype.is_floating_point) for t, _ in inputs]
+            ref_all = f(*ref_in)
+            ref_all = ref_all if isinstance(ref_all, tuple) else (ref_all,)
+            ref = ref_all[0]
+            R = torch.randn(ref.shape, generator=_g(7))
+            (ref * R).sum().backward()
+            dist_in, leaves = [], []
+            for (t, is_grid), r in zip(inputs, ref_in):
+                if not is_grid:
+                    leaf = t.clone().requires_grad_(t.dtype.is_floating_point)
+                    dist_in.append(leaf)
+                    leaves.append((leaf, False, r))
+                    continue
+                dims = list(range(2, 2 + len(layout_sizes)))
+                leaf = _split(t, dims, layout_sizes, coord).clone().requires_grad_(True)
+                placements = [Shard(d) for d in dims]
+                dist_in.append(from_local(leaf, mesh, placements, [list(s) for s in
+                                                                    layout_sizes]))
+                leaves.append((leaf, True, r))
+            got_all = f(*dist_in)
+            got_all = got_all if isinstance(got_all, tuple) else (got_all,)
+            full = _to_full(got_all[0])
+            torch.testing.assert_close(full, ref.detach(), rtol=RTOL, atol=ATOL)
+            for k, (g, r) in enumerate(zip(got_all[1:], ref_all[1:])):
+                torch.testing.assert_close(_to_full(g), r, rtol=RTOL, atol=ATOL,
+                                           msg=lambda m, k=k: f"extra output {k + 1}: {m}")
+            (full * R).sum().backward()
+            for k, (leaf, is_grid, r) in enumerate(leaves):
+                if not leaf.requires_grad:
+                    continue
+                want = r.grad
+                if is_grid:
+                    want = _split(r.grad, list(range(2, 2 + len(layout_sizes))), layout_sizes,
+                                  coord)
+                got = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                if want is None:
+                    want = torch.zeros_like(got)
+                torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL,
+                                           msg=lambda m, k=k: f"grad of input {k}: {m}")
+            results[key] = None
+        except Exception:
+            results[key] = traceback.format_exc()
+    return results
