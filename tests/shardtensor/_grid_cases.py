@@ -90,6 +90,34 @@ case("conv", "nn_conv3d_replicate", 3, lambda sp: [(grid(sp, c=3), True)],
      _mod_conv("replicate", nd=3))
 
 
+# pool ----------------------------------------------------------------------------------------
+def _x(sp):
+    return [(grid(sp), True)]
+
+
+case("pool", "max_pool1d_k3_s2_p1", 1, _x, lambda x: F.max_pool1d(x, 3, 2, 1))
+case("pool", "max_pool2d_k2", 2, _x, lambda x: F.max_pool2d(x, 2))
+case("pool", "max_pool2d_k3_s2_ceil_dil", 2, _x,
+     lambda x: F.max_pool2d(x, 3, stride=2, padding=1, dilation=1, ceil_mode=True))
+case("pool", "max_pool2d_k2_d2", 2, _x, lambda x: F.max_pool2d(x, 2, stride=1, dilation=2))
+case("pool", "max_pool3d_k2", 3, _x, lambda x: F.max_pool3d(x, 2))
+case("pool", "avg_pool1d_k3_s2_p1_ceil", 1, _x,
+     lambda x: F.avg_pool1d(x, 3, 2, 1, ceil_mode=True))
+case("pool", "avg_pool2d_k3_s2_p1_nopad", 2, _x,
+     lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False))
+case("pool", "avg_pool2d_k2", 2, _x, lambda x: F.avg_pool2d(x, 2))
+case("pool", "avg_pool2d_divisor", 2, _x, lambda x: F.avg_pool2d(x, 3, 1, 1, divisor_override=4))
+case("pool", "avg_pool3d_k3_s2_p1", 3, _x, lambda x: F.avg_pool3d(x, 3, 2, 1))
+case("pool", "adaptive_avg_pool2d", 2, _x,
+     lambda x: F.adaptive_avg_pool2d(x, (x.shape[2] // 2 if x.shape[2] % 2 == 0 else x.shape[2],
+                                         x.shape[3] if x.shape[3] % 2 else x.shape[3] // 2)))
+case("pool", "adaptive_max_pool3d", 3, _x,
+     lambda x: F.adaptive_max_pool3d(x, (x.shape[2] // 4 if x.shape[2] % 4 == 0 else x.shape[2],
+                                         x.shape[3], 2)))
+case("pool", "nn_maxpool_then_conv", 2, lambda sp: [(grid(sp), True), (w(2, 3, 3, 3), False)],
+     lambda x, wt: F.conv2d(torch.nn.MaxPool2d(2)(x), wt, padding=1))
+
+
 # ------------------------------------------------------------------------------------------
 def _split(full, dims, sizes, coord):
     out = full
