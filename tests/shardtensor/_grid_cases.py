@@ -118,6 +118,49 @@ case("pool", "nn_maxpool_then_conv", 2, lambda sp: [(grid(sp), True), (w(2, 3, 3
      lambda x, wt: F.conv2d(torch.nn.MaxPool2d(2)(x), wt, padding=1))
 
 
+# norm ----------------------------------------------------------------------------------------
+def _norm_in(sp):
+    return [(grid(sp, c=4) * 2 + 1, True), (w(4, seed=3) + 1, False), (w(4, seed=4), False)]
+
+
+def _bn_train(x, wt, b):
+    rm, rv = torch.zeros(4), torch.ones(4)
+    y = F.batch_norm(x, rm, rv, wt, b, training=True, momentum=0.3)
+    return y, rm, rv
+
+
+def _bn_module(x, wt, b):
+    torch.manual_seed(5)
+    m = torch.nn.BatchNorm2d(4, momentum=None)
+    y = m(x)
+    y = m(y * 2)
+    m.eval()
+    return m(y) * wt[None, :, None, None] + b[None, :, None, None], m.running_mean, m.running_var
+
+
+def _in_running(x, wt, b):
+    rm, rv = torch.zeros(4), torch.ones(4)
+    y = F.instance_norm(x, rm, rv, wt, b, use_input_stats=True, momentum=0.2)
+    return y, rm, rv
+
+
+case("norm", "batch_norm_train_running", 2, _norm_in, _bn_train)
+case("norm", "batch_norm3d_train", 3, _norm_in,
+     lambda x, wt, b: F.batch_norm(x, None, None, wt, b, training=True))
+case("norm", "batch_norm_eval", 2, _norm_in,
+     lambda x, wt, b: F.batch_norm(x, torch.ones(4) * 0.5, torch.ones(4) * 2, wt, b))
+case("norm", "nn_batchnorm2d_train_then_eval", 2, _norm_in, _bn_module)
+case("norm", "instance_norm_running", 2, _norm_in, _in_running)
+case("norm", "instance_norm3d_affine", 3, _norm_in,
+     lambda x, wt, b: F.instance_norm(x, weight=wt, bias=b))
+case("norm", "group_norm", 2, _norm_in, lambda x, wt, b: F.group_norm(x, 2, wt, b))
+case("norm", "group_norm3d", 3, _norm_in, lambda x, wt, b: F.group_norm(x, 4, wt, b))
+case("norm", "layer_norm_spatial", 2, _norm_in,
+     lambda x, wt, b: F.layer_norm(x, x.shape[1:]) * wt[None, :, None, None])
+case("norm", "nn_groupnorm_conv", 3, lambda sp: [(grid(sp, c=4), True), (w(4, 4, 3, 3, 3), False)],
+     lambda x, wt: F.relu(torch.nn.GroupNorm(2, 4)(F.conv3d(x, wt, padding=1))))
+
+
 # ------------------------------------------------------------------------------------------
 def _split(full, dims, sizes, coord):
     out = full
