@@ -90,6 +90,34 @@ case("conv", "nn_conv3d_replicate", 3, lambda sp: [(grid(sp, c=3), True)],
      _mod_conv("replicate", nd=3))
 
 
+# conv_transpose ------------------------------------------------------------------------------
+def ct_inputs(c_in, c_out, k, groups=1, bias=True):
+    def make(sp):
+        out = [(grid(sp, c=c_in), True), (w(c_in, c_out // groups, *k), False)]
+        if bias:
+            out.append((w(c_out, seed=2), False))
+        return out
+
+    return make
+
+
+case("conv_transpose", "ct1d_k3_s2_p1_op1", 1, ct_inputs(3, 2, (3,)),
+     lambda x, wt, b: F.conv_transpose1d(x, wt, b, stride=2, padding=1, output_padding=1))
+case("conv_transpose", "ct2d_k2_s2", 2, ct_inputs(3, 2, (2, 2)),
+     lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=2))
+case("conv_transpose", "ct2d_k3_s1_p1", 2, ct_inputs(3, 2, (3, 3)),
+     lambda x, wt, b: F.conv_transpose2d(x, wt, b, padding=1))
+case("conv_transpose", "ct2d_k4_s3_p2_d2_groups", 2, ct_inputs(4, 4, (4, 3), groups=2),
+     lambda x, wt, b: F.conv_transpose2d(x, wt, b, stride=3, padding=2, groups=2, dilation=2,
+                                         output_padding=1))
+case("conv_transpose", "ct2d_k1_s3_nobias", 2, ct_inputs(3, 2, (1, 1), bias=False),
+     lambda x, wt: F.conv_transpose2d(x, wt, stride=3))
+case("conv_transpose", "ct3d_k2_s2", 3, ct_inputs(2, 3, (2, 2, 2)),
+     lambda x, wt, b: F.conv_transpose3d(x, wt, b, stride=2))
+case("conv_transpose", "ct3d_k3_s2_p1", 3, ct_inputs(2, 2, (3, 3, 3)),
+     lambda x, wt, b: F.conv_transpose3d(x, wt, b, stride=2, padding=1))
+
+
 # pool ----------------------------------------------------------------------------------------
 def _x(sp):
     return [(grid(sp), True)]
