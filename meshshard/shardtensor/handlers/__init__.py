@@ -1,6 +1,7 @@
 """Sharding rules, one file per op family. Importing this package registers them."""
 
 from meshshard.shardtensor.handlers import (  # noqa: F401
+    attention,
     basic,
     cat,
     indexing,
