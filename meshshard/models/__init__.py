@@ -1,5 +1,18 @@
 """Reference models in plain torch (no ShardTensor imports)."""
 
+from meshshard.models.point_transformer import (
+    CrossAttentionBlock,
+    PointTransformer,
+    SelfAttentionBlock,
+)
 from meshshard.models.transolver import MLP, PhysicsAttention, Transolver, TransolverBlock
 
-__all__ = ["MLP", "PhysicsAttention", "Transolver", "TransolverBlock"]
+__all__ = [
+    "MLP",
+    "CrossAttentionBlock",
+    "PhysicsAttention",
+    "PointTransformer",
+    "SelfAttentionBlock",
+    "Transolver",
+    "TransolverBlock",
+]

@@ -204,6 +204,13 @@ def _bad_dropout(rank, world_size, mesh):
     return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
 
 
+def _bad_mha_weights(rank, world_size, mesh):
+    q, _, _ = _qkv(rank, world_size, mesh)
+    x = q[:, 0]  # (1, L, 8), tokens sharded
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    return mha(x, x, x)  # need_weights=True by default
+
+
 _BAD = {
     "kv_layouts": _bad_kv_layouts,
     "v_replicated": _bad_v_replicated,
@@ -211,4 +218,5 @@ _BAD = {
     "mask_shape": _bad_mask_shape,
     "mask_layout": _bad_mask_layout,
     "dropout": _bad_dropout,
+    "mha_need_weights": _bad_mha_weights,
 }

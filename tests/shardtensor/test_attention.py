@@ -58,6 +58,7 @@ BAD = {
     "mask_shape": ("ValueError", "fails on the global shapes"),
     "mask_layout": ("LayoutError", "attn_mask layout"),
     "dropout": ("NotImplementedError", "dropout_p=0.1"),
+    "mha_need_weights": ("NotImplementedError", "need_weights=False"),
 }
 
 _RESULTS: dict = {}

@@ -6,6 +6,7 @@ from meshshard.shardtensor.handlers import (  # noqa: F401
     cat,
     indexing,
     linalg,
+    mha,
     nn,
     reductions,
     shape,
