@@ -36,6 +36,7 @@ _FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _TAG_KV, _TAG_ACC = 11, 12
 _MATH_TILE = 1 << 22  # score elements per tile of the plain-torch fallback
+KV_CHUNK_ROWS = 8192  # key rows per rank per ring pass (bounds the transient buffers)
 
 
 @dataclass(frozen=True)
@@ -109,9 +110,9 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def _block_mask(plan: AttnPlan, q_len: int, k0: int, n: int, like: torch.Tensor):
+def _block_mask(plan: AttnPlan, mask, q_len: int, k0: int, n: int, like: torch.Tensor):
     """(additive mask or None, kernel causal flag, skip) for keys ``[k0, k0 + n)``."""
-    m = None if plan.mask is None else plan.mask[..., k0 : k0 + n]
+    m = None if mask is None else mask[..., k0 : k0 + n]
     if not plan.causal:
         return m, False, False
     q0 = plan.q_offset
@@ -209,16 +210,22 @@ def _block_bwd(do, q, k, v, out, lse, m, causal, scale):
     return dq, dk, dv
 
 
-def _merge(out, lse, o_b, lse_b):
+def _merge_(out, lse, o_b, lse_b) -> None:
+    """In place: (out, lse) <- exact log-sum-exp merge of (out, lse) and (o_b, lse_b)."""
     new = torch.logaddexp(lse, lse_b)
     safe = torch.where(torch.isneginf(new), 0, new)
-    out = out * torch.exp(lse - safe)[..., None] + o_b * torch.exp(lse_b - safe)[..., None]
-    return out, new
+    out.mul_(torch.exp(lse - safe)[..., None]).add_(o_b.mul_(torch.exp(lse_b - safe)[..., None]))
+    lse.copy_(new)
 
 
-# ---------------------------------------------------------------------------- packing
+# ---------------------------------------------------------------------------- passes
 def _pack(*ts: torch.Tensor) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in ts])
+
+
+def _kv_shapes(k, v, n):
+    """Shapes of one pass's key and value block (one key/value head, ``n`` rows)."""
+    return [(k.shape[0], 1, n, k.shape[-1]), (v.shape[0], 1, n, v.shape[-1])]
 
 
 def _numel(shapes) -> int:
@@ -234,42 +241,73 @@ def _unpack(buf: torch.Tensor, shapes):
     return out
 
 
-def _kv_shapes(k, v, n):
-    return [(*k.shape[:2], n, k.shape[-1]), (*v.shape[:2], n, v.shape[-1])]
+def _split_sizes(n: int, parts: int) -> list[int]:
+    base, extra = divmod(n, parts)
+    return [base + (1 if r < extra else 0) for r in range(parts)]
+
+
+def _passes(plan: AttnPlan, k: torch.Tensor):
+    """Independent ring passes: one per key/value head and key chunk, so that every transient
+    buffer (blocks in flight, block results, gradient partial sums) is a fraction of the
+    local K/V. Yields (query head slice, kv head, key chunk slice of the local rows, per-owner
+    chunk sizes, per-owner global chunk starts)."""
+    sizes = (k.shape[-2],) if plan.mode == "local" else tuple(plan.kv_sizes)
+    chunks = max(1, -(-max(sizes, default=0) // KV_CHUNK_ROWS))
+    split = [_split_sizes(n, chunks) for n in sizes]
+    me = 0 if plan.mode == "local" else plan.ring.rank
+    g = plan.gqa_groups
+    for h in range(k.shape[1]):
+        for c in range(chunks):
+            sub = tuple(sp[c] for sp in split)
+            starts = tuple((0 if plan.mode == "local" else plan.kv_offset(o)) + sum(sp[:c])
+                           for o, sp in enumerate(split))
+            lo = sum(split[me][:c])
+            yield slice(h * g, (h + 1) * g), h, slice(lo, lo + sub[me]), sub, starts
+
+
+def _owners(plan: AttnPlan) -> list[int]:
+    if plan.mode == "ring":
+        return [plan.ring.owner(s) for s in range(plan.ring.size)]
+    return [0 if plan.mode == "local" else plan.ring.rank]
+
+
+def _head_mask(plan: AttnPlan, hs: slice):
+    m = plan.mask
+    if m is None or m.shape[1] == 1:
+        return m
+    return m[:, hs]
 
 
 # ---------------------------------------------------------------------------- forward
-def _blocks(plan: AttnPlan, k: torch.Tensor):
-    if plan.mode == "local":
-        return [(0, k.shape[-2])]
-    if plan.mode == "merge":
-        me = plan.ring.rank
-        return [(plan.kv_offset(me), plan.kv_sizes[me])]
-    return [(plan.kv_offset(plan.ring.owner(s)), plan.kv_sizes[plan.ring.owner(s)])
-            for s in range(plan.ring.size)]
-
-
 def _forward(q, k, v, plan: AttnPlan):
     acc = _acc_dtype(q.dtype)
     b, h, lq, _ = q.shape
     out = torch.zeros((b, h, lq, v.shape[-1]), dtype=acc, device=q.device)
     lse = torch.full((b, h, lq), float("-inf"), dtype=acc, device=q.device)
-    blocks = _blocks(plan, k)
     ring_mode = plan.mode == "ring"
-    cur = (k, v)
-    for s, (k0, n) in enumerate(blocks):
-        pend = None
-        if ring_mode and s < len(blocks) - 1:
-            n_next = blocks[s + 1][1]
-            pend = plan.ring.shift(_pack(*cur) if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                   dtype=k.dtype, device=k.device, tag=_TAG_KV)
-        m, kc, skip = _block_mask(plan, lq, k0, n, q)
-        if lq and n and not skip:
-            kb, vb = _expand(cur[0], plan.gqa_groups), _expand(cur[1], plan.gqa_groups)
-            o_b, lse_b = _block_fwd(q, kb, vb, m, kc, plan.scale)
-            out, lse = _merge(out, lse, o_b, lse_b)
-        if pend is not None:
-            cur = tuple(_unpack(pend.wait(), _kv_shapes(k, v, n_next)))
+    owners = _owners(plan)
+    for hs, hk, rows, sub, starts in _passes(plan, k):
+        qh, oh, lh = q[:, hs], out[:, hs], lse[:, hs]
+        mask = _head_mask(plan, hs)
+        kv = (k[:, hk : hk + 1, rows], v[:, hk : hk + 1, rows])
+        cur = _pack(*kv) if ring_mode else None
+        for s, o in enumerate(owners):
+            n = sub[o]
+            pend = None
+            if ring_mode and s < len(owners) - 1:
+                n_next = sub[owners[s + 1]]
+                pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
+                                       dtype=k.dtype, device=k.device, tag=_TAG_KV)
+            m, kc, skip = _block_mask(plan, mask, lq, starts[o], n, q)
+            if lq and n and not skip:
+                kb, vb = _unpack(cur, _kv_shapes(k, v, n)) if ring_mode else kv
+                kb, vb = _expand(kb, plan.gqa_groups), _expand(vb, plan.gqa_groups)
+                o_b, lse_b = _block_fwd(qh, kb, vb, m, kc, plan.scale)
+                _merge_(oh, lh, o_b, lse_b)
+                del o_b, lse_b
+            if pend is not None:
+                cur = pend.wait()
+                del pend
     if plan.mode == "merge" and plan.ring.size > 1:
         out, lse = _merge_across(out, lse, plan.ring.group)
     return out, lse
@@ -280,8 +318,7 @@ def _merge_across(out, lse, group):
     top = lse.clone()
     dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
     top = torch.where(torch.isneginf(top), 0, top)
-    w = torch.exp(lse - top)
-    total = w.clone()
+    total = torch.exp(lse - top)
     dist.all_reduce(total, group=group)
     glse = torch.log(total) + top
     safe = torch.where(torch.isneginf(glse), 0, glse)
@@ -296,42 +333,58 @@ def _backward(do, q, k, v, out, lse, plan: AttnPlan):
     lq = q.shape[-2]
     lse = torch.where(torch.isneginf(lse), 0, lse)  # rows with no visible key: p = 0
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    blocks = _blocks(plan, k)
+    dk = torch.zeros(k.shape, dtype=acc, device=q.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=q.device)
     ring_mode = plan.mode == "ring"
+    owners = _owners(plan)
     g = plan.gqa_groups
-    cur = (k, v)
-    acc_kv = None
-    acc_pend = None
-    for s, (k0, n) in enumerate(blocks):
-        kv_pend = None
-        n_next = blocks[(s + 1) % len(blocks)][1]
-        if ring_mode and s < len(blocks) - 1:
-            kv_pend = plan.ring.shift(_pack(*cur) if n else None,
-                                      _numel(_kv_shapes(k, v, n_next)),
-                                      dtype=k.dtype, device=k.device, tag=_TAG_KV)
-        ck = torch.zeros(_kv_shapes(k, v, n)[0], dtype=acc, device=q.device)
-        cv = torch.zeros(_kv_shapes(k, v, n)[1], dtype=acc, device=q.device)
-        m, kc, skip = _block_mask(plan, lq, k0, n, q)
-        if lq and n and not skip:
-            kb, vb = _expand(cur[0], g), _expand(cur[1], g)
-            dq_b, dk_b, dv_b = _block_bwd(do, q, kb, vb, out, lse, m, kc, plan.scale)
-            dq += dq_b
-            ck += _fold(dk_b, g)
-            cv += _fold(dv_b, g)
+    for hs, hk, rows, sub, starts in _passes(plan, k):
+        qh, doh, outh, lseh, dqh = q[:, hs], do[:, hs], out[:, hs], lse[:, hs], dq[:, hs]
+        mask = _head_mask(plan, hs)
+        kv = (k[:, hk : hk + 1, rows], v[:, hk : hk + 1, rows])
+        cur = _pack(*kv) if ring_mode else None
+        acc_pend = None
+        for s, o in enumerate(owners):
+            n = sub[o]
+            shapes = _kv_shapes(k, v, n)
+            n_next = sub[owners[(s + 1) % len(owners)]]
+            kv_pend = None
+            if ring_mode and s < len(owners) - 1:
+                kv_pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
+                                          dtype=k.dtype, device=k.device, tag=_TAG_KV)
+            m, kc, skip = _block_mask(plan, mask, lq, starts[o], n, q)
+            dk_b = dv_b = None
+            if lq and n and not skip:
+                kb, vb = _unpack(cur, shapes) if ring_mode else kv
+                kb, vb = _expand(kb, g), _expand(vb, g)
+                dq_b, dk_b, dv_b = _block_bwd(doh, qh, kb, vb, outh, lseh, m, kc, plan.scale)
+                dqh += dq_b
+                del dq_b
+                dk_b, dv_b = _fold(dk_b, g), _fold(dv_b, g)
+            if ring_mode:
+                if acc_pend is None:  # first block: the partial sums start here
+                    buf = torch.zeros(_numel(shapes), dtype=acc, device=q.device)
+                else:
+                    buf = acc_pend.wait()
+                if dk_b is not None:
+                    ak, av = _unpack(buf, shapes)
+                    ak += dk_b
+                    av += dv_b
+                del dk_b, dv_b
+                acc_pend = plan.ring.shift(buf if n else None, _numel(_kv_shapes(k, v, n_next)),
+                                           dtype=acc, device=q.device, tag=_TAG_ACC)
+                del buf
+            elif dk_b is not None:
+                dk[:, hk : hk + 1, rows] = dk_b
+                dv[:, hk : hk + 1, rows] = dv_b
+            if kv_pend is not None:
+                cur = kv_pend.wait()
+                del kv_pend
         if ring_mode:
-            if acc_pend is not None:
-                rk, rv = _unpack(acc_pend.wait(), _kv_shapes(k, v, n))
-                ck, cv = ck + rk, cv + rv
-            acc_pend = plan.ring.shift(_pack(ck, cv) if n else None,
-                                       _numel(_kv_shapes(k, v, n_next)),
-                                       dtype=acc, device=q.device, tag=_TAG_ACC)
-        else:
-            acc_kv = (ck, cv)
-        if kv_pend is not None:
-            cur = tuple(_unpack(kv_pend.wait(), _kv_shapes(k, v, n_next)))
-    if ring_mode:
-        acc_kv = _unpack(acc_pend.wait(), _kv_shapes(k, v, k.shape[-2]))
+            own_k, own_v = _unpack(acc_pend.wait(), _kv_shapes(k, v, rows.stop - rows.start))
+            dk[:, hk : hk + 1, rows] = own_k
+            dv[:, hk : hk + 1, rows] = own_v
+            del acc_pend
     if plan.mode == "merge" and plan.ring.size > 1:
-        dq = dq.contiguous()
         dist.all_reduce(dq, group=plan.ring.group)
-    return dq, acc_kv[0], acc_kv[1]
+    return dq, dk, dv

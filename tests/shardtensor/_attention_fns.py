@@ -45,6 +45,9 @@ def _inputs(c):
     if kind in ("bool_rows", "bool_rep"):
         mask = torch.rand(B, 1, Lq, Lk, generator=g) > 0.3
         mask[..., 0] = True  # every query sees one key (torch and we agree anyway; see dead)
+    elif kind == "bool_heads":  # a mask per head
+        mask = torch.rand(B, H, Lq, Lk, generator=g) > 0.3
+        mask[..., 0] = True
     elif kind == "dead_rows":
         mask = torch.rand(B, 1, Lq, Lk, generator=g) > 0.5
         mask[:, :, 1] = False  # a query that sees no key at all: output and grads are 0
@@ -62,7 +65,7 @@ def _mask_st(mask, c, rank, mesh):
     kind = c.get("mask")
     if mask is None:
         return None
-    if kind in ("bool_rows", "dead_rows"):
+    if kind in ("bool_rows", "dead_rows", "bool_heads"):
         return from_local(_split(mask, 2, c["q"], rank).clone(), mesh, [Shard(2)], c["q"])
     if kind == "kpm":
         return from_local(_split(mask, 3, c["kv"], rank).clone(), mesh, [Shard(3)], c["kv"])
@@ -72,6 +75,17 @@ def _mask_st(mask, c, rank, mesh):
 
 
 def _run_case(c, rank, mesh):
+    from meshshard.shardtensor import ring_attention
+
+    default = ring_attention.KV_CHUNK_ROWS
+    ring_attention.KV_CHUNK_ROWS = c.get("chunk", default)  # several passes per head
+    try:
+        _check_case(c, rank, mesh)
+    finally:
+        ring_attention.KV_CHUNK_ROWS = default
+
+
+def _check_case(c, rank, mesh):
 
     q, k, v, mask = _inputs(c)
     kw = {"is_causal": c.get("causal", False), "scale": c.get("scale")}

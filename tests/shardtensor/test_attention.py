@@ -35,6 +35,12 @@ CASES = {
         {"q": [3, 5], "kv": [3, 5], "dtype": F32, "causal": True},
         {"q": [0, 8], "kv": [6, 2], "dtype": F32, "mask": "bool_rows", "layout": "bnhe"},
         {"q": [3, 5], "kv": [3, 5], "dtype": F32, "Ev": 4, "mask": "add_rep"},  # math path
+        # key chunks of at most 2 rows per rank: several ring passes per head
+        {"q": [3, 5], "kv": [5, 4], "chunk": 2, "causal": True},
+        {"q": [0, 8], "kv": [7, 0], "chunk": 2, "mask": "bool_rows", "H": 4, "Hk": 2},
+        {"q": None, "Lq": 4, "kv": [3, 6], "chunk": 2, "mask": "kpm"},
+        {"q": [3, 5], "kv": None, "Lk": 7, "chunk": 3, "mask": "add_rep"},
+        {"q": [4, 4], "kv": [2, 6], "chunk": 2, "mask": "bool_heads", "H": 4, "Hk": 2},
     ],
     3: [
         {"q": [1, 1, 6], "kv": [1, 1, 6], "causal": True},
@@ -48,6 +54,7 @@ CASES = {
         {"q": None, "Lq": 3, "kv": [2, 0, 5, 1], "causal": True},
         {"q": [2, 2, 2, 2], "kv": None, "Lk": 5, "mask": "add_rep"},
         {"q": [1, 1, 6, 0], "kv": [3, 3, 1, 1], "dtype": F32, "mask": "bool_rows"},
+        {"q": [2, 0, 5, 1], "kv": [1, 5, 0, 3], "chunk": 2, "causal": True, "layout": "bnhe"},
     ],
 }
 
