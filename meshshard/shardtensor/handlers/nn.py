@@ -1,5 +1,5 @@
-"""softmax / log_softmax, layer_norm, group_norm, normalize, scaled_dot_product_attention, and
-dim-wise ops (cumsum, sort, topk) along unsharded dims."""
+"""softmax / log_softmax, layer_norm, group_norm, normalize, and dim-wise ops (cumsum, sort,
+topk) along unsharded dims. Attention lives in :mod:`.attention`."""
 
 from __future__ import annotations
 
@@ -7,17 +7,15 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Shard
 
 from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor._dispatch import (
     LayoutError,
-    check_same_mesh,
     reduce_partials,
     replicated_local,
     wrap,
 )
-from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.handlers.reductions import _extreme_local
 from meshshard.shardtensor.registry import register_handler
 from meshshard.shardtensor.spec import ShardSpec
@@ -153,51 +151,6 @@ def _normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
         return wrap(F.normalize(x._local, p=p, dim=d, eps=eps), spec)
     n = torch.linalg.vector_norm(x, p, d, keepdim=True)
     return x / n.clamp_min(eps)
-
-
-@register_handler(F.scaled_dot_product_attention)
-def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
-    """Replicated q/k/v: computed locally. Query rows sharded (any dim but the last), keys and
-    values replicated: each rank attends its queries to all keys (exact). Keys sharded along
-    the sequence: not supported (would need ring attention) -> clear error."""
-    ops = [t for t in (query, key, value, attn_mask) if isinstance(t, ShardTensor)]
-    mesh = check_same_mesh(ops)
-    query, key, value = (reduce_partials(t) if isinstance(t, ShardTensor) else t
-                         for t in (query, key, value))
-    qspec = query._spec if isinstance(query, ShardTensor) else None
-    nd = len(query.shape)
-    for t, nm in ((key, "key"), (value, "value")):
-        if isinstance(t, ShardTensor):
-            for i, p in enumerate(t._spec.placements):
-                if isinstance(p, Shard):
-                    qp = qspec.placements[i] if qspec else Replicate()
-                    if p.dim >= nd - 2 or qp != p or qspec.sizes[i] != t._spec.sizes[i]:
-                        msg = (
-                            f"scaled_dot_product_attention: {nm} is sharded along dim {p.dim}; "
-                            "keys/values must be replicated (or sharded like the query on a "
-                            "batch/head dim). Redistribute them with .redistribute([Replicate()])"
-                        )
-                        raise LayoutError(msg)
-    if qspec is None:
-        qspec = ShardSpec(mesh, tuple(Replicate() for _ in range(mesh.ndim)),
-                          (None,) * mesh.ndim, torch.Size(query.shape))
-    if is_causal and any(isinstance(p, Shard) and p.dim == nd - 2 for p in qspec.placements):
-        msg = "is_causal with query rows sharded is not supported; pass an explicit attn_mask"
-        raise NotImplementedError(msg)
-    ql = query._local if isinstance(query, ShardTensor) else query
-    kl = replicated_local(key, qspec, {}) if not (isinstance(key, ShardTensor) and not
-                                                   key._spec.is_replicated()) else key._local
-    vl = replicated_local(value, qspec, {}) if not (isinstance(value, ShardTensor) and not
-                                                     value._spec.is_replicated()) else value._local
-    ml = attn_mask
-    if isinstance(attn_mask, ShardTensor):
-        ml = attn_mask._local
-    out = F.scaled_dot_product_attention(
-        ql, kl, vl, attn_mask=ml, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw
-    )
-    oshape = list(qspec.shape)
-    oshape[-1] = value.shape[-1]
-    return wrap(out, qspec.with_changes(shape=torch.Size(oshape)))
 
 
 def _dimwise(fn, name, shape_fn=None):
