@@ -49,3 +49,11 @@ def test_vit_non_attention_path_matches_single_process(sizes):
         placements, tok_sizes = report["token_layout"]
         assert str(placements[0]) == "S(1)"
         assert list(tok_sizes) == [s // 4 * 2 for s in sizes]  # H/4 patch rows x W/4 = 2
+
+
+@pytest.mark.parametrize("sizes", [(8, 8), (4, 12), (0, 12, 4), (4, 4, 0, 8)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_vit_domain_parallel_matches_single_process(sizes):
+    """The whole ViT, attention over the sharded tokens by the ring-attention SDPA rule."""
+    for report in run_ranks(vit, len(sizes), sizes, True, timeout=300):
+        _check(report)
