@@ -20,9 +20,10 @@ RTOL, ATOL = 1e-4, 1e-5
 CASES: list = []
 
 
-def case(family, name, nsp, make, f):
-    """``make(sp)`` -> list of (tensor, is_grid); ``sp`` is the size of each spatial dim."""
-    CASES.append((family, name, nsp, make, f))
+def case(family, name, nsp, make, f, *, max_split=3):
+    """``make(sp)`` -> list of (tensor, is_grid); ``sp`` is the size of each spatial dim.
+    ``max_split``: the most spatial dims the case may be split along."""
+    CASES.append((family, name, nsp, make, f, min(nsp, max_split)))
 
 
 def _g(seed=0):
@@ -66,6 +67,8 @@ case("conv", "conv3d_k3_p1", 3, conv_inputs(2, 3, (3, 3, 3)),
      lambda x, wt, b: F.conv3d(x, wt, b, padding=1))
 case("conv", "conv3d_k2_s2", 3, conv_inputs(2, 3, (2, 2, 2)),
      lambda x, wt, b: F.conv3d(x, wt, b, stride=2))
+case("conv", "patch_embed_tokens", 2, conv_inputs(3, 6, (2, 2)),
+     lambda x, wt, b: F.conv2d(x, wt, b, stride=2).flatten(2).transpose(1, 2) * 2, max_split=1)
 case("conv", "conv2d_twice_relu", 2, conv_inputs(3, 3, (3, 3)),
      lambda x, wt, b: F.conv2d(F.relu(F.conv2d(x, wt, b, padding=1)), wt, b, padding=1) + x)
 
@@ -116,6 +119,29 @@ case("conv_transpose", "ct3d_k2_s2", 3, ct_inputs(2, 3, (2, 2, 2)),
      lambda x, wt, b: F.conv_transpose3d(x, wt, b, stride=2))
 case("conv_transpose", "ct3d_k3_s2_p1", 3, ct_inputs(2, 2, (3, 3, 3)),
      lambda x, wt, b: F.conv_transpose3d(x, wt, b, stride=2, padding=1))
+
+
+# interpolate ---------------------------------------------------------------------------------
+for _ac in (False, True):
+    case("interpolate", f"linear_x2_ac{_ac}", 1, lambda sp: [(grid(sp), True)],
+         lambda x, ac=_ac: F.interpolate(x, scale_factor=2, mode="linear", align_corners=ac))
+    case("interpolate", f"bilinear_size_ac{_ac}", 2, lambda sp: [(grid(sp), True)],
+         lambda x, ac=_ac: F.interpolate(x, size=(2 * x.shape[2] + 3, 4), mode="bilinear",
+                                         align_corners=ac))
+    case("interpolate", f"bilinear_down_ac{_ac}", 2, lambda sp: [(grid(sp), True)],
+         lambda x, ac=_ac: F.interpolate(x, size=(x.shape[2] // 2 + 1, 7), mode="bilinear",
+                                         align_corners=ac))
+    case("interpolate", f"trilinear_sf2.5_ac{_ac}", 3, lambda sp: [(grid(sp, c=2), True)],
+         lambda x, ac=_ac: F.interpolate(x, scale_factor=(2.5, 1.5, 2), mode="trilinear",
+                                         align_corners=ac))
+case("interpolate", "nearest_x2", 2, lambda sp: [(grid(sp), True)],
+     lambda x: F.interpolate(x, scale_factor=2))
+case("interpolate", "nearest_sf1.7", 2, lambda sp: [(grid(sp), True)],
+     lambda x: F.interpolate(x, scale_factor=1.7))
+case("interpolate", "nearest_size_down", 3, lambda sp: [(grid(sp, c=2), True)],
+     lambda x: F.interpolate(x, size=(3, 4, 9)))
+case("interpolate", "bilinear_recompute", 2, lambda sp: [(grid(sp), True)],
+     lambda x: F.interpolate(x, scale_factor=1.6, mode="bilinear", recompute_scale_factor=True))
 
 
 # pool ----------------------------------------------------------------------------------------
@@ -219,11 +245,11 @@ def run_grid_cases(rank, world_size, mesh_shape, layout_sizes, families=None):
     mesh = init_device_mesh("cpu", tuple(mesh_shape))
     coord = mesh.get_coordinate()
     results = {}
-    for family, name, nsp, make, f in CASES:
+    for family, name, nsp, make, f, max_split in CASES:
         if families and family not in families:
             continue
         key = f"{family}/{name}"
-        if len(layout_sizes) > nsp:
+        if len(layout_sizes) > max_split:
             results[key] = "n/a"
             continue
         if os.environ.get("GRID_CASES_DEBUG"):

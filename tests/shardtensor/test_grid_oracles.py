@@ -42,5 +42,5 @@ def test_grid_op_matches_single_process(layout, key):
     res = _result(layout)
     assert key in res, f"case {key} did not run"
     if res[key] == "n/a":
-        pytest.skip("a 1-D op cannot take a 2-D split")
+        pytest.skip("this case takes a split of one spatial dim only")
     assert res[key] is None, res[key]
