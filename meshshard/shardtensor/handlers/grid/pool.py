@@ -157,8 +157,19 @@ def _adaptive_rule(nd, kind):
     return handler
 
 
+def _with_indices(nd):
+    rule = _max_rule(nd)
+
+    def handler(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                return_indices=True):
+        return rule(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+    return handler
+
+
 for _nd in (1, 2, 3):
     register_handler(_MAX[_nd])(_max_rule(_nd))
+    register_handler(getattr(F, f"max_pool{_nd}d_with_indices"))(_with_indices(_nd))
     register_handler(_AVG[_nd])(_avg_rule(_nd))
     register_handler(getattr(F, f"adaptive_avg_pool{_nd}d"))(_adaptive_rule(_nd, "avg"))
     register_handler(getattr(F, f"adaptive_max_pool{_nd}d"))(_adaptive_rule(_nd, "max"))
