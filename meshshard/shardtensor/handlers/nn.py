@@ -16,6 +16,7 @@ from meshshard.shardtensor._dispatch import (
     replicated_local,
     wrap,
 )
+from meshshard.shardtensor.handlers.grid._globalnorm import global_norm
 from meshshard.shardtensor.handlers.reductions import _extreme_local
 from meshshard.shardtensor.registry import register_handler
 from meshshard.shardtensor.spec import ShardSpec
@@ -114,31 +115,21 @@ def _group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
         msg = "group_norm with the channel dim sharded is not supported: redistribute channels"
         raise LayoutError(msg)
     mesh_dims = [i for i, p in enumerate(spec.placements) if isinstance(p, Shard) and p.dim >= 2]
-    shape_c = [1] * spec.ndim
-    shape_c[1] = spec.shape[1]
     w = None if weight is None else replicated_local(weight, spec, {})
     b = None if bias is None else replicated_local(bias, spec, {})
     if not mesh_dims:
         return wrap(F.group_norm(x._local, num_groups, w, b, eps), spec)
     local = x._local
     n_loc, c = local.shape[0], local.shape[1]
-    rest = local.shape[2:]
-    g = local.reshape(n_loc, num_groups, c // num_groups, *rest)
-    gspec_shape = (spec.shape[0], num_groups, c // num_groups, *spec.shape[2:])
-    gspec = ShardSpec(
-        spec.mesh,
-        tuple(Shard(p.dim + 1) if isinstance(p, Shard) and p.dim >= 2 else p
-              for p in spec.placements),
-        spec.sizes,
-        torch.Size(gspec_shape),
-    )
+    g = local.reshape(n_loc, num_groups, c // num_groups, *local.shape[2:])
     dims = tuple(range(2, g.ndim))
-    mean, var = _global_stats(g, dims, gspec, mesh_dims)
-    y = ((g - mean) / torch.sqrt(var + eps)).reshape(local.shape)
-    if w is not None:
-        y = y * w.reshape(shape_c)
-    if b is not None:
-        y = y + b.reshape(shape_c)
+    n = (c // num_groups) * math.prod(spec.shape[2:])
+    gshape = [1] * g.ndim
+    gshape[1], gshape[2] = num_groups, c // num_groups
+    groups = [spec.mesh.get_group(i) for i in mesh_dims]
+    y, _, _ = global_norm(g, dims, groups, n, eps, None if w is None else w.reshape(gshape),
+                          None if b is None else b.reshape(gshape))
+    y = y.reshape(local.shape)
     return wrap(y, spec)
 
 

@@ -1,6 +1,7 @@
 """batch_norm and instance_norm over sharded spatial (and batch) dims with global statistics.
 
-Training statistics are global sums over every rank (differentiable; see ``nn._global_stats``);
+Training statistics are global sums over every rank, in one fused autograd node that saves only
+the input (``_globalnorm``);
 running statistics are updated in place with the global mean and the unbiased global variance,
 exactly as one process would, so every rank holds the same buffers. In eval mode the running
 statistics are used and no data moves. ``layer_norm`` and ``group_norm`` over sharded spatial
@@ -17,20 +18,28 @@ from torch.distributed.tensor import Shard
 
 from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor._dispatch import reduce_partials, replicated_local, wrap
+from meshshard.shardtensor.handlers.grid._globalnorm import global_norm
 from meshshard.shardtensor.handlers.grid._window import sharded_spatial
 from meshshard.shardtensor.handlers.grid.conv import needs_rule
-from meshshard.shardtensor.handlers.nn import _global_stats
 from meshshard.shardtensor.registry import register_handler
 
 
 def _affine(y, weight, bias, spec):
+    w, b = _wb(weight, bias, spec)
+    if w is not None:
+        y = y * w
+    if b is not None:
+        y = y + b
+    return y
+
+
+def _wb(weight, bias, spec):
+    """Local weight/bias reshaped to (1, C, 1, ...) (gradients summed over the ranks)."""
     shape_c = [1] * spec.ndim
     shape_c[1] = spec.shape[1]
-    if weight is not None:
-        y = y * replicated_local(weight, spec, {}).reshape(shape_c)
-    if bias is not None:
-        y = y + replicated_local(bias, spec, {}).reshape(shape_c)
-    return y
+    w = None if weight is None else replicated_local(weight, spec, {}).reshape(shape_c)
+    b = None if bias is None else replicated_local(bias, spec, {}).reshape(shape_c)
+    return w, b
 
 
 def _with_running(local, rm, rv, eps, spec):
@@ -65,12 +74,13 @@ def _batch_norm(input, running_mean, running_var, weight=None, bias=None, traini
     dims = (0, *range(2, spec.ndim))
     mesh_dims = [i for i, p in enumerate(spec.placements) if isinstance(p, Shard)]
     n = math.prod(spec.shape[d] for d in dims)
-    mean, var = _global_stats(x._local, dims, spec, mesh_dims)
+    w, b = _wb(weight, bias, spec)
+    groups = [spec.mesh.get_group(i) for i in mesh_dims]
+    y, mean, var = global_norm(x._local, dims, groups, n, eps, w, b)
     _update(running_mean, mean, momentum)
     if running_var is not None:
         _update(running_var, var * (n / max(n - 1, 1)), momentum)
-    y = (x._local - mean) / torch.sqrt(var + eps)
-    return wrap(_affine(y, weight, bias, spec), spec)
+    return wrap(y, spec)
 
 
 @register_handler(F.instance_norm)
@@ -88,7 +98,9 @@ def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias
         return wrap(_affine(y, weight, bias, spec), spec)
     dims = tuple(range(2, spec.ndim))
     n = math.prod(spec.shape[d] for d in dims)
-    mean, var = _global_stats(x._local, dims, spec, list(sharded.values()))
+    w, b = _wb(weight, bias, spec)
+    groups = [spec.mesh.get_group(i) for i in sharded.values()]
+    y, mean, var = global_norm(x._local, dims, groups, n, eps, w, b)
     if running_mean is not None or running_var is not None:
         # buffers follow the mean over the (global) batch of the per-instance statistics
         with torch.no_grad():
@@ -100,5 +112,4 @@ def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias
             stats = stats / spec.shape[0]
         _update(running_mean, stats[0], momentum)
         _update(running_var, stats[1], momentum)
-    y = (x._local - mean) / torch.sqrt(var + eps)
-    return wrap(_affine(y, weight, bias, spec), spec)
+    return wrap(y, spec)
