@@ -52,4 +52,12 @@ def bad_inputs(rank, world_size, sizes):
     ref = F.conv2d(full, wt, padding=2)
     got = F.conv2d(x, wt, padding=2).full_tensor()
     out["no_limit_exact"] = bool(torch.allclose(got, ref, atol=1e-5))
+    # halo traffic of a 3x3 conv: exactly the boundary rows that cross a cut, both directions
+    from meshshard.shardtensor.handlers.grid import count_halo_bytes
+
+    xg = from_local(full[:, :, off : off + sizes[rank]].clone().requires_grad_(), mesh,
+                    [Shard(2)], sizes)
+    with count_halo_bytes() as stats:
+        F.conv2d(xg, torch.randn(3, 2, 3, 3), padding=1).full_tensor().sum().backward()
+    out["halo_bytes"] = (stats.forward, stats.backward)
     return out

@@ -34,3 +34,11 @@ def test_error_on_every_rank(reports, case):
 
 def test_without_limit_thin_shards_are_exact(reports):
     assert all(rep["no_limit_exact"] for rep in reports)
+
+
+def test_halo_bytes_are_the_rows_that_cross(reports):
+    # layout (1, 1, 1, 5), rows of 1 x 2 x 6 float32 = 48 bytes: the two middle ranks send a
+    # row to each neighbour, the outer ones to one; backward sends the same rows' gradients
+    row = 48
+    want = [row, 2 * row, 2 * row, row]
+    assert [rep["halo_bytes"] for rep in reports] == [(w, w) for w in want]
