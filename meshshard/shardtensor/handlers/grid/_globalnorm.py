@@ -25,14 +25,25 @@ def _allreduce(t: torch.Tensor, groups: Sequence) -> torch.Tensor:
 class _GlobalNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, dims, groups, n, eps):
-        mean = _allreduce(x.sum(dims, keepdim=True), groups) / n
-        var = _allreduce(((x - mean) ** 2).sum(dims, keepdim=True), groups) / n
+        # local mean/var in one pass, merged exactly across ranks (Chan et al.):
+        # mean = sum(n_r m_r) / n; var = sum(n_r (v_r + (m_r - mean)^2)) / n
+        n_loc = 1
+        for d in dims:
+            n_loc *= x.shape[d]
+        if n_loc:
+            v_loc, m_loc = torch.var_mean(x, dims, correction=0, keepdim=True)
+        else:
+            shape = [1 if d in dims else s for d, s in enumerate(x.shape)]
+            v_loc = m_loc = x.new_zeros(shape)
+        mean = _allreduce(m_loc * n_loc, groups) / n
+        var = _allreduce((v_loc + (m_loc - mean) ** 2) * n_loc, groups) / n
         rstd = torch.rsqrt(var + eps)
-        y = (x - mean) * rstd
-        if weight is not None:
-            y = y * weight
+        # y = x * a + c with per-statistic a = rstd * w, c = b - mean * a (one fused pass)
+        a = rstd if weight is None else rstd * weight
+        c = -mean * a
         if bias is not None:
-            y = y + bias
+            c = c + bias
+        y = torch.addcmul(c, x, a)
         ctx.save_for_backward(x, mean, rstd, weight)
         ctx.dims, ctx.groups, ctx.n = dims, groups, n
         ctx.bias_shape = None if bias is None else bias.shape
@@ -43,17 +54,30 @@ class _GlobalNorm(torch.autograd.Function):
     def backward(ctx, g, _gm, _gv):
         x, mean, rstd, weight = ctx.saved_tensors
         dims, n = ctx.dims, ctx.n
-        xhat = (x - mean) * rstd
+        # local sums of g and g*x over the dims where the weight is constant (group norm's
+        # weight varies inside a statistic's group, along the channels)
+        fine = tuple(d for d in dims if weight is None or weight.shape[d] == 1)
+        sg_full = g.sum(fine, keepdim=True) if fine else g
+        sgx_full = (g * x).sum(fine, keepdim=True) if fine else g * x
+        # sum(g * x_hat) = rstd * (sum(g x) - mean * sum(g))
+        gxhat_full = rstd * (sgx_full - mean * sg_full)
         dw = db = None
         if weight is not None and ctx.needs_input_grad[1]:
-            dw = (g * xhat).sum_to_size(weight.shape)
+            dw = gxhat_full.sum_to_size(weight.shape)
         if ctx.bias_shape is not None and ctx.needs_input_grad[2]:
-            db = g.sum_to_size(ctx.bias_shape)
-        gy = g * weight if weight is not None else g
-        sums = torch.cat([gy.sum(dims, keepdim=True), (gy * xhat).sum(dims, keepdim=True)])
-        sums = _allreduce(sums, ctx.groups) / n
+            db = sg_full.sum_to_size(ctx.bias_shape)
+        w = weight if weight is not None else torch.ones((), dtype=x.dtype, device=x.device)
+        # statistics are shared by everything the dims reduce over (and, with a weight that
+        # varies inside a statistic's group -- group norm's channels -- summed over it too)
+        sgw = (sg_full * w).sum(dims, keepdim=True)
+        sgxw = (gxhat_full * w).sum(dims, keepdim=True)
+        sums = _allreduce(torch.cat([sgw, sgxw]), ctx.groups) / n
         k = sums.shape[0] // 2
-        dx = rstd * (gy - sums[:k] - xhat * sums[k:])
+        s1, s2 = sums[:k], sums[k:]
+        # dx = rstd * (g w - s1 - x_hat s2) = g * (rstd w) + x * B + C
+        coef_b = -(rstd * rstd) * s2
+        coef_c = -rstd * s1 - mean * coef_b
+        dx = torch.addcmul(torch.addcmul(coef_c, x, coef_b), g, rstd * w)
         return dx, dw, db, None, None, None, None
 
 

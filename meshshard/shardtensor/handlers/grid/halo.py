@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -205,33 +206,36 @@ def fetch_rows(
     send_idx, send_counts, recv_counts, src, run, has_fill = _plan(
         sizes, needs_t, me, periodic, getattr(_state, "max_hops", None)
     )
-    xm = x.movedim(dim, 0)
     dev = x.device
-    send = torch.cat([xm.index_select(0, s.to(dev)) for s in send_idx], 0)
+    # rows travel along dim 0 (all-to-all); everything else is indexed along ``dim`` so the
+    # window comes out contiguous in x's own layout (no hidden copies in the conv after it)
+    send = torch.cat([x.index_select(dim, s.to(dev)) for s in send_idx], dim)
+    send = send.movedim(dim, 0)
     recv = C.all_to_all_v(send, send_counts, recv_counts, group)
     stats = getattr(_state, "stats", None)
     if stats is not None:
-        row = xm[0:0].element_size() * int(np.prod(xm.shape[1:], dtype=np.int64))
+        row = x.element_size() * math.prod(v for k, v in enumerate(x.shape) if k != dim)
         stats.forward += sum(send_counts) * row
         stats.calls += 1
         if recv.requires_grad:
             recv = _CountBackward.apply(recv, stats, sum(recv_counts) * row)
-    extra = [recv]
+    pool = recv.movedim(0, dim)
     if has_fill:
-        extra.append(torch.full((1, *xm.shape[1:]), fill, dtype=x.dtype, device=dev))
-    pool = torch.cat(extra, 0) if len(extra) > 1 else recv
-    n_local = xm.shape[0]
+        shape = list(x.shape)
+        shape[dim] = 1
+        pool = torch.cat([pool, torch.full(shape, fill, dtype=x.dtype, device=dev)], dim)
+    n_local = x.shape[dim]
     if run is not None:
         a, b, k0 = run
         parts = []
         if a:
-            parts.append(pool.index_select(0, (src[:a] - n_local).to(dev)))
-        parts.append(xm.narrow(0, k0, b - a))
+            parts.append(pool.index_select(dim, (src[:a] - n_local).to(dev)))
+        parts.append(x.narrow(dim, k0, b - a))
         if b < src.numel():
-            parts.append(pool.index_select(0, (src[b:] - n_local).to(dev)))
-        out = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
+            parts.append(pool.index_select(dim, (src[b:] - n_local).to(dev)))
+        out = torch.cat(parts, dim) if len(parts) > 1 else parts[0]
     else:
-        out = torch.cat([xm, pool], 0).index_select(0, src.to(dev))
+        out = torch.cat([x, pool], dim).index_select(dim, src.to(dev))
     if recv.requires_grad:
         out = _Join.apply(out, recv)
-    return out.movedim(0, dim)
+    return out
