@@ -91,6 +91,30 @@ class _CountBackward(torch.autograd.Function):
         return g, None, None
 
 
+class _HaloSplit(torch.autograd.Function):
+    """x -> (rows to send, the local run kept in the window). Backward writes both gradients
+    into one buffer of x's shape (autograd would build two full-size zero tensors and add)."""
+
+    @staticmethod
+    def forward(ctx, x, dim, idx, k0, length):
+        ctx.dim, ctx.k0, ctx.length = dim, k0, length
+        ctx.save_for_backward(idx)
+        ctx.shape = x.shape
+        return x.index_select(dim, idx), x.narrow(dim, k0, length)
+
+    @staticmethod
+    def backward(ctx, g_send, g_core):
+        (idx,) = ctx.saved_tensors
+        ref = g_core if g_core is not None else g_send
+        gx = ref.new_zeros(ctx.shape) if g_core is None or ctx.length != ctx.shape[ctx.dim] \
+            else torch.empty(ctx.shape, dtype=ref.dtype, device=ref.device)
+        if g_core is not None:
+            gx.narrow(ctx.dim, ctx.k0, ctx.length).copy_(g_core)
+        if g_send is not None and idx.numel():
+            gx.index_add_(ctx.dim, idx, g_send)
+        return gx, None, None, None, None
+
+
 class _Join(torch.autograd.Function):
     """``out`` unchanged, with ``dep`` tied into its graph: the backward of ``dep`` (an
     all-to-all) then runs on every rank even where no received row was used."""
@@ -209,7 +233,12 @@ def fetch_rows(
     dev = x.device
     # rows travel along dim 0 (all-to-all); everything else is indexed along ``dim`` so the
     # window comes out contiguous in x's own layout (no hidden copies in the conv after it)
-    send = torch.cat([x.index_select(dim, s.to(dev)) for s in send_idx], dim)
+    core = None
+    if run is not None:
+        a, b, k0 = run
+        send, core = _HaloSplit.apply(x, dim, torch.cat(send_idx).to(dev), k0, b - a)
+    else:
+        send = torch.cat([x.index_select(dim, s.to(dev)) for s in send_idx], dim)
     send = send.movedim(dim, 0)
     recv = C.all_to_all_v(send, send_counts, recv_counts, group)
     stats = getattr(_state, "stats", None)
@@ -230,7 +259,7 @@ def fetch_rows(
         parts = []
         if a:
             parts.append(pool.index_select(dim, (src[:a] - n_local).to(dev)))
-        parts.append(x.narrow(dim, k0, b - a))
+        parts.append(core)
         if b < src.numel():
             parts.append(pool.index_select(dim, (src[b:] - n_local).to(dev)))
         out = torch.cat(parts, dim) if len(parts) > 1 else parts[0]
