@@ -13,6 +13,7 @@ one-process (1 thread) step time.
 
     python benchmarks/bench_grid.py                         # 96^3, ranks 1,2,4
     python benchmarks/bench_grid.py --size 32 --ranks 1,2 --steps 2
+    python benchmarks/bench_grid.py --slab-reference        # + plain torch per slab, no halo
 """
 
 from __future__ import annotations
@@ -132,6 +133,9 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int, default=96)
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--slab-reference", action="store_true",
+                    help="also run plain torch on each rank's slab alone (no halo: not the "
+                         "model's answer, a floor for what P processes can do on this machine)")
     args = ap.parse_args(argv)
     # big blocks straight from mmap, so RSS follows live memory instead of heap high-water marks
     # (set before the first rank starts; every configuration runs under the same setting)
@@ -146,6 +150,9 @@ def main(argv=None) -> int:
     base = None
     configs = [("plain torch, 1 process", 1, True)] + [
         (f"ShardTensor, {p} rank(s)", p, False) for p in counts]
+    if args.slab_reference:
+        configs += [(f"plain torch on its slab only, {p} processes", p, True)
+                    for p in counts if p > 1]
     t_plain = None
     for name, p, plain in configs:
         reps = run_ranks(bench, p, args.size, args.steps, plain, timeout=3600, threads=1)
