@@ -9,7 +9,8 @@ flash kernel the block itself is tiled, so not even that.
 
 Backward saves only ``q, k, v, out, lse``. It recomputes each block's probabilities from the
 global log-sum-exp, accumulates ``dq`` locally, and sends the ``dk``/``dv`` partial sums round the
-ring with the blocks, so that after ``P`` shifts each owner holds the exact gradient of its rows
+ring behind the blocks (they start at the owner's successor), so that after ``P - 1`` shifts each
+owner holds the exact gradient of its rows
 (the flash backward of one block, given the *global* ``out`` and ``lse``, is that block's exact
 share of the gradient).
 
@@ -361,30 +362,34 @@ def _backward(do, q, k, v, out, lse, plan: AttnPlan):
                 dqh += dq_b
                 del dq_b
                 dk_b, dv_b = _fold(dk_b, g), _fold(dv_b, g)
-            if ring_mode:
-                if acc_pend is None:  # first block: the partial sums start here
-                    buf = torch.zeros(_numel(shapes), dtype=acc, device=q.device)
-                else:
-                    buf = acc_pend.wait()
+            if ring_mode and s == 0:  # own block: kept here, added to what comes back
+                own = (dk_b, dv_b)
+            elif ring_mode:  # the partial sums start at the next rank and end at the owner
+                buf = (torch.zeros(_numel(shapes), dtype=acc, device=q.device) if s == 1
+                       else acc_pend.wait())
                 if dk_b is not None:
                     ak, av = _unpack(buf, shapes)
                     ak += dk_b
                     av += dv_b
-                del dk_b, dv_b
                 acc_pend = plan.ring.shift(buf if n else None, _numel(_kv_shapes(k, v, n_next)),
                                            dtype=acc, device=q.device, tag=_TAG_ACC)
                 del buf
             elif dk_b is not None:
                 dk[:, hk : hk + 1, rows] = dk_b
                 dv[:, hk : hk + 1, rows] = dv_b
+            del dk_b, dv_b
             if kv_pend is not None:
                 cur = kv_pend.wait()
                 del kv_pend
         if ring_mode:
-            own_k, own_v = _unpack(acc_pend.wait(), _kv_shapes(k, v, rows.stop - rows.start))
-            dk[:, hk : hk + 1, rows] = own_k
-            dv[:, hk : hk + 1, rows] = own_v
-            del acc_pend
+            if own[0] is not None:
+                dk[:, hk : hk + 1, rows] = own[0]
+                dv[:, hk : hk + 1, rows] = own[1]
+            if acc_pend is not None:
+                rk, rv = _unpack(acc_pend.wait(), _kv_shapes(k, v, rows.stop - rows.start))
+                dk[:, hk : hk + 1, rows] += rk
+                dv[:, hk : hk + 1, rows] += rv
+            own = acc_pend = None
     if plan.mode == "merge" and plan.ring.size > 1:
         dist.all_reduce(dq, group=plan.ring.group)
     return dq, dk, dv
