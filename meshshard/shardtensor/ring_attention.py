@@ -32,8 +32,10 @@ from meshshard.shardtensor.ring import Ring
 
 __all__ = ["AttnPlan", "attention"]
 
-_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+# torch's CPU flash kernels return / take the log-sum-exp (private ops: fall back to plain torch
+# math, tiled over query rows, where they are missing, on other devices or when Ev != E)
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _TAG_KV, _TAG_ACC = 11, 12
 _MATH_TILE = 1 << 22  # score elements per tile of the plain-torch fallback
@@ -142,7 +144,8 @@ def _fold(g: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def _use_flash(q, v) -> bool:
-    return q.dtype in _FLASH_DTYPES and q.shape[-1] == v.shape[-1] and q.device.type == "cpu"
+    return (_FLASH is not None and _FLASH_BWD is not None and q.dtype in _FLASH_DTYPES
+            and q.shape[-1] == v.shape[-1] and q.device.type == "cpu")
 
 
 def _scores(q, k, m, causal, scale, acc, r0):
