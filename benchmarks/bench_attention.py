@@ -2,8 +2,9 @@
 (B=1, 4 heads, head dim 64, fp32), one process (torch's own CPU flash SDPA, 1 and 2 threads)
 against 2 and 4 gloo ranks (1 thread each) on token-sharded ShardTensors.
 
-Every configuration runs in freshly spawned processes, so each rank's peak resident memory
-(``ru_maxrss``) belongs to that configuration alone. Reported per configuration:
+Every configuration runs in freshly spawned processes; each rank resets its resident-memory
+high-water mark (``/proc/self/clear_refs``) just before the step and reads ``VmHWM`` after it.
+Reported per configuration:
 
 - ``wall s``: step time (slowest rank; ranks start together after a barrier);
 - ``cpu s``: CPU seconds of the step summed over the ranks (and their threads) -- on a shared
@@ -39,13 +40,38 @@ def _rss_mib() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _reset_peak() -> None:
+    """Reset this process's RSS high-water mark (Linux >= 4.0: VmHWM := current RSS)."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
 def _peak_mib() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _inputs(n_local: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(1, HEADS, n_local, HEAD_DIM, generator=g) for _ in range(4)]
+
+
+def _one_step(mesh, sizes, rank) -> None:
+    import torch.nn.functional as F
+
+    from meshshard.shardtensor import Shard, from_local
+
+    q, k, v, g = _inputs(sizes[rank], seed=rank)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    if mesh is None:
+        F.scaled_dot_product_attention(q, k, v).backward(g)
+        return
+    qs, ks, vs = (from_local(t, mesh, [Shard(2)], sizes, validate=False) for t in (q, k, v))
+    F.scaled_dot_product_attention(qs, ks, vs).to_local().backward(g)
 
 
 def step(rank, world_size, n, threads):
@@ -58,17 +84,21 @@ def step(rank, world_size, n, threads):
     from meshshard.shardtensor.ring import bytes_sent, reset_bytes_sent
     from meshshard.shardtensor.spec import even_sizes
 
+    mesh = None
+    if world_size > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world_size,))
+    _one_step(mesh, even_sizes(64 * world_size, world_size), rank)  # warm-up: first-call costs
     sizes = even_sizes(n, world_size)
     q, k, v, g = _inputs(sizes[rank], seed=rank)
     for t in (q, k, v):
         t.requires_grad_(True)
     if world_size > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh("cpu", (world_size,))
         qs, ks, vs = (from_local(t, mesh, [Shard(2)], sizes, validate=False) for t in (q, k, v))
         dist.barrier()
     reset_bytes_sent()
+    _reset_peak()
     rss0 = _rss_mib()
     t0, c0 = time.perf_counter(), time.process_time()
     if world_size > 1:

@@ -9,7 +9,8 @@ flash kernel the block itself is tiled, so not even that.
 
 Backward saves only ``q, k, v, out, lse``. It recomputes each block's probabilities from the
 global log-sum-exp, accumulates ``dq`` locally, and sends the ``dk``/``dv`` partial sums round the
-ring with the blocks, so that after ``P`` shifts each owner holds the exact gradient of its rows
+ring behind the blocks (they start at the owner's successor), so that after ``P - 1`` shifts each
+owner holds the exact gradient of its rows
 (the flash backward of one block, given the *global* ``out`` and ``lse``, is that block's exact
 share of the gradient).
 
@@ -31,12 +32,14 @@ from meshshard.shardtensor.ring import Ring
 
 __all__ = ["AttnPlan", "attention"]
 
-_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+# torch's CPU flash kernels return / take the log-sum-exp (private ops: fall back to plain torch
+# math, tiled over query rows, where they are missing, on other devices or when Ev != E)
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _TAG_KV, _TAG_ACC = 11, 12
 _MATH_TILE = 1 << 22  # score elements per tile of the plain-torch fallback
-KV_CHUNK_ROWS = 8192  # key rows per rank per ring pass (bounds the transient buffers)
+KV_CHUNK_ROWS = 2048  # key rows per rank per ring pass (bounds the transient buffers)
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,8 @@ def _fold(g: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def _use_flash(q, v) -> bool:
-    return q.dtype in _FLASH_DTYPES and q.shape[-1] == v.shape[-1] and q.device.type == "cpu"
+    return (_FLASH is not None and _FLASH_BWD is not None and q.dtype in _FLASH_DTYPES
+            and q.shape[-1] == v.shape[-1] and q.device.type == "cpu")
 
 
 def _scores(q, k, m, causal, scale, acc, r0):
@@ -361,30 +365,34 @@ def _backward(do, q, k, v, out, lse, plan: AttnPlan):
                 dqh += dq_b
                 del dq_b
                 dk_b, dv_b = _fold(dk_b, g), _fold(dv_b, g)
-            if ring_mode:
-                if acc_pend is None:  # first block: the partial sums start here
-                    buf = torch.zeros(_numel(shapes), dtype=acc, device=q.device)
-                else:
-                    buf = acc_pend.wait()
+            if ring_mode and s == 0:  # own block: kept here, added to what comes back
+                own = (dk_b, dv_b)
+            elif ring_mode:  # the partial sums start at the next rank and end at the owner
+                buf = (torch.zeros(_numel(shapes), dtype=acc, device=q.device) if s == 1
+                       else acc_pend.wait())
                 if dk_b is not None:
                     ak, av = _unpack(buf, shapes)
                     ak += dk_b
                     av += dv_b
-                del dk_b, dv_b
                 acc_pend = plan.ring.shift(buf if n else None, _numel(_kv_shapes(k, v, n_next)),
                                            dtype=acc, device=q.device, tag=_TAG_ACC)
                 del buf
             elif dk_b is not None:
                 dk[:, hk : hk + 1, rows] = dk_b
                 dv[:, hk : hk + 1, rows] = dv_b
+            del dk_b, dv_b
             if kv_pend is not None:
                 cur = kv_pend.wait()
                 del kv_pend
         if ring_mode:
-            own_k, own_v = _unpack(acc_pend.wait(), _kv_shapes(k, v, rows.stop - rows.start))
-            dk[:, hk : hk + 1, rows] = own_k
-            dv[:, hk : hk + 1, rows] = own_v
-            del acc_pend
+            if own[0] is not None:
+                dk[:, hk : hk + 1, rows] = own[0]
+                dv[:, hk : hk + 1, rows] = own[1]
+            if acc_pend is not None:
+                rk, rv = _unpack(acc_pend.wait(), _kv_shapes(k, v, rows.stop - rows.start))
+                dk[:, hk : hk + 1, rows] += rk
+                dv[:, hk : hk + 1, rows] += rv
+            own = acc_pend = None
     if plan.mode == "merge" and plan.ring.size > 1:
         dist.all_reduce(dq, group=plan.ring.group)
     return dq, dk, dv

@@ -45,3 +45,22 @@ def test_point_transformer_plain_torch():
     assert PointTransformer(4, 3, dim=16, heads=2)(torch.randn(1, 9, 4)).shape == (1, 9, 3)
     with pytest.raises(ValueError, match="no decoder"):
         PointTransformer(4, 3, dim=16, heads=2)(torch.randn(1, 9, 4), torch.randn(1, 2, 3))
+
+
+def test_example_under_torchrun():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(root / "examples" / "point_transformer.py")],
+        capture_output=True, text=True, timeout=300, env=env, cwd=root,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rank 0: 166 of 500 probe outputs" in r.stdout
+    assert "rank 1: 334 of 500 probe outputs" in r.stdout
+    assert r.stdout.count("gradients equal a single-process run: True") == 2, r.stdout

@@ -234,3 +234,39 @@ _BAD = {
     "dropout": _bad_dropout,
     "mha_need_weights": _bad_mha_weights,
 }
+
+
+def attention_2d(rank, world_size, q_sizes, kv_sizes):
+    """2-D mesh (data x domain): batch sharded on "data", tokens (uneven) on "domain"; causal
+    ring attention vs one process. Returns None or the traceback."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.shardtensor import Shard, from_local
+
+    try:
+        mesh = init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("data", "domain"))
+        dc, pc = mesh.get_coordinate()
+        g = torch.Generator().manual_seed(5)
+        dt = torch.float64
+        q = torch.randn(2, 2, sum(q_sizes), 8, generator=g, dtype=dt)
+        k = torch.randn(2, 2, sum(kv_sizes), 8, generator=g, dtype=dt)
+        v = torch.randn(2, 2, sum(kv_sizes), 8, generator=g, dtype=dt)
+        refs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        ref = F.scaled_dot_product_attention(*refs, is_causal=True)
+        R = torch.randn(ref.shape, generator=g, dtype=dt)
+        (ref * R).sum().backward()
+        leaves, ins = [], []
+        for t, sizes in ((q, q_sizes), (k, kv_sizes), (v, kv_sizes)):
+            leaf = _split(t[dc : dc + 1], 2, sizes, pc).clone().requires_grad_(True)
+            leaves.append(leaf)
+            ins.append(from_local(leaf, mesh, [Shard(0), Shard(2)], {0: (1, 1), 1: sizes}))
+        out = F.scaled_dot_product_attention(*ins, is_causal=True)
+        full = out.full_tensor()
+        torch.testing.assert_close(full, ref.detach(), rtol=1e-10, atol=1e-12)
+        (full * R).sum().backward()
+        for leaf, r, sizes in zip(leaves, refs, (q_sizes, kv_sizes, kv_sizes)):
+            want = _split(r.grad[dc : dc + 1], 2, sizes, pc)
+            torch.testing.assert_close(leaf.grad, want, rtol=1e-10, atol=1e-12)
+        return None
+    except Exception:
+        return traceback.format_exc()

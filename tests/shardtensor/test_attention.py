@@ -92,3 +92,10 @@ def test_bad_input_raises_on_every_rank(P: int, bi: int) -> None:
         got_kind, got_msg = bad[bi]
         assert got_kind == kind and text in got_msg, f"{name} rank {rank}: {got_kind} {got_msg}"
         assert ok == P  # the group still works afterwards: nobody hung
+
+
+def test_attention_on_2d_mesh():
+    from tests.shardtensor._attention_fns import attention_2d
+
+    for rank, err in enumerate(run_ranks(attention_2d, 4, [0, 7], [5, 2], timeout=240)):
+        assert err is None, f"rank {rank}:\n{err}"
