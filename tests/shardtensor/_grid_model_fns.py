@@ -39,8 +39,10 @@ def _compare(model, ref, out, out_ref, leaf, x_ref, dims, sizes, coord, train_st
     return report
 
 
-def unet(rank, world_size, mesh_shape, sizes, norm, padding_mode):
-    """UNet3d forward, input and every parameter gradient, buffers (batch norm)."""
+def unet(rank, world_size, mesh_shape, sizes, norm, padding_mode, dims=None):
+    """UNet3d forward, input and every parameter gradient, buffers (batch norm). ``dims``:
+    the tensor dim each mesh dim shards (default: spatial dims 2, 3, ...; 0 = data parallel
+    over the batch)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.models import UNet3d
@@ -49,7 +51,7 @@ def unet(rank, world_size, mesh_shape, sizes, norm, padding_mode):
     torch.manual_seed(0)
     ref = UNet3d(2, 3, base=4, depth=3, norm=norm, padding_mode=padding_mode).double()
     model = copy.deepcopy(ref)
-    dims = list(range(2, 2 + len(sizes)))
+    dims = list(range(2, 2 + len(sizes))) if dims is None else list(dims)
     shape = [2, 2, 8, 8, 8]
     for d, s in zip(dims, sizes):
         shape[d] = sum(s)
