@@ -2,7 +2,7 @@
 onto a grid sharded in slabs, and interpolation of grid values back at the points.
 
 Points are sharded by any partition (rows of a ``(N, k)`` ShardTensor), the grid ``(C, *S)``
-along one spatial dim, both on the same 1-D mesh. A point's cell has two corner rows along the
+along any one spatial dim, both on the same 1-D mesh. A point's cell has two corner rows along the
 sharded dim; each point is sent only to the owners of those rows (one rank, or two when the
 cell straddles a cut), which add or read the corners they own. Two uneven all-to-alls, nothing
 else moves. Differentiable with respect to the grid, the point values and the coordinates
@@ -42,12 +42,13 @@ def _cell(u: torch.Tensor, shape: Sequence[int]):
     return lo, u - lo.to(u.dtype)
 
 
-def _corners(u, shape, row0: int, rows: int):
-    """For every point and each of the 2^k cell corners whose row along dim 0 lies in
-    ``[row0, row0 + rows)``: flat local index and trilinear weight (0 where not owned)."""
+def _corners(u, shape, row0: int, rows: int, axis: int):
+    """For every point and each of the 2^k cell corners whose row along spatial ``axis`` lies
+    in ``[row0, row0 + rows)``: flat local index and trilinear weight (0 where not owned)."""
     k = len(shape)
     lo, frac = _cell(u, shape)
-    local_shape = (rows, *shape[1:])
+    local_shape = list(shape)
+    local_shape[axis] = rows
     strides = np.cumprod([1, *local_shape[::-1]])[:-1][::-1].tolist()
     out = []
     for bits in range(2**k):
@@ -58,45 +59,48 @@ def _corners(u, shape, row0: int, rows: int):
         for j in range(k):
             f = frac[:, j] if b[j] else 1 - frac[:, j]
             wgt = f if wgt is None else wgt * f
-        r = idx[:, 0] - row0
+        r = idx[:, axis] - row0
         own = (r >= 0) & (r < rows)
-        flat = r.clamp(0, max(rows - 1, 0)) * strides[0]
-        for j in range(1, k):
-            flat = flat + idx[:, j] * strides[j]
+        flat = r.clamp(0, max(rows - 1, 0)) * strides[axis]
+        for j in range(k):
+            if j != axis:
+                flat = flat + idx[:, j] * strides[j]
         out.append((flat, wgt * own.to(wgt.dtype)))
     return out
 
 
-def _local_gather(grid_local, u, shape, row0):
+def _local_gather(grid_local, u, shape, row0, axis=0):
     c = grid_local.shape[0]
-    rows = grid_local.shape[1]
+    rows = grid_local.shape[1 + axis]
     flat_grid = grid_local.reshape(c, -1)
     acc = u.new_zeros((u.shape[0], c)) + 0 * u.sum()
     if flat_grid.shape[1] == 0:
         return acc
-    for flat, wgt in _corners(u, shape, row0, rows):
+    for flat, wgt in _corners(u, shape, row0, rows, axis):
         acc = acc + flat_grid.index_select(1, flat).T * wgt[:, None]
     return acc
 
 
-def _local_scatter(values, u, shape, row0, rows):
+def _local_scatter(values, u, shape, row0, rows, axis=0):
     c = values.shape[1]
-    n_cells = rows * int(np.prod(shape[1:], dtype=np.int64))
+    local_shape = list(shape)
+    local_shape[axis] = rows
+    n_cells = int(np.prod(local_shape, dtype=np.int64))
     out = values.new_zeros((c, n_cells)) + 0 * (u.sum() + values.sum())
     if n_cells == 0:
-        return out.reshape(c, rows, *shape[1:])
-    for flat, wgt in _corners(u, shape, row0, rows):
+        return out.reshape(c, *local_shape)
+    for flat, wgt in _corners(u, shape, row0, rows, axis):
         out = out.index_add(1, flat, (values * wgt[:, None]).T)
-    return out.reshape(c, rows, *shape[1:])
+    return out.reshape(c, *local_shape)
 
 
-def _route(u, shape, sizes):
+def _route(u, shape, sizes, axis):
     """Destinations of every point: (order, send_counts, n_first) with the point list
     [all points -> owner of the lower row] + [straddling points -> owner of the upper row]."""
     lo, _ = _cell(u, shape)
     ends = torch.as_tensor(np.cumsum(sizes), device=u.device)
-    r0 = lo[:, 0].contiguous()
-    r1 = torch.clamp(r0 + 1, max=shape[0] - 1).contiguous()
+    r0 = lo[:, axis].contiguous()
+    r1 = torch.clamp(r0 + 1, max=shape[axis] - 1).contiguous()
     o0 = torch.searchsorted(ends, r0, right=True)
     o1 = torch.searchsorted(ends, r1, right=True)
     two = torch.nonzero(o1 != o0).flatten()
@@ -149,20 +153,22 @@ def grid_gather(
     mesh = gspec.mesh
     group = mesh.get_group(0)
     me = mesh.get_local_rank(0)
-    sd = gspec.mesh_dim_of(1)
-    others = [p for p in gspec.placements if isinstance(p, Shard) and p.dim != 1]
-    if others:
-        msg = "grid_gather: the grid must be sharded along its first spatial dim (dim 1) only"
+    split = [p.dim for p in gspec.placements if isinstance(p, Shard)]
+    if len(split) > 1 or (split and split[0] == 0):
+        msg = (f"grid_gather: the grid (C, *S) must be split along one spatial dim, got "
+               f"{gspec.describe()}")
         raise ValueError(msg)
+    axis = split[0] - 1 if split else 0
+    sd = gspec.mesh_dim_of(axis + 1)
     u = _index_coords(points._local, shape, origin, spacing)
     if sd is None:  # replicated grid: purely local
-        out = _local_gather(C.grad_all_reduce(grid._local, [group]), u, shape, 0)
+        out = _local_gather(C.grad_all_reduce(grid._local, [group]), u, shape, 0, 0)
     else:
         sizes = gspec.sizes[0]
-        pid, _, send_counts = _route(u, shape, sizes)
+        pid, _, send_counts = _route(u, shape, sizes, axis)
         recv_counts = _exchange_counts(send_counts, group, u.device)
         ru = C.all_to_all_v(u.index_select(0, pid), send_counts, recv_counts, group)
-        part = _local_gather(grid._local, ru, shape, int(sum(sizes[:me])))
+        part = _local_gather(grid._local, ru, shape, int(sum(sizes[:me])), axis)
         back = C.all_to_all_v(part, recv_counts, send_counts, group)
         out = u.new_zeros((u.shape[0], grid._local.shape[0])).index_add(0, pid, back)
     spec = ShardSpec(mesh, points._spec.placements, points._spec.sizes,
@@ -178,9 +184,11 @@ def grid_scatter(
     *,
     origin=0.0,
     spacing=1.0,
+    axis: int = 0,
 ) -> ShardTensor:
     """Trilinear splatting of ``values`` (N, C) at ``points`` (N, k) onto a grid
-    (C, *shape) sharded along its first spatial dim with ``sizes`` rows per rank.
+    (C, *shape) sharded along spatial dim ``axis`` (tensor dim ``axis + 1``) with ``sizes``
+    rows per rank.
 
     The adjoint of :func:`grid_gather`. Collective: every rank of the mesh must call this.
     """
@@ -191,20 +199,24 @@ def grid_scatter(
         msg = "grid_scatter: values must be a ShardTensor sharded exactly like points"
         raise ValueError(msg)
     sizes = tuple(int(s) for s in sizes)
-    if len(sizes) != mesh.size(0) or sum(sizes) != shape[0]:
-        msg = f"grid_scatter: sizes {sizes} must give one entry per rank summing to {shape[0]}"
+    if not 0 <= axis < len(shape):
+        msg = f"grid_scatter: axis={axis} must name one of the {len(shape)} spatial dims"
+        raise ValueError(msg)
+    if len(sizes) != mesh.size(0) or sum(sizes) != shape[axis]:
+        msg = (f"grid_scatter: sizes {sizes} must give one entry per rank summing to "
+               f"{shape[axis]}")
         raise ValueError(msg)
     group = mesh.get_group(0)
     me = mesh.get_local_rank(0)
     u = _index_coords(points._local, shape, origin, spacing)
     vals = values._local
-    pid, _, send_counts = _route(u, shape, sizes)
+    pid, _, send_counts = _route(u, shape, sizes, axis)
     recv_counts = _exchange_counts(send_counts, group, u.device)
     payload = torch.cat([u.index_select(0, pid), vals.index_select(0, pid).to(u.dtype)], 1)
     recv = C.all_to_all_v(payload, send_counts, recv_counts, group)
     k = len(shape)
     out = _local_scatter(recv[:, k:].to(vals.dtype), recv[:, :k], shape, int(sum(sizes[:me])),
-                         sizes[me])
+                         sizes[me], axis)
     c = vals.shape[1]
-    spec = ShardSpec(mesh, (Shard(1),), (sizes,), torch.Size([c, *shape]))
+    spec = ShardSpec(mesh, (Shard(axis + 1),), (sizes,), torch.Size([c, *shape]))
     return ShardTensor(out, spec)

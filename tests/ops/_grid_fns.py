@@ -50,7 +50,7 @@ def _grad(leaf):
     return torch.zeros_like(leaf) if leaf.grad is None else leaf.grad.clone()
 
 
-def run(rank, world_size, grid_sizes, point_sizes):
+def run(rank, world_size, grid_sizes, point_sizes, axis=0):
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.ops.grid import grid_gather, grid_scatter
@@ -59,10 +59,10 @@ def run(rank, world_size, grid_sizes, point_sizes):
     mesh = init_device_mesh("cpu", (world_size,))
     grid, pts, vals = _data(sum(point_sizes))
     goff, poff = sum(grid_sizes[:rank]), sum(point_sizes[:rank])
-    gl = grid[:, goff : goff + grid_sizes[rank]].clone().requires_grad_()
+    gl = grid.narrow(1 + axis, goff, grid_sizes[rank]).clone().requires_grad_()
     pl = pts[poff : poff + point_sizes[rank]].clone().requires_grad_()
     vl = vals[poff : poff + point_sizes[rank]].clone().requires_grad_()
-    G = from_local(gl, mesh, [Shard(1)], grid_sizes)
+    G = from_local(gl, mesh, [Shard(1 + axis)], grid_sizes)
     P = from_local(pl, mesh, [Shard(0)], point_sizes)
     V = from_local(vl, mesh, [Shard(0)], point_sizes)
     rg, rp, rv = (t.clone().requires_grad_() for t in (grid, pts, vals))
@@ -70,7 +70,7 @@ def run(rank, world_size, grid_sizes, point_sizes):
     R2 = torch.randn(2, *S, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     # forward
     got_g = grid_gather(G, P, origin=1.0, spacing=0.5)
-    got_s = grid_scatter(P, V, S, grid_sizes, origin=1.0, spacing=0.5)
+    got_s = grid_scatter(P, V, S, grid_sizes, origin=1.0, spacing=0.5, axis=axis)
     want_g, want_s = ref_gather(rg, rp), ref_scatter(rp, rv)
     report = {"gather": (got_g.full_tensor().detach(), want_g.detach()),
               "scatter": (got_s.full_tensor().detach(), want_s.detach()),
@@ -78,7 +78,7 @@ def run(rank, world_size, grid_sizes, point_sizes):
     ((got_g.full_tensor() * R1).sum() + (got_s.full_tensor() * R2).sum()).backward()
     ((want_g * R1).sum() + (want_s * R2).sum()).backward()
     sl_p = slice(poff, poff + point_sizes[rank])
-    report["grid.grad"] = (_grad(gl), rg.grad[:, goff : goff + grid_sizes[rank]])
+    report["grid.grad"] = (_grad(gl), rg.grad.narrow(1 + axis, goff, grid_sizes[rank]))
     report["points.grad"] = (_grad(pl), rp.grad[sl_p])
     report["values.grad"] = (_grad(vl), rv.grad[sl_p])
     # a replicated grid works too (purely local reads, gradient summed over ranks)
