@@ -16,10 +16,13 @@ from meshshard.ops.api import (
     radius_graph,
     scatter_to_owners,
 )
+from meshshard.ops.grid import grid_gather, grid_scatter
 
 __all__ = [
     "WITH_CLUSTER",
     "gather_neighbors",
+    "grid_gather",
+    "grid_scatter",
     "halo_exchange",
     "knn",
     "knn_graph",

@@ -421,7 +421,9 @@ def pointwise_apply(func, args, kwargs):
     tensors = [flat[i] for i in tensor_pos]
     inplace_target = None
     name = getattr(func, "__name__", "")
-    if (name.endswith("_") and not name.endswith("__")) or name.startswith("__i"):
+    if (name.endswith("_") and not name.endswith("__")) or (
+        name.startswith("__i") and name != "__invert__"  # ~x is not in-place
+    ):
         if args and isinstance(args[0], ShardTensor):
             inplace_target = args[0]
     # reduce Partials that cannot pass through

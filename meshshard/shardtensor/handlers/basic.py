@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import Partial, Replicate
 
-from meshshard.shardtensor._dispatch import reduce_partials, wrap
+from meshshard.shardtensor._dispatch import pointwise_apply, reduce_partials, wrap
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler
 
@@ -152,3 +152,18 @@ def _format(x, spec):
     if x._local.numel() == 1 and x._spec.is_replicated():
         return x._local.item().__format__(spec)
     return repr(x)
+
+
+
+def _masked_fill_rule(fn):
+    """Elementwise with broadcasting (aten does not tag it pointwise): e.g. the additive masks
+    ``F._canonical_mask`` builds inside ``nn.MultiheadAttention``."""
+
+    def handler(x, mask, value):
+        return pointwise_apply(fn, (x, mask, value), {})
+
+    return handler
+
+
+for _f in (torch.Tensor.masked_fill, torch.Tensor.masked_fill_, torch.masked_fill):
+    register_handler(_f)(_masked_fill_rule(_f))

@@ -12,6 +12,7 @@ from meshshard.collective_check import check_collective
 from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor._dispatch import (
     LayoutError,
+    align_sizes,
     check_same_mesh,
     reduce_partials,
     replicated_local,
@@ -67,6 +68,12 @@ def _cat(tensors, dim=0, *, out=None):
     tensors = list(tensors)
     nd = len(_gshape(tensors[0]))
     d = dim + nd if dim < 0 else dim
+    if not any(isinstance(t, ShardTensor) and t._spec.mesh_dim_of(d) is not None
+               for t in tensors):
+        # same sharded dim, different uneven sizes (a UNet skip vs its upsampled twin): move
+        # rows to the first operand's layout (differentiable, collective) instead of failing
+        tensors = [align_sizes(t, tensors, nd) if isinstance(t, ShardTensor) else t
+                   for t in tensors]
     mesh, tensors, placements, sizes = _layout_of(tensors, skip_dim=d, name="cat")
     shape = list(_gshape(tensors[0]))
     shape[d] = sum(int(_gshape(t)[d]) for t in tensors)

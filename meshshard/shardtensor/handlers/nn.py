@@ -1,5 +1,5 @@
-"""softmax / log_softmax, layer_norm, group_norm, normalize, scaled_dot_product_attention, and
-dim-wise ops (cumsum, sort, topk) along unsharded dims."""
+"""softmax / log_softmax, layer_norm, group_norm, normalize, and dim-wise ops (cumsum, sort,
+topk) along unsharded dims. Attention lives in :mod:`.attention`."""
 
 from __future__ import annotations
 
@@ -7,17 +7,16 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Shard
 
 from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor._dispatch import (
     LayoutError,
-    check_same_mesh,
     reduce_partials,
     replicated_local,
     wrap,
 )
-from meshshard.shardtensor.api import ShardTensor
+from meshshard.shardtensor.handlers.grid._globalnorm import global_norm
 from meshshard.shardtensor.handlers.reductions import _extreme_local
 from meshshard.shardtensor.registry import register_handler
 from meshshard.shardtensor.spec import ShardSpec
@@ -116,31 +115,21 @@ def _group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
         msg = "group_norm with the channel dim sharded is not supported: redistribute channels"
         raise LayoutError(msg)
     mesh_dims = [i for i, p in enumerate(spec.placements) if isinstance(p, Shard) and p.dim >= 2]
-    shape_c = [1] * spec.ndim
-    shape_c[1] = spec.shape[1]
     w = None if weight is None else replicated_local(weight, spec, {})
     b = None if bias is None else replicated_local(bias, spec, {})
     if not mesh_dims:
         return wrap(F.group_norm(x._local, num_groups, w, b, eps), spec)
     local = x._local
     n_loc, c = local.shape[0], local.shape[1]
-    rest = local.shape[2:]
-    g = local.reshape(n_loc, num_groups, c // num_groups, *rest)
-    gspec_shape = (spec.shape[0], num_groups, c // num_groups, *spec.shape[2:])
-    gspec = ShardSpec(
-        spec.mesh,
-        tuple(Shard(p.dim + 1) if isinstance(p, Shard) and p.dim >= 2 else p
-              for p in spec.placements),
-        spec.sizes,
-        torch.Size(gspec_shape),
-    )
+    g = local.reshape(n_loc, num_groups, c // num_groups, *local.shape[2:])
     dims = tuple(range(2, g.ndim))
-    mean, var = _global_stats(g, dims, gspec, mesh_dims)
-    y = ((g - mean) / torch.sqrt(var + eps)).reshape(local.shape)
-    if w is not None:
-        y = y * w.reshape(shape_c)
-    if b is not None:
-        y = y + b.reshape(shape_c)
+    n = (c // num_groups) * math.prod(spec.shape[2:])
+    gshape = [1] * g.ndim
+    gshape[1], gshape[2] = num_groups, c // num_groups
+    groups = [spec.mesh.get_group(i) for i in mesh_dims]
+    y, _, _ = global_norm(g, dims, groups, n, eps, None if w is None else w.reshape(gshape),
+                          None if b is None else b.reshape(gshape))
+    y = y.reshape(local.shape)
     return wrap(y, spec)
 
 
@@ -153,51 +142,6 @@ def _normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
         return wrap(F.normalize(x._local, p=p, dim=d, eps=eps), spec)
     n = torch.linalg.vector_norm(x, p, d, keepdim=True)
     return x / n.clamp_min(eps)
-
-
-@register_handler(F.scaled_dot_product_attention)
-def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
-    """Replicated q/k/v: computed locally. Query rows sharded (any dim but the last), keys and
-    values replicated: each rank attends its queries to all keys (exact). Keys sharded along
-    the sequence: not supported (would need ring attention) -> clear error."""
-    ops = [t for t in (query, key, value, attn_mask) if isinstance(t, ShardTensor)]
-    mesh = check_same_mesh(ops)
-    query, key, value = (reduce_partials(t) if isinstance(t, ShardTensor) else t
-                         for t in (query, key, value))
-    qspec = query._spec if isinstance(query, ShardTensor) else None
-    nd = len(query.shape)
-    for t, nm in ((key, "key"), (value, "value")):
-        if isinstance(t, ShardTensor):
-            for i, p in enumerate(t._spec.placements):
-                if isinstance(p, Shard):
-                    qp = qspec.placements[i] if qspec else Replicate()
-                    if p.dim >= nd - 2 or qp != p or qspec.sizes[i] != t._spec.sizes[i]:
-                        msg = (
-                            f"scaled_dot_product_attention: {nm} is sharded along dim {p.dim}; "
-                            "keys/values must be replicated (or sharded like the query on a "
-                            "batch/head dim). Redistribute them with .redistribute([Replicate()])"
-                        )
-                        raise LayoutError(msg)
-    if qspec is None:
-        qspec = ShardSpec(mesh, tuple(Replicate() for _ in range(mesh.ndim)),
-                          (None,) * mesh.ndim, torch.Size(query.shape))
-    if is_causal and any(isinstance(p, Shard) and p.dim == nd - 2 for p in qspec.placements):
-        msg = "is_causal with query rows sharded is not supported; pass an explicit attn_mask"
-        raise NotImplementedError(msg)
-    ql = query._local if isinstance(query, ShardTensor) else query
-    kl = replicated_local(key, qspec, {}) if not (isinstance(key, ShardTensor) and not
-                                                   key._spec.is_replicated()) else key._local
-    vl = replicated_local(value, qspec, {}) if not (isinstance(value, ShardTensor) and not
-                                                     value._spec.is_replicated()) else value._local
-    ml = attn_mask
-    if isinstance(attn_mask, ShardTensor):
-        ml = attn_mask._local
-    out = F.scaled_dot_product_attention(
-        ql, kl, vl, attn_mask=ml, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw
-    )
-    oshape = list(qspec.shape)
-    oshape[-1] = value.shape[-1]
-    return wrap(out, qspec.with_changes(shape=torch.Size(oshape)))
 
 
 def _dimwise(fn, name, shape_fn=None):

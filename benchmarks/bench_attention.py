@@ -1,0 +1,148 @@
+"""Ring attention: one fwd+bwd step of ``F.scaled_dot_product_attention`` over N point tokens
+(B=1, 4 heads, head dim 64, fp32), one process (torch's own CPU flash SDPA, 1 and 2 threads)
+against 2 and 4 gloo ranks (1 thread each) on token-sharded ShardTensors.
+
+Every configuration runs in freshly spawned processes; each rank resets its resident-memory
+high-water mark (``/proc/self/clear_refs``) just before the step and reads ``VmHWM`` after it.
+Reported per configuration:
+
+- ``wall s``: step time (slowest rank; ranks start together after a barrier);
+- ``cpu s``: CPU seconds of the step summed over the ranks (and their threads) -- on a shared
+  machine the wall time is noisy, the CPU time less so;
+- ``peak MiB``: per-rank peak RSS growth during the step over the RSS just before it (inputs
+  are allocated before), the largest over the ranks; and ``rss MiB``: the largest total peak RSS;
+- ``sent MiB``: bytes each rank sent through the ring (measured by ``meshshard.shardtensor.ring``).
+
+Targets (issue 12): at >= 32k tokens, per-rank peak attention memory <= 1.25/P of one process,
+and 2 ranks <= 0.65x the one-process (1 thread) step time.
+
+    python benchmarks/bench_attention.py                          # 8k, 32k
+    python benchmarks/bench_attention.py --tokens 8192 --configs 1x1,2x1
+    python benchmarks/bench_attention.py --tokens 131072 --configs 2x1,4x1   # long
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import time
+
+import torch
+
+from meshshard.testing import run_ranks
+
+HEADS, HEAD_DIM = 4, 64
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _reset_peak() -> None:
+    """Reset this process's RSS high-water mark (Linux >= 4.0: VmHWM := current RSS)."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
+def _peak_mib() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _inputs(n_local: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, HEADS, n_local, HEAD_DIM, generator=g) for _ in range(4)]
+
+
+def _one_step(mesh, sizes, rank) -> None:
+    import torch.nn.functional as F
+
+    from meshshard.shardtensor import Shard, from_local
+
+    q, k, v, g = _inputs(sizes[rank], seed=rank)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    if mesh is None:
+        F.scaled_dot_product_attention(q, k, v).backward(g)
+        return
+    qs, ks, vs = (from_local(t, mesh, [Shard(2)], sizes, validate=False) for t in (q, k, v))
+    F.scaled_dot_product_attention(qs, ks, vs).to_local().backward(g)
+
+
+def step(rank, world_size, n, threads):
+    """One fwd+bwd step on this rank's share of ``n`` tokens; returns its measurements."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    from meshshard.shardtensor import Shard, from_local
+    from meshshard.shardtensor.ring import bytes_sent, reset_bytes_sent
+    from meshshard.shardtensor.spec import even_sizes
+
+    mesh = None
+    if world_size > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world_size,))
+    _one_step(mesh, even_sizes(64 * world_size, world_size), rank)  # warm-up: first-call costs
+    sizes = even_sizes(n, world_size)
+    q, k, v, g = _inputs(sizes[rank], seed=rank)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    if world_size > 1:
+        qs, ks, vs = (from_local(t, mesh, [Shard(2)], sizes, validate=False) for t in (q, k, v))
+        dist.barrier()
+    reset_bytes_sent()
+    _reset_peak()
+    rss0 = _rss_mib()
+    t0, c0 = time.perf_counter(), time.process_time()
+    if world_size > 1:
+        out = F.scaled_dot_product_attention(qs, ks, vs).to_local()
+    else:
+        out = F.scaled_dot_product_attention(q, k, v)
+    out.backward(g)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if world_size > 1:
+        dist.barrier()
+    assert q.grad is not None and k.grad is not None and v.grad is not None
+    return {"wall": wall, "cpu": cpu, "peak": _peak_mib() - rss0, "rss": _peak_mib(),
+            "sent": bytes_sent() / 2**20}
+
+
+def run(n: int, ranks: int, threads: int) -> dict:
+    res = run_ranks(step, ranks, n, threads, threads=threads, timeout=3600)
+    return {"wall": max(r["wall"] for r in res), "cpu": sum(r["cpu"] for r in res),
+            "peak": max(r["peak"] for r in res), "rss": max(r["rss"] for r in res),
+            "sent": max(r["sent"] for r in res)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="8192,32768", help="comma-separated token counts")
+    ap.add_argument("--configs", default="1x1,1x2,2x1,4x1",
+                    help="ranks x threads per rank, comma-separated")
+    a = ap.parse_args(argv)
+    configs = [tuple(int(v) for v in c.split("x")) for c in a.configs.split(",")]
+    print(f"torch {torch.__version__}, {os.cpu_count()} cpus; B=1 H={HEADS} E={HEAD_DIM} fp32")
+    print(f"{'tokens':>7} {'config':>14} {'wall s':>8} {'cpu s':>8} {'peak MiB':>9} "
+          f"{'rss MiB':>8} {'sent MiB':>9} {'wall/1p1t':>9} {'peak/1p1t':>9}")
+    for n in (int(float(t)) for t in a.tokens.split(",")):
+        base = None
+        for ranks, threads in configs:
+            r = run(n, ranks, threads)
+            if (ranks, threads) == (1, 1):
+                base = r
+            name = f"{ranks} rank{'s' if ranks > 1 else ''} x {threads}t"
+            rw = f"{r['wall'] / base['wall']:.2f}" if base else "-"
+            rp = f"{r['peak'] / base['peak']:.2f}" if base else "-"
+            print(f"{n:>7} {name:>14} {r['wall']:>8.2f} {r['cpu']:>8.2f} {r['peak']:>9.1f} "
+                  f"{r['rss']:>8.0f} {r['sent']:>9.1f} {rw:>9} {rp:>9}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,398 @@
+"""Exact attention over key/value blocks held by different ranks (ring attention), on local
+tensors, forward and backward.
+
+Each rank keeps its query rows. Key/value blocks travel round the ring of the group in ``P - 1``
+shifts; each shift is started before the block in hand is computed, so transfer and compute
+overlap. Block results are merged exactly with the log-sum-exp (online softmax). No rank holds
+K/V at full size or a score matrix larger than (local queries) x (one block); with torch's CPU
+flash kernel the block itself is tiled, so not even that.
+
+Backward saves only ``q, k, v, out, lse``. It recomputes each block's probabilities from the
+global log-sum-exp, accumulates ``dq`` locally, and sends the ``dk``/``dv`` partial sums round the
+ring behind the blocks (they start at the owner's successor), so that after ``P - 1`` shifts each
+owner holds the exact gradient of its rows
+(the flash backward of one block, given the *global* ``out`` and ``lse``, is that block's exact
+share of the gradient).
+
+Three modes (:class:`AttnPlan`): ``"ring"`` (queries and keys sharded on the same group),
+``"local"`` (keys and values whole on this rank) and ``"merge"`` (queries whole on every rank,
+keys sharded: each rank attends to its own block and the results are merged by log-sum-exp with
+two all-reduces; backward all-reduces ``dq``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from meshshard.shardtensor.ring import Ring
+
+__all__ = ["AttnPlan", "attention"]
+
+# torch's CPU flash kernels return / take the log-sum-exp (private ops: fall back to plain torch
+# math, tiled over query rows, where they are missing, on other devices or when Ev != E)
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_TAG_KV, _TAG_ACC = 11, 12
+_MATH_TILE = 1 << 22  # score elements per tile of the plain-torch fallback
+KV_CHUNK_ROWS = 2048  # key rows per rank per ring pass (bounds the transient buffers)
+
+
+@dataclass(frozen=True)
+class AttnPlan:
+    """What one rank needs to know to compute its share of attention.
+
+    Attributes
+    ----------
+    mode : {"ring", "local", "merge"}
+    ring : Ring
+        The group that holds the key/value blocks (size 1 for ``"local"``).
+    kv_sizes : tuple of int
+        Key rows of every ring rank, in ring order (``(Lk,)`` for ``"local"``).
+    q_offset : int
+        Global index of this rank's first query row (for ``causal``).
+    mask : Tensor or None
+        Additive mask (query dtype) of shape broadcastable to ``(B, H, Lq_local, Lk_global)``:
+        rows are this rank's query rows (or 1), columns are *all* keys in global order.
+    causal : bool
+        Key ``j`` is visible to query ``i`` iff ``j <= i`` in global indices (torch's top-left
+        ``is_causal`` convention).
+    scale : float
+    gqa_groups : int
+        Query heads per key/value head (1 without grouped heads).
+    """
+
+    mode: str
+    ring: Ring
+    kv_sizes: tuple
+    q_offset: int
+    mask: torch.Tensor | None
+    causal: bool
+    scale: float
+    gqa_groups: int = 1
+
+    def kv_offset(self, owner: int) -> int:
+        return int(sum(self.kv_sizes[:owner]))
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttnPlan) -> torch.Tensor:
+    """``softmax(q k^T * scale + mask) v`` for this rank's queries over every rank's keys.
+
+    ``q``: (B, H, Lq, E); ``k``: (B, H / gqa_groups, n, E); ``v``: (B, H / gqa_groups, n, Ev),
+    this rank's pieces. Differentiable (exact gradients for q, k and v; the mask gets none).
+
+    Collective over ``plan.ring`` (forward and backward) in modes ``"ring"`` and ``"merge"``:
+    every rank of the group must call it with plans that agree.
+    """
+    return _Attention.apply(q, k, v, plan)
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, plan):
+        with torch.no_grad():
+            out, lse = _forward(q.detach(), k.detach(), v.detach(), plan)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(dout.contiguous(), q, k, v, out, lse, ctx.plan)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+
+# ---------------------------------------------------------------------------- one block
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _block_mask(plan: AttnPlan, mask, q_len: int, k0: int, n: int, like: torch.Tensor):
+    """(additive mask or None, kernel causal flag, skip) for keys ``[k0, k0 + n)``."""
+    m = None if mask is None else mask[..., k0 : k0 + n]
+    if not plan.causal:
+        return m, False, False
+    q0 = plan.q_offset
+    if k0 > q0 + q_len - 1:
+        return None, False, True  # every key comes after every query
+    if k0 + n - 1 <= q0:
+        return m, False, False  # every key visible
+    if k0 == q0 and m is None:
+        return None, True, False  # same origin: the kernel's top-left causal mask is exact
+    qi = torch.arange(q0, q0 + q_len, device=like.device)[:, None]
+    kj = torch.arange(k0, k0 + n, device=like.device)[None, :]
+    c = torch.zeros((q_len, n), dtype=like.dtype, device=like.device)
+    c = c.masked_fill(kj > qi, float("-inf"))
+    return (c if m is None else m + c), False, False
+
+
+def _expand(t: torch.Tensor, groups: int) -> torch.Tensor:
+    return t if groups == 1 else t.repeat_interleave(groups, dim=1)
+
+
+def _fold(g: torch.Tensor, groups: int) -> torch.Tensor:
+    if groups == 1:
+        return g
+    b, h, n, e = g.shape
+    return g.view(b, h // groups, groups, n, e).sum(2)
+
+
+def _use_flash(q, v) -> bool:
+    return (_FLASH is not None and _FLASH_BWD is not None and q.dtype in _FLASH_DTYPES
+            and q.shape[-1] == v.shape[-1] and q.device.type == "cpu")
+
+
+def _scores(q, k, m, causal, scale, acc, r0):
+    s = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale
+    if m is not None:
+        s = s + (m if m.shape[-2] == 1 else m[..., r0 : r0 + q.shape[-2], :]).to(acc)
+    if causal:
+        i = torch.arange(r0, r0 + q.shape[-2], device=q.device)[:, None]
+        j = torch.arange(k.shape[-2], device=q.device)[None, :]
+        s = s.masked_fill(j > i, float("-inf"))
+    return s
+
+
+def _row_tiles(q_len: int, per_row: int):
+    step = max(1, _MATH_TILE // max(per_row, 1))
+    return range(0, q_len, step), step
+
+
+def _block_fwd(q, k, v, m, causal, scale):
+    """(out, lse) of ``q`` over one key block, in the accumulation dtype."""
+    acc = _acc_dtype(q.dtype)
+    if _use_flash(q, v):
+        mk = None if m is None else m.to(q.dtype)
+        out, lse = _FLASH(q, k, v, 0.0, causal, attn_mask=mk, scale=scale)
+        out, lse = out.to(acc), lse.to(acc)
+    else:
+        b, h, lq, _ = q.shape
+        out = q.new_empty((b, h, lq, v.shape[-1]), dtype=acc)
+        lse = q.new_empty((b, h, lq), dtype=acc)
+        starts, step = _row_tiles(lq, b * h * k.shape[-2])
+        for r0 in starts:
+            s = _scores(q[..., r0 : r0 + step, :], k, m, causal, scale, acc, r0)
+            t = torch.logsumexp(s, dim=-1)
+            p = torch.exp(s - torch.where(torch.isneginf(t), 0, t)[..., None])
+            out[..., r0 : r0 + step, :] = torch.matmul(p, v.to(acc))
+            lse[..., r0 : r0 + step] = t
+    if m is not None:  # rows that see no key of this block: weight 0 in the merge
+        dead = torch.isneginf(m).all(dim=-1).expand(lse.shape)
+        lse = lse.masked_fill(dead, float("-inf"))
+        out = out.masked_fill(dead[..., None], 0.0)
+    return out, lse
+
+
+def _block_bwd(do, q, k, v, out, lse, m, causal, scale):
+    """This block's exact share (dq, dk, dv), given the global ``out`` and ``lse``."""
+    if _use_flash(q, v):
+        mk = None if m is None else m.to(q.dtype)
+        return _FLASH_BWD(do, q, k, v, out, lse, 0.0, causal, attn_mask=mk, scale=scale)
+    acc = _acc_dtype(q.dtype)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dk = torch.zeros(k.shape, dtype=acc, device=q.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+    ka, va = k.to(acc), v.to(acc)
+    starts, step = _row_tiles(q.shape[-2], q.shape[0] * q.shape[1] * k.shape[-2])
+    for r0 in starts:
+        sl = slice(r0, r0 + step)
+        qt, dot = q[..., sl, :].to(acc), do[..., sl, :].to(acc)
+        s = _scores(qt, ka, m, causal, scale, acc, r0)
+        p = torch.exp(s - lse[..., sl, None].to(acc))
+        dv += torch.matmul(p.transpose(-1, -2), dot)
+        dp = torch.matmul(dot, va.transpose(-1, -2))
+        dd = (dot * out[..., sl, :].to(acc)).sum(-1, keepdim=True)
+        ds = p * (dp - dd) * scale
+        dq[..., sl, :] = torch.matmul(ds, ka)
+        dk += torch.matmul(ds.transpose(-1, -2), qt)
+    return dq, dk, dv
+
+
+def _merge_(out, lse, o_b, lse_b) -> None:
+    """In place: (out, lse) <- exact log-sum-exp merge of (out, lse) and (o_b, lse_b)."""
+    new = torch.logaddexp(lse, lse_b)
+    safe = torch.where(torch.isneginf(new), 0, new)
+    out.mul_(torch.exp(lse - safe)[..., None]).add_(o_b.mul_(torch.exp(lse_b - safe)[..., None]))
+    lse.copy_(new)
+
+
+# ---------------------------------------------------------------------------- passes
+def _pack(*ts: torch.Tensor) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in ts])
+
+
+def _kv_shapes(k, v, n):
+    """Shapes of one pass's key and value block (one key/value head, ``n`` rows)."""
+    return [(k.shape[0], 1, n, k.shape[-1]), (v.shape[0], 1, n, v.shape[-1])]
+
+
+def _numel(shapes) -> int:
+    return sum(math.prod(s) for s in shapes)
+
+
+def _unpack(buf: torch.Tensor, shapes):
+    out, at = [], 0
+    for s in shapes:
+        n = math.prod(s)
+        out.append(buf[at : at + n].view(s))
+        at += n
+    return out
+
+
+def _split_sizes(n: int, parts: int) -> list[int]:
+    base, extra = divmod(n, parts)
+    return [base + (1 if r < extra else 0) for r in range(parts)]
+
+
+def _passes(plan: AttnPlan, k: torch.Tensor):
+    """Independent ring passes: one per key/value head and key chunk, so that every transient
+    buffer (blocks in flight, block results, gradient partial sums) is a fraction of the
+    local K/V. Yields (query head slice, kv head, key chunk slice of the local rows, per-owner
+    chunk sizes, per-owner global chunk starts)."""
+    sizes = (k.shape[-2],) if plan.mode == "local" else tuple(plan.kv_sizes)
+    chunks = max(1, -(-max(sizes, default=0) // KV_CHUNK_ROWS))
+    split = [_split_sizes(n, chunks) for n in sizes]
+    me = 0 if plan.mode == "local" else plan.ring.rank
+    g = plan.gqa_groups
+    for h in range(k.shape[1]):
+        for c in range(chunks):
+            sub = tuple(sp[c] for sp in split)
+            starts = tuple((0 if plan.mode == "local" else plan.kv_offset(o)) + sum(sp[:c])
+                           for o, sp in enumerate(split))
+            lo = sum(split[me][:c])
+            yield slice(h * g, (h + 1) * g), h, slice(lo, lo + sub[me]), sub, starts
+
+
+def _owners(plan: AttnPlan) -> list[int]:
+    if plan.mode == "ring":
+        return [plan.ring.owner(s) for s in range(plan.ring.size)]
+    return [0 if plan.mode == "local" else plan.ring.rank]
+
+
+def _head_mask(plan: AttnPlan, hs: slice):
+    m = plan.mask
+    if m is None or m.shape[1] == 1:
+        return m
+    return m[:, hs]
+
+
+# ---------------------------------------------------------------------------- forward
+def _forward(q, k, v, plan: AttnPlan):
+    acc = _acc_dtype(q.dtype)
+    b, h, lq, _ = q.shape
+    out = torch.zeros((b, h, lq, v.shape[-1]), dtype=acc, device=q.device)
+    lse = torch.full((b, h, lq), float("-inf"), dtype=acc, device=q.device)
+    ring_mode = plan.mode == "ring"
+    owners = _owners(plan)
+    for hs, hk, rows, sub, starts in _passes(plan, k):
+        qh, oh, lh = q[:, hs], out[:, hs], lse[:, hs]
+        mask = _head_mask(plan, hs)
+        kv = (k[:, hk : hk + 1, rows], v[:, hk : hk + 1, rows])
+        cur = _pack(*kv) if ring_mode else None
+        for s, o in enumerate(owners):
+            n = sub[o]
+            pend = None
+            if ring_mode and s < len(owners) - 1:
+                n_next = sub[owners[s + 1]]
+                pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
+                                       dtype=k.dtype, device=k.device, tag=_TAG_KV)
+            m, kc, skip = _block_mask(plan, mask, lq, starts[o], n, q)
+            if lq and n and not skip:
+                kb, vb = _unpack(cur, _kv_shapes(k, v, n)) if ring_mode else kv
+                kb, vb = _expand(kb, plan.gqa_groups), _expand(vb, plan.gqa_groups)
+                o_b, lse_b = _block_fwd(qh, kb, vb, m, kc, plan.scale)
+                _merge_(oh, lh, o_b, lse_b)
+                del o_b, lse_b
+            if pend is not None:
+                cur = pend.wait()
+                del pend
+    if plan.mode == "merge" and plan.ring.size > 1:
+        out, lse = _merge_across(out, lse, plan.ring.group)
+    return out, lse
+
+
+def _merge_across(out, lse, group):
+    """Exact log-sum-exp merge of every rank's (out, lse) for the same queries."""
+    top = lse.clone()
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    top = torch.where(torch.isneginf(top), 0, top)
+    total = torch.exp(lse - top)
+    dist.all_reduce(total, group=group)
+    glse = torch.log(total) + top
+    safe = torch.where(torch.isneginf(glse), 0, glse)
+    out = (out * torch.exp(lse - safe)[..., None]).contiguous()
+    dist.all_reduce(out, group=group)
+    return out, glse
+
+
+# ---------------------------------------------------------------------------- backward
+def _backward(do, q, k, v, out, lse, plan: AttnPlan):
+    acc = _acc_dtype(q.dtype)
+    lq = q.shape[-2]
+    lse = torch.where(torch.isneginf(lse), 0, lse)  # rows with no visible key: p = 0
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dk = torch.zeros(k.shape, dtype=acc, device=q.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+    ring_mode = plan.mode == "ring"
+    owners = _owners(plan)
+    g = plan.gqa_groups
+    for hs, hk, rows, sub, starts in _passes(plan, k):
+        qh, doh, outh, lseh, dqh = q[:, hs], do[:, hs], out[:, hs], lse[:, hs], dq[:, hs]
+        mask = _head_mask(plan, hs)
+        kv = (k[:, hk : hk + 1, rows], v[:, hk : hk + 1, rows])
+        cur = _pack(*kv) if ring_mode else None
+        acc_pend = None
+        for s, o in enumerate(owners):
+            n = sub[o]
+            shapes = _kv_shapes(k, v, n)
+            n_next = sub[owners[(s + 1) % len(owners)]]
+            kv_pend = None
+            if ring_mode and s < len(owners) - 1:
+                kv_pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
+                                          dtype=k.dtype, device=k.device, tag=_TAG_KV)
+            m, kc, skip = _block_mask(plan, mask, lq, starts[o], n, q)
+            dk_b = dv_b = None
+            if lq and n and not skip:
+                kb, vb = _unpack(cur, shapes) if ring_mode else kv
+                kb, vb = _expand(kb, g), _expand(vb, g)
+                dq_b, dk_b, dv_b = _block_bwd(doh, qh, kb, vb, outh, lseh, m, kc, plan.scale)
+                dqh += dq_b
+                del dq_b
+                dk_b, dv_b = _fold(dk_b, g), _fold(dv_b, g)
+            if ring_mode and s == 0:  # own block: kept here, added to what comes back
+                own = (dk_b, dv_b)
+            elif ring_mode:  # the partial sums start at the next rank and end at the owner
+                buf = (torch.zeros(_numel(shapes), dtype=acc, device=q.device) if s == 1
+                       else acc_pend.wait())
+                if dk_b is not None:
+                    ak, av = _unpack(buf, shapes)
+                    ak += dk_b
+                    av += dv_b
+                acc_pend = plan.ring.shift(buf if n else None, _numel(_kv_shapes(k, v, n_next)),
+                                           dtype=acc, device=q.device, tag=_TAG_ACC)
+                del buf
+            elif dk_b is not None:
+                dk[:, hk : hk + 1, rows] = dk_b
+                dv[:, hk : hk + 1, rows] = dv_b
+            del dk_b, dv_b
+            if kv_pend is not None:
+                cur = kv_pend.wait()
+                del kv_pend
+        if ring_mode:
+            if own[0] is not None:
+                dk[:, hk : hk + 1, rows] = own[0]
+                dv[:, hk : hk + 1, rows] = own[1]
+            if acc_pend is not None:
+                rk, rv = _unpack(acc_pend.wait(), _kv_shapes(k, v, rows.stop - rows.start))
+                dk[:, hk : hk + 1, rows] += rk
+                dv[:, hk : hk + 1, rows] += rv
+            own = acc_pend = None
+    if plan.mode == "merge" and plan.ring.size > 1:
+        dist.all_reduce(dq, group=plan.ring.group)
+    return dq, dk, dv

@@ -1,0 +1,272 @@
+"""Rank functions for the ring-attention oracle tests (run inside real gloo ranks).
+
+Each case builds the same full inputs on every rank (fixed seeds), shards them as the case
+says, runs ``F.scaled_dot_product_attention`` on ShardTensors and on the full tensors, and
+compares the output and the gradients of q, k and v with the single-process result.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+TOL = {torch.float64: (1e-10, 1e-12), torch.float32: (1e-5, 2e-6)}
+
+
+def _split(full, dim, sizes, rank):
+    return full.narrow(dim, sum(sizes[:rank]), sizes[rank])
+
+
+def _shard(full, dim, sizes, rank, mesh):
+    """A leaf (the local piece, or the full tensor when ``sizes`` is None) and its ShardTensor."""
+    from meshshard.shardtensor import Replicate, Shard, from_local
+
+    if sizes is None:
+        leaf = full.clone().requires_grad_(full.dtype.is_floating_point)
+        return leaf, from_local(leaf, mesh, [Replicate()])
+    leaf = _split(full, dim, sizes, rank).clone().requires_grad_(full.dtype.is_floating_point)
+    return leaf, from_local(leaf, mesh, [Shard(dim)], sizes)
+
+
+def _inputs(c):
+    g = torch.Generator().manual_seed(c.get("seed", 3))
+    dt = c.get("dtype", torch.float64)
+    B, H, E = c.get("B", 2), c.get("H", 2), c.get("E", 8)
+    Hk = c.get("Hk", H)
+    Lq, Lk = sum(c["q"]) if c["q"] else c["Lq"], sum(c["kv"]) if c["kv"] else c["Lk"]
+    Ev = c.get("Ev", E)
+    q = torch.randn(B, H, Lq, E, generator=g, dtype=dt)
+    k = torch.randn(B, Hk, Lk, E, generator=g, dtype=dt)
+    v = torch.randn(B, Hk, Lk, Ev, generator=g, dtype=dt)
+    mask = None
+    kind = c.get("mask")
+    if kind in ("bool_rows", "bool_rep"):
+        mask = torch.rand(B, 1, Lq, Lk, generator=g) > 0.3
+        mask[..., 0] = True  # every query sees one key (torch and we agree anyway; see dead)
+    elif kind == "bool_heads":  # a mask per head
+        mask = torch.rand(B, H, Lq, Lk, generator=g) > 0.3
+        mask[..., 0] = True
+    elif kind == "dead_rows":
+        mask = torch.rand(B, 1, Lq, Lk, generator=g) > 0.5
+        mask[:, :, 1] = False  # a query that sees no key at all: output and grads are 0
+    elif kind == "add_rep":
+        mask = torch.randn(Lq, Lk, generator=g, dtype=dt)
+    elif kind in ("kpm", "kpm_rep"):
+        mask = torch.rand(B, 1, 1, Lk, generator=g) > 0.25
+        mask[..., 0] = True
+    return q, k, v, mask
+
+
+def _mask_st(mask, c, rank, mesh):
+    from meshshard.shardtensor import Replicate, Shard, from_local
+
+    kind = c.get("mask")
+    if mask is None:
+        return None
+    if kind in ("bool_rows", "dead_rows", "bool_heads"):
+        return from_local(_split(mask, 2, c["q"], rank).clone(), mesh, [Shard(2)], c["q"])
+    if kind == "kpm":
+        return from_local(_split(mask, 3, c["kv"], rank).clone(), mesh, [Shard(3)], c["kv"])
+    if kind == "bool_rep":
+        return from_local(mask, mesh, [Replicate()])
+    return mask  # plain tensor: replicated
+
+
+def _run_case(c, rank, mesh):
+    from meshshard.shardtensor import ring_attention
+
+    default = ring_attention.KV_CHUNK_ROWS
+    ring_attention.KV_CHUNK_ROWS = c.get("chunk", default)  # several passes per head
+    try:
+        _check_case(c, rank, mesh)
+    finally:
+        ring_attention.KV_CHUNK_ROWS = default
+
+
+def _check_case(c, rank, mesh):
+
+    q, k, v, mask = _inputs(c)
+    kw = {"is_causal": c.get("causal", False), "scale": c.get("scale")}
+    if c.get("Hk", c.get("H", 2)) != c.get("H", 2):
+        kw["enable_gqa"] = True
+    refs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*refs, attn_mask=mask, **kw)
+    R = torch.randn(ref.shape, generator=torch.Generator().manual_seed(7), dtype=ref.dtype)
+    (ref * R).sum().backward()
+    layout = c.get("layout", "bhne")
+    leaves, ins = [], []
+    for t, sizes in ((q, c["q"]), (k, c["kv"]), (v, c["kv"])):
+        if layout == "bnhe":  # shard (B, N, H, E) on N and permute to (B, H, N, E)
+            leaf, st = _shard(t.transpose(1, 2).contiguous(), 1, sizes, rank, mesh)
+            st = st.permute(0, 2, 1, 3)
+        elif layout == "3d":  # (B*H, N, E)
+            leaf, st = _shard(t.flatten(0, 1), 1, sizes, rank, mesh)
+        else:
+            leaf, st = _shard(t, 2, sizes, rank, mesh)
+        leaves.append(leaf)
+        ins.append(st)
+    m = _mask_st(mask, c, rank, mesh)
+    if layout == "3d" and m is not None:  # (B, 1, Lq|1, Lk) -> (B*H, Lq|1, Lk)
+        m = m.expand(q.shape[0], q.shape[1], *m.shape[2:]).flatten(0, 1)
+    out = F.scaled_dot_product_attention(*ins, attn_mask=m, **kw)
+    full = out.full_tensor()
+    if layout == "3d":
+        full = full.view(ref.shape)
+    rtol, atol = TOL[q.dtype]
+    torch.testing.assert_close(full, ref.detach(), rtol=rtol, atol=atol)
+    Rl = R.flatten(0, 1) if layout == "3d" else R
+    (out.full_tensor() * Rl).sum().backward()
+    for name, leaf, r, sizes in zip("qkv", leaves, refs, (c["q"], c["kv"], c["kv"])):
+        want = r.grad
+        if layout == "bnhe":
+            want = want.transpose(1, 2)
+            dim = 1
+        elif layout == "3d":
+            want = want.flatten(0, 1)
+            dim = 1
+        else:
+            dim = 2
+        if sizes is not None:
+            want = _split(want, dim, sizes, rank)
+        got = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol,
+                                   msg=lambda msg, n=name: f"grad of {n}: {msg}")
+
+
+def attention_cases(rank, world_size, cases, bad_cases):
+    """Rank function: {case index: None | traceback} and {bad index: (type name, message)}."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    results = {}
+    for i, c in enumerate(cases):
+        try:
+            _run_case(c, rank, mesh)
+            results[i] = None
+        except Exception:
+            results[i] = traceback.format_exc()
+    bad = {}
+    for i, name in enumerate(bad_cases):
+        try:
+            _BAD[name](rank, world_size, mesh)
+            bad[i] = ("no error", "")
+        except Exception as exc:
+            bad[i] = (type(exc).__name__, str(exc))
+    # the group still works after every refusal (no rank is stuck in a collective)
+    t = torch.ones(1)
+    torch.distributed.all_reduce(t)
+    return results, bad, float(t)
+
+
+# ------------------------------------------------------------------------------ bad input
+def _qkv(rank, world_size, mesh, *, kv_sizes=None, v_sizes=None, Ek=8, mask=None):
+    from meshshard.shardtensor import Shard, from_local
+
+    P = world_size
+    qs = [2] * P
+    ks = kv_sizes or [1] * (P - 1) + [3]
+    vs = v_sizes or ks
+    g = torch.Generator().manual_seed(0)
+    q = from_local(torch.randn(1, 2, qs[rank], 8, generator=g), mesh, [Shard(2)], qs)
+    k = from_local(torch.randn(1, 2, ks[rank], Ek, generator=g), mesh, [Shard(2)], ks)
+    v = from_local(torch.randn(1, 2, vs[rank], 8, generator=g), mesh, [Shard(2)], vs)
+    return q, k, v
+
+
+def _bad_kv_layouts(rank, world_size, mesh):
+    P = world_size
+    q, k, v = _qkv(rank, world_size, mesh, kv_sizes=[1] * (P - 1) + [3],
+                   v_sizes=[3] + [1] * (P - 1))
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def _bad_v_replicated(rank, world_size, mesh):
+    q, k, v = _qkv(rank, world_size, mesh)
+    return F.scaled_dot_product_attention(q, k, v.redistribute([_rep()]))
+
+
+def _rep():
+    from meshshard.shardtensor import Replicate
+
+    return Replicate()
+
+
+def _bad_head_dims(rank, world_size, mesh):
+    q, k, v = _qkv(rank, world_size, mesh, Ek=4)
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def _bad_mask_shape(rank, world_size, mesh):
+    q, k, v = _qkv(rank, world_size, mesh)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(5, 7, dtype=torch.bool))
+
+
+def _bad_mask_layout(rank, world_size, mesh):
+    from meshshard.shardtensor import Shard, from_local
+
+    q, k, v = _qkv(rank, world_size, mesh)
+    P = world_size
+    rows = [2 * P] + [0] * (P - 1)  # right shape, rows split differently from the query's
+    m = torch.ones(1, 1, rows[rank], k.shape[2], dtype=torch.bool)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=from_local(m, mesh, [Shard(2)], rows))
+
+
+def _bad_dropout(rank, world_size, mesh):
+    q, k, v = _qkv(rank, world_size, mesh)
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+
+
+def _bad_mha_weights(rank, world_size, mesh):
+    q, _, _ = _qkv(rank, world_size, mesh)
+    x = q[:, 0]  # (1, L, 8), tokens sharded
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    return mha(x, x, x)  # need_weights=True by default
+
+
+_BAD = {
+    "kv_layouts": _bad_kv_layouts,
+    "v_replicated": _bad_v_replicated,
+    "head_dims": _bad_head_dims,
+    "mask_shape": _bad_mask_shape,
+    "mask_layout": _bad_mask_layout,
+    "dropout": _bad_dropout,
+    "mha_need_weights": _bad_mha_weights,
+}
+
+
+def attention_2d(rank, world_size, q_sizes, kv_sizes):
+    """2-D mesh (data x domain): batch sharded on "data", tokens (uneven) on "domain"; causal
+    ring attention vs one process. Returns None or the traceback."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.shardtensor import Shard, from_local
+
+    try:
+        mesh = init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("data", "domain"))
+        dc, pc = mesh.get_coordinate()
+        g = torch.Generator().manual_seed(5)
+        dt = torch.float64
+        q = torch.randn(2, 2, sum(q_sizes), 8, generator=g, dtype=dt)
+        k = torch.randn(2, 2, sum(kv_sizes), 8, generator=g, dtype=dt)
+        v = torch.randn(2, 2, sum(kv_sizes), 8, generator=g, dtype=dt)
+        refs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        ref = F.scaled_dot_product_attention(*refs, is_causal=True)
+        R = torch.randn(ref.shape, generator=g, dtype=dt)
+        (ref * R).sum().backward()
+        leaves, ins = [], []
+        for t, sizes in ((q, q_sizes), (k, kv_sizes), (v, kv_sizes)):
+            leaf = _split(t[dc : dc + 1], 2, sizes, pc).clone().requires_grad_(True)
+            leaves.append(leaf)
+            ins.append(from_local(leaf, mesh, [Shard(0), Shard(2)], {0: (1, 1), 1: sizes}))
+        out = F.scaled_dot_product_attention(*ins, is_causal=True)
+        full = out.full_tensor()
+        torch.testing.assert_close(full, ref.detach(), rtol=1e-10, atol=1e-12)
+        (full * R).sum().backward()
+        for leaf, r, sizes in zip(leaves, refs, (q_sizes, kv_sizes, kv_sizes)):
+            want = _split(r.grad[dc : dc + 1], 2, sizes, pc)
+            torch.testing.assert_close(leaf.grad, want, rtol=1e-10, atol=1e-12)
+        return None
+    except Exception:
+        return traceback.format_exc()

@@ -1,0 +1,101 @@
+"""Ring attention (``F.scaled_dot_product_attention`` on token-sharded ShardTensors) against one
+process: outputs and gradients of q, k, v on uneven layouts (empty shards included), cross-
+attention with different query and key layouts, masks, causal, grouped heads; and bad input
+refused on every rank without a hang. One spawn of ranks per world size runs every case."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from meshshard.testing import run_ranks
+from tests.shardtensor._attention_fns import attention_cases
+
+F32 = torch.float32
+
+CASES = {
+    2: [
+        {"q": [3, 5], "kv": [3, 5]},
+        {"q": [0, 8], "kv": [0, 8]},
+        {"q": [3, 5], "kv": [0, 8], "causal": True},
+        {"q": [3, 5], "kv": [3, 5], "causal": True},
+        {"q": [5, 3], "kv": [6, 1], "Ev": 5},  # cross-attention, Lq != Lk, Ev != E
+        {"q": [3, 5], "kv": [4, 6], "causal": True, "layout": "bnhe"},
+        {"q": [3, 5], "kv": [3, 5], "mask": "bool_rows"},
+        {"q": [3, 5], "kv": [7, 2], "mask": "add_rep", "scale": 0.3},
+        {"q": [3, 5], "kv": [2, 7], "mask": "kpm"},
+        {"q": [3, 5], "kv": [2, 7], "mask": "kpm_rep", "layout": "3d"},
+        {"q": [3, 5], "kv": [3, 5], "mask": "dead_rows"},
+        {"q": [3, 5], "kv": [5, 3], "H": 4, "Hk": 2},  # grouped K/V heads
+        {"q": [3, 5], "kv": None, "Lk": 6, "causal": True},  # K/V replicated: no ring
+        {"q": [3, 5], "kv": None, "Lk": 9, "mask": "bool_rows"},
+        {"q": None, "Lq": 4, "kv": [3, 5]},  # Q replicated: merge by log-sum-exp
+        {"q": None, "Lq": 5, "kv": [0, 8], "mask": "kpm", "Ev": 3},
+        {"q": None, "Lq": 6, "kv": [2, 4], "mask": "bool_rep"},
+        {"q": [3, 5], "kv": [3, 5], "dtype": F32, "causal": True},
+        {"q": [0, 8], "kv": [6, 2], "dtype": F32, "mask": "bool_rows", "layout": "bnhe"},
+        {"q": [3, 5], "kv": [3, 5], "dtype": F32, "Ev": 4, "mask": "add_rep"},  # math path
+        # key chunks of at most 2 rows per rank: several ring passes per head
+        {"q": [3, 5], "kv": [5, 4], "chunk": 2, "causal": True},
+        {"q": [0, 8], "kv": [7, 0], "chunk": 2, "mask": "bool_rows", "H": 4, "Hk": 2},
+        {"q": None, "Lq": 4, "kv": [3, 6], "chunk": 2, "mask": "kpm"},
+        {"q": [3, 5], "kv": None, "Lk": 7, "chunk": 3, "mask": "add_rep"},
+        {"q": [4, 4], "kv": [2, 6], "chunk": 2, "mask": "bool_heads", "H": 4, "Hk": 2},
+    ],
+    3: [
+        {"q": [1, 1, 6], "kv": [1, 1, 6], "causal": True},
+        {"q": [1, 1, 6], "kv": [4, 0, 3], "mask": "bool_rows"},
+        {"q": [1, 1, 6], "kv": [2, 2, 2], "H": 4, "Hk": 1, "causal": True, "dtype": F32},
+    ],
+    4: [
+        {"q": [2, 0, 5, 1], "kv": [2, 0, 5, 1], "causal": True},
+        {"q": [1, 1, 6, 0], "kv": [0, 3, 0, 5], "mask": "kpm", "layout": "bnhe"},
+        {"q": [3, 5, 0, 2], "kv": [1, 1, 1, 9], "Ev": 6, "causal": True},
+        {"q": None, "Lq": 3, "kv": [2, 0, 5, 1], "causal": True},
+        {"q": [2, 2, 2, 2], "kv": None, "Lk": 5, "mask": "add_rep"},
+        {"q": [1, 1, 6, 0], "kv": [3, 3, 1, 1], "dtype": F32, "mask": "bool_rows"},
+        {"q": [2, 0, 5, 1], "kv": [1, 5, 0, 3], "chunk": 2, "causal": True, "layout": "bnhe"},
+    ],
+}
+
+BAD = {
+    "kv_layouts": ("LayoutError", "key and value are laid out differently"),
+    "v_replicated": ("LayoutError", "key and value are laid out differently"),
+    "head_dims": ("ValueError", "head dims disagree"),
+    "mask_shape": ("ValueError", "fails on the global shapes"),
+    "mask_layout": ("LayoutError", "attn_mask layout"),
+    "dropout": ("NotImplementedError", "dropout_p=0.1"),
+    "mha_need_weights": ("NotImplementedError", "need_weights=False"),
+}
+
+_RESULTS: dict = {}
+
+
+def _results(P: int):
+    if P not in _RESULTS:
+        _RESULTS[P] = run_ranks(attention_cases, P, CASES[P], list(BAD), timeout=240)
+    return _RESULTS[P]
+
+
+@pytest.mark.parametrize(("P", "ci"), [(P, i) for P, cs in CASES.items() for i in range(len(cs))])
+def test_attention_matches_one_process(P: int, ci: int) -> None:
+    for rank, (res, _, _) in enumerate(_results(P)):
+        assert res[ci] is None, f"case {CASES[P][ci]} rank {rank}:\n{res[ci]}"
+
+
+@pytest.mark.parametrize("P", [2, 4])
+@pytest.mark.parametrize("bi", range(len(BAD)))
+def test_bad_input_raises_on_every_rank(P: int, bi: int) -> None:
+    name = list(BAD)[bi]
+    kind, text = BAD[name]
+    for rank, (_, bad, ok) in enumerate(_results(P)):
+        got_kind, got_msg = bad[bi]
+        assert got_kind == kind and text in got_msg, f"{name} rank {rank}: {got_kind} {got_msg}"
+        assert ok == P  # the group still works afterwards: nobody hung
+
+
+def test_attention_on_2d_mesh():
+    from tests.shardtensor._attention_fns import attention_2d
+
+    for rank, err in enumerate(run_ranks(attention_2d, 4, [0, 7], [5, 2], timeout=240)):
+        assert err is None, f"rank {rank}:\n{err}"

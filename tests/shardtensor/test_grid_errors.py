@@ -1,0 +1,44 @@
+"""Bad input to the grid rules: a clear error on every rank, and the ranks stay in step."""
+
+import pytest
+
+from meshshard.testing import run_ranks
+from tests.shardtensor._grid_error_fns import bad_inputs
+
+EXPECT = {
+    "halo_beyond_neighbours": ("HaloError", "max_hops=1"),
+    "conv_channel_sharded": ("LayoutError", "channel dim"),
+    "mismatched_meshes": ("LayoutError", "different DeviceMeshes"),
+    "reflect_pad_too_large": ("RuntimeError", "Padding size should be less than"),
+    "adaptive_not_dividing": ("NotImplementedError", "does not divide"),
+    "max_pool_indices": ("NotImplementedError", "return_indices"),
+    "interpolate_bicubic": ("NotImplementedError", "bicubic"),
+    "kernel_larger_than_grid": ("RuntimeError", "can't be greater than actual input size"),
+}
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return run_ranks(bad_inputs, 4, (1, 1, 1, 5), timeout=300)
+
+
+@pytest.mark.parametrize("case", list(EXPECT))
+def test_error_on_every_rank(reports, case):
+    kind, fragment = EXPECT[case]
+    for rank, rep in enumerate(reports):
+        assert rep[case] is not None, f"rank {rank}: {case} did not raise"
+        got_kind, msg = rep[case]
+        assert got_kind == kind, f"rank {rank}: {got_kind}: {msg}"
+        assert fragment in msg, f"rank {rank}: {msg}"
+
+
+def test_without_limit_thin_shards_are_exact(reports):
+    assert all(rep["no_limit_exact"] for rep in reports)
+
+
+def test_halo_bytes_are_the_rows_that_cross(reports):
+    # layout (1, 1, 1, 5), rows of 1 x 2 x 6 float32 = 48 bytes: the two middle ranks send a
+    # row to each neighbour, the outer ones to one; backward sends the same rows' gradients
+    row = 48
+    want = [row, 2 * row, 2 * row, row]
+    assert [rep["halo_bytes"] for rep in reports] == [(w, w) for w in want]
