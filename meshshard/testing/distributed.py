@@ -25,6 +25,7 @@ Example
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import logging
 import multiprocessing as _mp
@@ -35,6 +36,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -268,15 +270,20 @@ def run_ranks(
     stack_dir = tempfile.mkdtemp(prefix="meshshard-ranks-")
     stack_paths = [os.path.join(stack_dir, f"rank{r}.txt") for r in range(world_size)]
     procs = []
-    for rank in range(world_size):
-        p = ctx.Process(
-            target=_worker,
-            args=(fn, rank, world_size, port, backend, timeout, pg_timeout, args, results,
-                  threads, env, stack_paths[rank]),
-            daemon=True,
-        )
-        p.start()
-        procs.append(p)
+    # Ctrl-C reaches the whole process group: the forkserver (possibly still importing torch)
+    # and the ranks would each print a KeyboardInterrupt traceback. They start with SIGINT
+    # ignored (Python keeps an inherited SIG_IGN), and the parent, which does get the
+    # KeyboardInterrupt, stops them below.
+    with _sigint_ignored():
+        for rank in range(world_size):
+            p = ctx.Process(
+                target=_worker,
+                args=(fn, rank, world_size, port, backend, timeout, pg_timeout, args, results,
+                      threads, env, stack_paths[rank]),
+                daemon=True,
+            )
+            p.start()
+            procs.append(p)
 
     outputs: dict[int, Any] = {}
     failures: dict[int, str] = {}
@@ -350,6 +357,20 @@ def run_ranks(
     if failures:
         raise RankError(failures, status, stuck)
     return [outputs[r] for r in range(world_size)]
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """Ignore SIGINT while child processes start (main thread only), then restore it. A Ctrl-C
+    in that window (the forkserver's first start imports torch, ~1-2 s) is dropped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, saved)
 
 
 def _dump_stacks(

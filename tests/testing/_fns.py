@@ -80,3 +80,9 @@ def stall_rank_one(rank: int, world_size: int) -> str:
         time.sleep(600)
     dist.all_reduce(torch.ones(1), group=group)
     return "unreachable"
+
+
+def touch_then_sleep(rank: int, world_size: int, flag_dir: str) -> None:
+    """Say "I am running" with a file, then sleep (stopped by the parent)."""
+    open(os.path.join(flag_dir, f"rank{rank}"), "w").close()
+    time.sleep(120)

@@ -91,3 +91,70 @@ def test_semaphores_made_by_ranks_are_not_reported_leaked(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "[0, 1]" in proc.stdout
     assert "leaked semaphore" not in proc.stderr, proc.stderr
+
+
+def test_ctrl_c_prints_no_rank_or_forkserver_traceback(tmp_path):
+    """Ctrl-C goes to the whole process group: only the parent (which stops the ranks) reacts;
+    the forkserver and the ranks start with SIGINT ignored and print nothing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys\n"
+        "from meshshard.testing import run_ranks\n"
+        "from tests.testing import _fns\n"
+        "if __name__ == '__main__':\n"
+        "    try:\n"
+        f"        run_ranks(_fns.touch_then_sleep, 2, {str(tmp_path)!r}, timeout=200)\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('parent stopped', file=sys.stderr)\n"
+        "        sys.exit(130)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+        start_new_session=True,
+    )
+    def forkserver_started() -> bool:
+        for pid in os.listdir("/proc"):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"forkserver" in cmd and str(script).encode() not in cmd and (
+                os.getpgid(int(pid)) == proc.pid
+            ):
+                return True
+        return False
+
+    try:
+        # first Ctrl-C while the forkserver imports torch (its preload), a second once the
+        # ranks run; what a terminal's Ctrl-C does is a SIGINT to the whole group
+        for _ in range(1200):  # hang guards only
+            if forkserver_started():
+                break
+            time.sleep(0.01)
+        time.sleep(0.3)  # past the interpreter's start-up, inside `import torch`
+        os.killpg(proc.pid, signal.SIGINT)
+        for _ in range(1200):
+            if proc.poll() is not None or all(
+                (tmp_path / f"rank{r}").exists() for r in range(2)
+            ):
+                break
+            time.sleep(0.1)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "parent stopped" in err
+    assert "KeyboardInterrupt" not in err, err
+    assert "Traceback" not in err, err
