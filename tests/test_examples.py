@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -51,13 +49,8 @@ def test_shutdown_with_exit_code_ends_every_rank_there(tmp_path):
     assert "after" not in r.stdout
 
 
-_GAP = (
-    "known gap after merging: stores written by this path fail the new store-integrity "
-    "checks (issue 10); see the closing note"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=_GAP)
 def test_train_meshgraphnet_under_torchrun():
     """Two ranks read their cells and dual-graph shards from a store and follow the loss curve
     of one process on the whole graph."""

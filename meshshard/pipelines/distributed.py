@@ -10,8 +10,10 @@ store in the same format (so loaders need no change).
 
 Atomic and resumable as the single-process pipeline: rank 0 creates the store under a
 temporary name (``run_<i>.zarr.tmp-<token>``), every rank writes its chunks, the ranks agree
-that all writes succeeded (one all_reduce), and only then rank 0 writes the attributes with
-``complete: true`` and renames the store. A crash of any rank leaves only a temporary store
+that all writes succeeded (one all_reduce), each rank checksums the chunk files it wrote (in
+parallel; the rows are gathered on rank 0), and only then rank 0 writes the attributes with the
+integrity record and ``complete: true`` (:func:`~meshshard.pipelines.store.seal_store`, as every
+writer) and renames the store. A crash of any rank leaves only a temporary store
 without ``complete``, which the next run removes.
 """
 
@@ -28,8 +30,10 @@ import numpy as np
 from meshshard.pipelines.store import (
     STL_KEYS,
     _compressors,
+    _crc32,
     choose_chunk,
     open_store,
+    seal_store,
     store_status,
 )
 
@@ -86,6 +90,43 @@ def _chunk_rows(comm, arrays: dict[str, np.ndarray], owned: tuple[int, int], n: 
     del starts
     r = comm.rank
     return (int(bounds[r]), int(bounds[r + 1])), out
+
+
+def _chunk_path(index: int, ndim: int) -> str:
+    """A chunk file's path under its array (rows chunked, trailing dims whole)."""
+    return "/".join(["c", str(index)] + ["0"] * (ndim - 1))
+
+
+def _own_chunk_records(tmp: Path, local: dict, chunks: dict, shapes: dict) -> np.ndarray:
+    """Rows ``[array number, chunk index, size, crc32]`` of every chunk file in the row range
+    this rank wrote (arrays numbered in sorted order; fill-value chunks are not written)."""
+    names = sorted(chunks)
+    out = []
+    for (lo, hi), data in local.values():
+        if hi <= lo:
+            continue
+        for k in data:
+            c0, c1 = lo // chunks[k], -(-hi // chunks[k])
+            for c in range(c0, c1):
+                f = tmp / k / _chunk_path(c, len(shapes[k]))
+                if f.is_file():
+                    out.append((names.index(k), c, f.stat().st_size, _crc32(f)))
+    return np.array(out, dtype=np.int64).reshape(-1, 4)
+
+
+def _records(tmp: Path, names: list[str], shapes: dict, rows: np.ndarray) -> dict[str, dict]:
+    """Integrity records of the row-chunked arrays from every rank's chunk rows; the metadata
+    files are checksummed here."""
+    out = {}
+    for i, k in enumerate(names):
+        meta = tmp / k / "zarr.json"
+        mine = rows[rows[:, 0] == i]
+        chunks = {
+            _chunk_path(int(c), len(shapes[k])): [int(size), int(crc)]
+            for _, c, size, crc in mine[np.argsort(mine[:, 1])]
+        }
+        out[k] = {"meta": [meta.stat().st_size, _crc32(meta)], "chunks": chunks}
+    return out
 
 
 def repartition_store(
@@ -159,8 +200,6 @@ def repartition_store(
 def _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group, compressor,
            target_chunk, which) -> str:  # fmt: skip
     """Partition, move and write; publish on rank 0 once every rank succeeded."""
-    import json
-
     import zarr
 
     from meshshard.partition.distributed import partition_distributed, redistribute_rows
@@ -168,7 +207,9 @@ def _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group, 
     rank, W = comm.rank, comm.world
     dst_dir = out.parent
     token = tmp.name.rsplit("-", 1)[-1]
-    attrs = {k: v for k, v in sattrs.items() if k not in ("complete", "arrays")}
+    # the source's own record, arrays and graph shards do not describe the new store
+    drop = ("complete", "arrays", "integrity", "surface_graph")
+    attrs = {k: v for k, v in sattrs.items() if k not in drop}
     attrs["request"] = request
     attrs["nparts"] = int(parts)
     local: dict[str, tuple[tuple[int, int], dict[str, np.ndarray]]] = {}
@@ -220,6 +261,14 @@ def _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group, 
         ok, err = False, exc
     comm.phase = "write shards"
     _agree_ok(comm, ok, f"writing {tmp}: {err}" if err else f"writing {tmp}")
+    ok, err, mine = True, None, np.zeros((0, 4), dtype=np.int64)
+    try:  # checksums of the chunk files this rank wrote (the ranks read in parallel)
+        mine = _own_chunk_records(tmp, local, chunks, shapes)
+    except Exception as exc:
+        ok, err = False, exc
+    comm.phase = "checksums"
+    _agree_ok(comm, ok, f"checksumming {tmp}: {err}" if err else f"checksumming {tmp}")
+    rows = np.concatenate(comm.allgatherv(mine))
     ok, err = True, None
     if rank == 0:
         try:
@@ -233,8 +282,7 @@ def _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group, 
                         g[k][...] = v
                     shapes[k] = list(v.shape)
             attrs["arrays"] = shapes
-            attrs["complete"] = True
-            g.attrs.update(json.loads(json.dumps(attrs)))
+            seal_store(g, tmp, attrs, _records(tmp, sorted(chunks), shapes, rows))
             if out.exists():
                 old = dst_dir / f"{name}.zarr.old-{token}"
                 os.replace(out, old)

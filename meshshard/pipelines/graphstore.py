@@ -20,7 +20,6 @@ shards come from :func:`meshshard.graph.build_all`, the same code that builds th
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -91,6 +90,7 @@ def write_graph(
     import zarr
 
     from meshshard.graph import build_all
+    from meshshard.pipelines.store import seal_store
 
     if kind not in GRAPH_KINDS:
         msg = f"graph={kind!r} is not one of {GRAPH_KINDS}"
@@ -135,7 +135,10 @@ def write_graph(
         "ghosts": [g.n_ghost for g in pieces],
         "local_edges": [g.n_edges for g in pieces],
     }
-    group.attrs.update(json.loads(json.dumps({"arrays": shapes, _PREFIX: meta})))
+    attrs = dict(group.attrs)
+    records = dict(attrs.get("integrity", {}).get("arrays", {}))
+    attrs.update(arrays=shapes, **{_PREFIX: meta})
+    seal_store(group, Path(store), attrs, records)  # checksums of the new arrays; complete last
     log.info("%s: %s graph shards, %d edges, ghosts %s", store, kind, meta["edges"], meta["ghosts"])
     return meta
 

@@ -49,6 +49,7 @@ __all__ = [
     "choose_chunk",
     "inspect_store",
     "open_store",
+    "seal_store",
     "store_status",
     "verify_store",
     "write_store",
@@ -267,7 +268,21 @@ def _write_all(group, w: _Writer, run, partitions, halos, request, dataset, targ
     w.wait()
     attrs["nparts"] = nparts
     attrs["arrays"] = w.shapes
-    attrs["integrity"] = {"algorithm": "crc32", "arrays": w.integrity}
+    return seal_store(group, w.path, attrs, w.integrity)
+
+
+def seal_store(group, path: Path, attrs: dict, records: dict[str, dict] | None = None) -> dict:
+    """Finish a store: write ``attrs`` with the integrity record of every array in
+    ``attrs["arrays"]`` and ``complete: true``, last. ``records`` holds records already computed
+    (by :class:`_Writer` or by the ranks that wrote the chunks); the others are computed here,
+    so call this only when every chunk of every array is written. Every writer of a store
+    (``write_store``, ``write_graph``, the distributed writer) finishes through here."""
+    records = dict(records or {})
+    for name in attrs["arrays"]:
+        if name not in records:
+            records[name] = _array_files(path / name, checksums=True)
+    attrs = dict(attrs)
+    attrs["integrity"] = {"algorithm": "crc32", "arrays": {k: records[k] for k in attrs["arrays"]}}
     attrs["complete"] = True
     group.attrs.update(json.loads(json.dumps(attrs)))  # plain JSON types only
     return attrs
@@ -375,6 +390,12 @@ def _check_integrity(path: Path, attrs: dict, *, full: bool) -> dict:
     return {"arrays": len(shapes), "chunk_files": n_files, "bytes": n_bytes, "checksums": full}
 
 
+def _not_rows(part: str) -> tuple[str, ...]:
+    """Prefixes of a part's arrays whose rows are not the part's rows (halo plans, graph
+    shards: see :mod:`meshshard.pipelines.graphstore`)."""
+    return (f"{part}_halo_", f"{part}_graph_")
+
+
 def _is_int(v: Any) -> bool:
     return type(v) is int
 
@@ -414,7 +435,7 @@ def _check_attrs(path: Path, attrs: dict) -> None:
         if a.get("sharding_shapes") != steps.tolist():
             raise _damaged(path, f"{part}: sharding_shapes differ from partition_ptr")
         for key, shape in arrays.items():
-            if key.startswith(f"{part}_") and not key.startswith(f"{part}_halo_"):
+            if key.startswith(f"{part}_") and not key.startswith(_not_rows(part)):
                 if not shape or shape[0] != n:
                     raise _damaged(path, f"array {key!r} has shape {shape}, {part} has {n} rows")
 
