@@ -44,9 +44,10 @@ def volume_mesh(seed: int = 0):
 
 
 def write_vtk(mesh, path, mode="appended-raw", compressor="None", header="UInt32",
-              ids="Int64", block=None) -> Path:  # fmt: skip
-    """Write ``mesh`` with VTK's XML writer in one of its layouts: ``mode`` binary (inline
-    base64), appended-raw or appended-base64; ``compressor`` None, ZLib or LZMA."""
+              ids="Int64", block=None, order=None) -> Path:  # fmt: skip
+    """Write ``mesh`` with VTK's XML writer in one of its layouts: ``mode`` ascii, binary
+    (inline base64), appended-raw or appended-base64; ``compressor`` None, ZLib or LZMA;
+    ``order`` BigEndian or LittleEndian (default: VTK's)."""
     from vtkmodules import vtkIOXML
 
     path = Path(path)
@@ -56,12 +57,16 @@ def write_vtk(mesh, path, mode="appended-raw", compressor="None", header="UInt32
     w.SetFileName(str(path))
     if mode == "binary":
         w.SetDataModeToBinary()
+    elif mode == "ascii":
+        w.SetDataModeToAscii()
     else:
         w.SetDataModeToAppended()
         w.SetEncodeAppendedData(mode == "appended-base64")
     getattr(w, f"SetCompressorTypeTo{compressor}")()
     getattr(w, f"SetHeaderTypeTo{header}")()
     getattr(w, f"SetIdTypeTo{ids}")()
+    if order:
+        getattr(w, f"SetByteOrderTo{order}")()
     if block:
         w.SetBlockSize(block)
     assert w.Write() == 1

@@ -86,6 +86,20 @@ def _same_stores(a: Path, b: Path, runs) -> None:
             np.testing.assert_array_equal(arr[...], y[k][...], err_msg=f"{run}: {k}")
 
 
+def _all_three_as_reference(out: Path, reference: Path) -> None:
+    """``out`` holds exactly the three run stores, equal to the reference ones."""
+    assert sorted(p.name for p in out.iterdir()) == ["run_1.zarr", "run_2.zarr", "run_3.zarr"]
+    _same_stores(out, reference, ["run_1", "run_2", "run_3"])
+
+
+def _rerun_writes_all(three_runs: Path, out: Path, reference: Path, *args: str) -> None:
+    """A clean rerun after an interruption writes all three runs, as the reference."""
+    again = _run(three_runs, out, *args)
+    assert again.returncode == 0, again.stderr
+    assert "3 written, 0 skipped (up to date), 0 failed" in again.stdout
+    _all_three_as_reference(out, reference)
+
+
 @pytest.fixture(scope="module")
 def reference(three_runs, tmp_path_factory):
     out = tmp_path_factory.mktemp("ref")
@@ -198,11 +212,7 @@ def test_interrupt_stops_everything_and_a_rerun_resumes(
     assert "Traceback" not in stderr
     _wait_for(lambda: not any(_alive(p) for p in pids), "the workers to be gone", 30)
     assert sorted(p.name for p in out.iterdir()) == []  # nothing half-written, no lock files
-    again = _run(three_runs, out, "--workers", str(workers))
-    assert again.returncode == 0, again.stderr
-    assert "3 written, 0 skipped (up to date), 0 failed" in again.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["run_1.zarr", "run_2.zarr", "run_3.zarr"]
-    _same_stores(out, reference, ["run_1", "run_2", "run_3"])
+    _rerun_writes_all(three_runs, out, reference, "--workers", str(workers))
 
 
 def test_kill9_of_the_parent_ends_its_workers(three_runs, reference, tmp_path):
@@ -230,11 +240,7 @@ def test_kill9_of_the_parent_ends_its_workers(three_runs, reference, tmp_path):
     left = sorted(p.name for p in out.iterdir())
     assert not [n for n in left if n.endswith(".zarr")], left  # nothing published after death
     assert any(".zarr.tmp-" in n for n in left)  # the dead workers' temporaries, for a rerun
-    again = _run(three_runs, out, "--workers", "2")
-    assert again.returncode == 0, again.stderr
-    assert "3 written" in again.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["run_1.zarr", "run_2.zarr", "run_3.zarr"]
-    _same_stores(out, reference, ["run_1", "run_2", "run_3"])
+    _rerun_writes_all(three_runs, out, reference, "--workers", "2")
 
 
 def test_a_live_writers_temporary_is_never_deleted(three_runs, reference, tmp_path):
@@ -267,8 +273,7 @@ def test_a_live_writers_temporary_is_never_deleted(three_runs, reference, tmp_pa
         first.kill()
     assert first.returncode == 0, stderr
     assert "1 written" in stdout
-    assert sorted(p.name for p in out.iterdir()) == ["run_1.zarr", "run_2.zarr", "run_3.zarr"]
-    _same_stores(out, reference, ["run_1", "run_2", "run_3"])
+    _all_three_as_reference(out, reference)
 
 
 def test_run_lock_is_released_when_its_holder_dies(tmp_path):

@@ -7,11 +7,11 @@ import itertools
 import numpy as np
 import pytest
 import pyvista as pv
-from vtkmodules import vtkIOXML
 
 from meshshard.pipelines import vtkxml
 from meshshard.pipelines.geometry import vtk_cells
 from meshshard.pipelines.vtkxml import CorruptVtkXml, UnsupportedVtkXml, read_cells
+from tests.pipelines._damage import write_vtk
 
 
 def _surface() -> pv.PolyData:
@@ -42,26 +42,7 @@ def _volume() -> pv.UnstructuredGrid:
 
 
 def _write(mesh, path, mode, compressor, header, ids, order, block=None):
-    cls = vtkIOXML.vtkXMLPolyDataWriter if path.suffix == ".vtp" else None
-    cls = cls or vtkIOXML.vtkXMLUnstructuredGridWriter
-    w = cls()
-    w.SetInputData(mesh)
-    w.SetFileName(str(path))
-    if mode == "binary":
-        w.SetDataModeToBinary()
-    elif mode == "ascii":
-        w.SetDataModeToAscii()
-    else:
-        w.SetDataModeToAppended()
-        w.SetEncodeAppendedData(mode == "appended-base64")
-    getattr(w, f"SetCompressorTypeTo{compressor}")()
-    getattr(w, f"SetHeaderTypeTo{header}")()
-    getattr(w, f"SetIdTypeTo{ids}")()
-    getattr(w, f"SetByteOrderTo{order}")()
-    if block:
-        w.SetBlockSize(block)
-    assert w.Write() == 1
-    return path
+    return write_vtk(mesh, path, mode, compressor, header, ids, block, order)
 
 
 def _assert_same(path, names, polys):
