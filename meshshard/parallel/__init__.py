@@ -5,7 +5,7 @@ Plans and helpers only (no second tensor type): data parallelism (DDP / FSDP2) o
 checkpoints that survive a change of mesh shape.
 """
 
-# from meshshard.parallel.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from meshshard.parallel.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from meshshard.parallel.data import check_same_weights, data_parallel, fsdp_mesh
 
 __all__ = [

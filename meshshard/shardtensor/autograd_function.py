@@ -138,8 +138,10 @@ class _Bridge(torch.autograd.Function):
             raise RuntimeError(msg)
         out = []
         for g, s in zip(res[: len(specs)], specs):
-            if g is None or s is None:
+            if g is None:
                 out.append(g)
+            elif s is None:  # a plain input (e.g. a weight): its gradient as a plain tensor
+                out.append(g.full_tensor() if isinstance(g, ShardTensor) else g)
             elif isinstance(g, ShardTensor):
                 out.append(_local_of(g, s))
             else:

@@ -101,3 +101,20 @@ def data_parallel_run(rank, world_size, mode, shard_dims, steps, extra=None):
         opt.step()
     report.update(grads=grads, losses=losses, weights=full_params(m))
     return report
+
+
+def bad_inputs(rank, world_size):
+    """Unknown mode / mesh dim raise at once; weights that differ on one rank raise on all."""
+    import pytest
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.parallel import data_parallel
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "domain"))
+    with pytest.raises(ValueError, match="mode='zero' must be one of"):
+        data_parallel(model(), mesh, mode="zero")
+    with pytest.raises(ValueError, match="data_dim='batch' is not a dim of the mesh"):
+        data_parallel(model(), mesh, data_dim="batch")
+    with pytest.raises(ValueError, match=r"mesh dims \['tensor'\] not in the mesh"):
+        data_parallel(model(), mesh, mode="fsdp", shard_dims=("data", "tensor"))
+    data_parallel(model(seed=1 if rank == 3 else 0), mesh, mode="fsdp")
