@@ -133,11 +133,15 @@ def main(argv=None) -> int:
     if val_runs:
         errs = []
         with torch.no_grad():
-            for run in val_runs[data_rank::dp]:
-                s = sample(run)
+            # every data rank runs the same number of forwards: FSDP2's forward all-gathers
+            # the parameters over data x domain (a rank out of runs repeats one, unrecorded)
+            for i in range(-(-len(val_runs) // dp)):
+                j = i * dp + data_rank
+                s = sample(val_runs[j % len(val_runs)])
                 pred = model(s["coords"], s["features"]) * sigma + mu  # physical units
-                errs.append((relative_l2(pred, s["target"], slice(0, 1)),
-                             relative_l2(pred, s["target"], slice(1, 4))))
+                if j < len(val_runs):
+                    errs.append((relative_l2(pred, s["target"], slice(0, 1)),
+                                 relative_l2(pred, s["target"], slice(1, 4))))
         if rank == 0 and errs:
             p = sum(e[0] for e in errs) / len(errs)
             w = sum(e[1] for e in errs) / len(errs)
