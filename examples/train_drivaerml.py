@@ -3,14 +3,17 @@
 Each sample (one car) is split over the ``domain`` ranks (ShardTensors from
 ``meshshard.pipelines.load_shard``); with ``--data-parallel D`` the world is a 2-D mesh
 (data x domain): each data-parallel group trains on its own runs and gradients are averaged
-over the ``data`` axis. Checkpoints are written atomically and resumed with ``weights_only``
-loading; a validation pass reports relative L2 errors of pressure and wall shear stress.
+over the ``data`` axis by DDP (``--data-parallel-mode ddp``) or FSDP2 (``fsdp``: parameters,
+gradients and Adam state sharded over data x domain). Checkpoints are distributed
+(``torch.distributed.checkpoint``, one directory, written atomically) and can be resumed on
+another mesh shape or mode; a validation pass reports relative L2 errors of pressure and wall
+shear stress.
 
     meshshard preprocess drivaerml RAW STORES --parts 4 --surface
     torchrun --standalone --nproc-per-node 2 examples/train_drivaerml.py STORES \
-        --steps 200 --checkpoint ckpt/transolver.pt
+        --steps 200 --checkpoint ckpt/transolver
     torchrun --standalone --nproc-per-node 4 examples/train_drivaerml.py STORES \
-        --data-parallel 2 --resume --checkpoint ckpt/transolver.pt
+        --data-parallel 2 --data-parallel-mode fsdp --resume --checkpoint ckpt/transolver
 
 Without torchrun it runs as one process (world size 1).
 """
@@ -27,14 +30,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from meshshard.distributed import check_collective, init, shutdown
-from meshshard.train import (
-    TrainConfig,
-    load_checkpoint,
-    load_sample,
-    make_model,
-    relative_l2,
-    save_checkpoint,
-)
+from meshshard.parallel import data_parallel, load_checkpoint, save_checkpoint
+from meshshard.train import TrainConfig, load_sample, make_model, relative_l2
 
 log = logging.getLogger("train_drivaerml")
 
@@ -43,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("stores", type=Path, help="directory of run_<i>.zarr stores")
     ap.add_argument("--data-parallel", type=int, default=1, help="size of the data axis")
+    ap.add_argument("--data-parallel-mode", choices=("ddp", "fsdp"), default="ddp",
+                    help="DDP (replicated state) or FSDP2 (state sharded over data x domain)")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--knn", type=int, default=8)
@@ -50,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--slices", type=int, default=32)
     ap.add_argument("--val-fraction", type=float, default=0.2, help="runs held out")
-    ap.add_argument("--checkpoint", type=Path, default=Path("checkpoints/transolver.pt"))
+    ap.add_argument("--checkpoint", type=Path, default=Path("checkpoints/transolver"),
+                    help="checkpoint directory (torch.distributed.checkpoint)")
     ap.add_argument("--checkpoint-every", type=int, default=50)
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     return ap.parse_args(argv)
@@ -97,6 +97,7 @@ def main(argv=None) -> int:
     first = sample(train_runs[0])
     model = make_model(cfg, first["features"].shape[-1], first["target"].shape[-1])
     model.to(device_type)
+    model = data_parallel(model, mesh, mode=args.data_parallel_mode)  # collective
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     start = 0
     # per-channel target scaling from the first training run (global over its points); kept
@@ -105,44 +106,42 @@ def main(argv=None) -> int:
         t = first["target"]
         scale = {"mean": t.mean(dim=(0, 1)).full_tensor().cpu(),
                  "std": t.std(dim=(0, 1)).full_tensor().cpu() + 1e-12}
-    if args.resume and args.checkpoint.exists():
-        ck = load_checkpoint(args.checkpoint)  # weights_only; corrupt -> ValueError
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
+    old = args.checkpoint.with_name(args.checkpoint.name + ".old")  # an interrupted commit
+    if args.resume and (args.checkpoint.exists() or old.exists()):
+        # collective; any mesh shape or mode; foreign/other model -> CheckpointError (ValueError)
+        ck = load_checkpoint(args.checkpoint, model, opt)
         start = ck["step"]
         scale = {k: torch.as_tensor(v) for k, v in ck["extra"]["target_scale"].items()}
         log.info("resumed from %s at step %d", args.checkpoint, start)
     mu, sigma = (scale[k].to(first["target"].device) for k in ("mean", "std"))
-    data_group = mesh.get_group("data")
     for step in range(start, cfg.steps):
         run = train_runs[(step * dp + data_rank) % len(train_runs)]
         s = sample(run)
         opt.zero_grad(set_to_none=True)
         loss = ((model(s["coords"], s["features"]) - (s["target"] - mu) / sigma) ** 2).mean()
-        loss.backward()  # weight grads are exact over the domain group
-        if dp > 1:  # average over the data axis, like DDP
-            for p in model.parameters():
-                if p.grad is not None:
-                    check_collective("all_reduce", data_group, p.grad, detail="sum: grads")
-                    dist.all_reduce(p.grad, group=data_group)
-                    p.grad /= dp
+        loss.backward()  # exact over the domain group; DDP / FSDP2 average over data
         opt.step()
         value = loss.item()
         if rank == 0:
             log.info("step %d/%d  run %s  loss %.5f", step + 1, cfg.steps, run.stem, value)
-        if rank == 0 and ((step + 1) % args.checkpoint_every == 0 or step + 1 == cfg.steps):
-            save_checkpoint(args.checkpoint, model, opt, step + 1, cfg,
-                            extra={"target_scale": {k: v.tolist() for k, v in scale.items()}})
+        if (step + 1) % args.checkpoint_every == 0 or step + 1 == cfg.steps:
+            save_checkpoint(args.checkpoint, model, opt, step=step + 1,  # collective
+                            extra={"target_scale": {k: v.tolist() for k, v in scale.items()},
+                                   "config": vars(cfg)})
         check_collective("barrier", detail="after the checkpoint")  # debug mode only
         dist.barrier()
     if val_runs:
         errs = []
         with torch.no_grad():
-            for run in val_runs[data_rank::dp]:
-                s = sample(run)
+            # every data rank runs the same number of forwards: FSDP2's forward all-gathers
+            # the parameters over data x domain (a rank out of runs repeats one, unrecorded)
+            for i in range(-(-len(val_runs) // dp)):
+                j = i * dp + data_rank
+                s = sample(val_runs[j % len(val_runs)])
                 pred = model(s["coords"], s["features"]) * sigma + mu  # physical units
-                errs.append((relative_l2(pred, s["target"], slice(0, 1)),
-                             relative_l2(pred, s["target"], slice(1, 4))))
+                if j < len(val_runs):
+                    errs.append((relative_l2(pred, s["target"], slice(0, 1)),
+                                 relative_l2(pred, s["target"], slice(1, 4))))
         if rank == 0 and errs:
             p = sum(e[0] for e in errs) / len(errs)
             w = sum(e[1] for e in errs) / len(errs)

@@ -51,21 +51,34 @@ def _example(*args, cwd):
     )
 
 
+def _step_of(ck):
+    import json
+
+    return json.loads((ck / "meshshard.json").read_text())["step"]
+
+
 def test_example_trains_checkpoints_resumes_and_validates(stores, tmp_path):
-    ck = tmp_path / "ck.pt"
+    ck = tmp_path / "ck"
     common = ["--hidden", "8", "--layers", "1", "--slices", "4", "--checkpoint", ck]
     r = _example(stores, "--steps", "3", *common, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "step 3/3" in r.stderr and "validation" in r.stderr
-    assert load_checkpoint(ck)["step"] == 3
-    r = _example(stores, "--steps", "5", "--resume", *common, cwd=tmp_path)
+    assert _step_of(ck) == 3
+    r = _example(stores, "--steps", "5", "--resume", "--data-parallel-mode", "fsdp", *common,
+                 cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stderr and "step 4/5" in r.stderr and "step 1/5" not in r.stderr
-    assert load_checkpoint(ck)["step"] == 5
-    ck.write_bytes(b"garbage")
+    assert _step_of(ck) == 5
+    (ck / "meshshard.json").write_bytes(b"garbage")
     r = _example(stores, "--steps", "6", "--resume", *common, cwd=tmp_path)
     assert r.returncode == 2 and "corrupt or unreadable checkpoint" in r.stderr
-    assert ck.read_bytes() == b"garbage"
+    assert (ck / "meshshard.json").read_bytes() == b"garbage"
+    other = tmp_path / "other"  # a checkpoint of a wider model
+    r = _example(stores, "--steps", "1", "--hidden", "16", "--layers", "1", "--slices", "4",
+                 "--checkpoint", other, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = _example(stores, "--steps", "2", "--resume", *common[:-1], other, cwd=tmp_path)
+    assert r.returncode == 2 and "checkpoint is from a different model" in r.stderr
 
 
 def _load_with_world(rank, world_size, store):

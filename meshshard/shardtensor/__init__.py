@@ -13,8 +13,11 @@ from meshshard.shardtensor._dispatch import (
     allow_gather_fallback,
 )
 from meshshard.shardtensor.api import ShardTensor, from_local, scatter
+from meshshard.shardtensor.autograd_function import install as _install_function_bridge
 from meshshard.shardtensor.registry import list_handlers, register_handler, unregister_handler
 from meshshard.shardtensor.spec import ShardSpec
+
+_install_function_bridge()  # custom autograd Functions on ShardTensors: see its docstring
 
 __all__ = [
     "LayoutError",

@@ -1,0 +1,44 @@
+"""DDP and FSDP2 over "data" with ShardTensor inputs over "domain" (2 x 2 mesh, uneven point
+layouts (3, 5) and (1, 6)): outputs, weight gradients and Adam steps equal one process."""
+
+import pytest
+import torch
+
+from meshshard.testing import RankError, run_ranks
+from tests.parallel import _fns
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return _fns.reference(STEPS)
+
+
+@pytest.mark.parametrize(
+    ("mode", "shard_dims"),
+    [("ddp", None), ("fsdp", None), ("fsdp", ("data",))],
+    ids=["ddp", "fsdp-data-x-domain", "fsdp-data"],
+)
+def test_matches_single_process(mode, shard_dims, reference):
+    ref, outs, grads, losses = reference
+    weights = _fns.full_params(ref)
+    reports = run_ranks(_fns.data_parallel_run, 4, mode, shard_dims, STEPS, timeout=120)
+    for rank, rep in enumerate(reports):
+        torch.testing.assert_close(rep["out"], outs[rep["group"]], rtol=1e-5, atol=1e-5)
+        assert rep["grads"].keys() == grads.keys()
+        for name, g in grads.items():
+            assert rep["grads"][name] is not None, f"rank {rank}: gradient of {name} dropped"
+            torch.testing.assert_close(rep["grads"][name], g, rtol=1e-4, atol=1e-6,
+                                       msg=lambda m, n=name, r=rank: f"rank {r} grad {n}: {m}")
+        assert rep["losses"] == pytest.approx(losses, rel=1e-5)
+        for name, w in weights.items():
+            torch.testing.assert_close(rep["weights"][name], w, rtol=1e-4, atol=1e-6)
+
+
+def test_bad_input_errors_on_every_rank():
+    with pytest.raises(RankError) as info:
+        run_ranks(_fns.bad_inputs, 4, timeout=120)
+    assert sorted(info.value.failures) == [0, 1, 2, 3]
+    for tb in info.value.failures.values():
+        assert "the model's weights differ between ranks" in tb
