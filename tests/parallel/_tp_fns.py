@@ -1,0 +1,150 @@
+"""Rank functions: the reference Transolver, tensor-parallel on a 3-D mesh, vs one process."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _model(seed=0, heads=2, hidden=16):
+    from meshshard.models import Transolver
+
+    torch.manual_seed(seed)
+    return Transolver(3, 2, 2, n_hidden=hidden, n_layers=2, heads=heads, slices=8)
+
+
+def _data(B, N, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, N, 3, generator=g), torch.randn(B, N, 2, generator=g),
+            torch.randn(B, N, 2, generator=g))
+
+
+def _local_of(p, ref):
+    """This rank's piece of parameter ``p`` and the matching piece of the reference ``ref``."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(p, DTensor):
+        return p, ref
+    (pl,) = p.placements
+    mesh = p.device_mesh
+    piece = ref.chunk(mesh.size(), dim=pl.dim)[mesh.get_local_rank()]
+    return p.to_local(), piece
+
+
+def transolver_tp(rank, world_size, shape, sizes, steps, submesh):
+    """Mesh ``shape`` = (data, domain, tensor); points sharded on "domain" with ``sizes``,
+    batch on "data". ``submesh``: build inputs on mesh["domain"] (as the training script does)
+    instead of the 3-D mesh. Returns (tp, reference) pairs of outputs, losses, every parameter
+    gradient (this rank's piece) and weights after ``steps`` Adam steps."""
+    from torch.distributed.tensor import DTensor
+
+    from meshshard.parallel.plans import transolver_plan
+    from meshshard.parallel.tensor import init_mesh_3d, parallelize_module
+    from meshshard.shardtensor import Replicate, Shard, from_local
+
+    data, domain, tensor = shape
+    mesh = init_mesh_3d(data, domain, tensor, device_type="cpu")
+    dc, pc, _ = mesh.get_coordinate()
+    N = sum(sizes)
+    coords, feats, target = _data(data, N)
+    ref, model = _model(), _model()
+    parallelize_module(model, mesh, transolver_plan(model))
+    n_dt = sum(isinstance(p, DTensor) for p in model.parameters())
+    w = model.blocks[0].mlp.pre.weight
+    off = sum(sizes[:pc])
+    sl = slice(off, off + sizes[pc])
+    if submesh:
+        assert data == 1
+        dmesh = mesh["domain"]
+        c, f, t = (from_local(a[:, sl], dmesh, [Shard(1)], sizes) for a in (coords, feats, target))
+    else:
+        shapes = {0: (1,) * data, 1: sizes}
+        c, f, t = (from_local(a[dc : dc + 1, sl], mesh, [Shard(0), Shard(1), Replicate()],
+                              shapes) for a in (coords, feats, target))
+    out = model(c, f)
+    out_ref = ref(coords, feats)
+    report = {
+        "n_dtensor": n_dt,
+        "local_w": tuple(w.to_local().shape),
+        "full_w": tuple(w.shape),
+        "out_mesh": out.device_mesh.mesh_dim_names,
+        "out": (out.full_tensor().detach(), out_ref.detach()),
+    }
+    loss = ((out - t) ** 2).mean()
+    loss_ref = ((out_ref - target) ** 2).mean()
+    report["loss"] = (torch.tensor(loss.item()), loss_ref.detach())
+    loss.backward()
+    loss_ref.backward()
+    params = list(zip(model.named_parameters(), ref.named_parameters()))
+    grads = {}
+    for (n, p), (_, q) in params:
+        g, g_ref = _local_of(p.grad, q.grad)
+        grads[n] = (g.clone(), g_ref.clone())
+    report["grads"] = grads
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt_ref = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        for o in (opt, opt_ref):
+            o.step()
+            o.zero_grad()
+        loss = ((model(c, f) - t) ** 2).mean()
+        loss_ref = ((ref(coords, feats) - target) ** 2).mean()
+        loss.backward()
+        loss_ref.backward()
+        losses.append((loss.item(), loss_ref.item()))
+    report["losses"] = losses
+    weights = {}
+    for (n, p), (_, q) in params:
+        a, b = _local_of(p.detach(), q.detach())
+        weights[n] = (a.clone(), b.clone())
+    report["weights"] = weights
+    return report
+
+
+def bad_plan(rank, world_size, case):
+    """Apply a bad plan; return the error message (every rank must raise it), then prove the
+    ranks are still in step with one all-reduce."""
+    import torch.distributed as dist
+    from torch import nn
+
+    from meshshard.parallel.plans import transolver_plan
+    from meshshard.parallel.tensor import (
+        ColwiseParallel,
+        RowwiseParallel,
+        init_mesh_3d,
+        parallelize_module,
+    )
+
+    mesh = init_mesh_3d(1, 2, 2, device_type="cpu")
+    msg = None
+    try:
+        if case == "missing":
+            model = _model()
+            plan = {**transolver_plan(model), "blocks.*.attn.to_qkv": ColwiseParallel()}
+            parallelize_module(model, mesh, plan)
+        elif case == "heads":
+            model = _model(heads=3, hidden=18)  # 3 heads over tensor=2
+            parallelize_module(model, mesh, transolver_plan(model))
+        elif case == "features":
+            model = nn.Sequential(nn.Linear(4, 5), nn.GELU(), nn.Linear(5, 4))
+            parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        elif case == "not_linear":
+            model = _model()
+            parallelize_module(model, mesh, {"blocks.0.ln1": ColwiseParallel()})
+        elif case == "torch_style":
+            from torch.distributed.tensor.parallel import ColwiseParallel as TorchColwise
+
+            model = _model()
+            parallelize_module(model, mesh, {"blocks.0.mlp.pre": TorchColwise()})
+        elif case == "no_tensor_dim":
+            from torch.distributed.device_mesh import init_device_mesh
+
+            m2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "domain"))
+            parallelize_module(_model(), m2, transolver_plan(_model()))
+    except ValueError as exc:
+        msg = f"{type(exc).__name__}: {exc}"
+    unchanged = case != "missing" or not any(
+        type(p).__name__ == "DTensor" for p in model.parameters())
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    return {"msg": msg, "alive": int(x.item()), "unchanged": unchanged}

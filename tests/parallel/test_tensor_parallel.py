@@ -1,0 +1,66 @@
+"""Tensor parallelism (Megatron column/row linears over "tensor") composed with points sharded
+unevenly over "domain": the unmodified reference Transolver under meshshard's plan equals one
+process (outputs, loss, every parameter gradient, weights after Adam steps; fp32, rtol 1e-5),
+and bad plans fail on every rank before any collective."""
+
+import pytest
+import torch
+
+from meshshard.testing import run_ranks
+from tests.parallel import _tp_fns
+
+RTOL = 1e-5
+
+
+def _close(a, b, what):
+    # rtol 1e-5 plus an absolute floor at 1e-5 of the tensor's scale (summation order differs)
+    atol = 1e-5 * float(b.abs().max()) + 1e-7
+    torch.testing.assert_close(a, b, rtol=RTOL, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+CASES = [
+    ((1, 2, 2), (3, 5), False),
+    ((1, 2, 2), (0, 8), True),  # inputs on mesh["domain"], as examples/train_drivaerml.py
+    ((2, 1, 2), (7,), False),
+]
+
+
+@pytest.mark.parametrize(("shape", "sizes", "submesh"), CASES,
+                         ids=["1x2x2-3,5", "1x2x2-0,8-domain-inputs", "2x1x2-7"])
+def test_transolver_tp_matches_single_process(shape, sizes, submesh):
+    reports = run_ranks(_tp_fns.transolver_tp, 4, shape, sizes, 3, submesh, timeout=300)
+    for rank, rep in enumerate(reports):
+        # the plan really split the weights: every planned weight, and the biases of the
+        # column-parallel linears (row-parallel biases stay replicated): preprocess 2 + 1,
+        # per block in_project_x 2 + in_project_fx 2 + to_out 1 + mlp.pre 2 + mlp.post 1
+        assert rep["n_dtensor"] == 3 + 2 * 8
+        assert rep["local_w"] == (rep["full_w"][0] // 2, rep["full_w"][1])
+        want = ("domain",) if submesh else ("data", "domain", "tensor")
+        assert rep["out_mesh"] == want
+        _close(*rep["out"], f"rank {rank} output")
+        _close(*rep["loss"], f"rank {rank} loss")
+        assert len(rep["grads"]) > 20
+        for name, (g, g_ref) in rep["grads"].items():
+            _close(g, g_ref, f"rank {rank} grad {name}")
+        for a, b in rep["losses"]:
+            assert a == pytest.approx(b, rel=1e-5, abs=1e-7)
+        for name, (w, w_ref) in rep["weights"].items():
+            _close(w, w_ref, f"rank {rank} weight {name} after Adam steps")
+
+
+@pytest.mark.parametrize(("case", "needle"), [
+    ("missing", "'blocks.*.attn.to_qkv' names no module of Transolver"),
+    ("heads", "out_features=18 in units of 6 (3 units) cannot be split evenly over tensor=2"),
+    ("features", "'0' -> '0' (Colwise): out_features=5 cannot be split evenly over tensor=2"),
+    ("not_linear", "'blocks.0.ln1' is a LayerNorm"),
+    ("torch_style", "is not a meshshard ColwiseParallel or RowwiseParallel"),
+    ("no_tensor_dim", "has dim names ('data', 'domain'), no 'tensor'"),
+])
+def test_bad_plan_fails_on_every_rank(case, needle):
+    reports = run_ranks(_tp_fns.bad_plan, 4, case, timeout=120)
+    for rank, rep in enumerate(reports):
+        assert rep["msg"] is not None, f"rank {rank} did not raise"
+        assert "TensorParallelPlanError" in rep["msg"]
+        assert needle in rep["msg"], rep["msg"]
+        assert rep["alive"] == 4
+        assert rep["unchanged"]
