@@ -148,3 +148,37 @@ def bad_plan(rank, world_size, case):
     x = torch.ones(1)
     dist.all_reduce(x)
     return {"msg": msg, "alive": int(x.item()), "unchanged": unchanged}
+
+
+def count_tensor_allreduces(rank, world_size, sizes):
+    """Forward all-reduces over the "tensor" group (and over "domain") for one Transolver
+    forward under the plan, with inputs on mesh["domain"]."""
+    import torch.distributed as dist
+
+    from meshshard.parallel.plans import transolver_plan
+    from meshshard.parallel.tensor import init_mesh_3d, parallelize_module
+    from meshshard.shardtensor import Shard, from_local
+
+    mesh = init_mesh_3d(1, 2, 2, device_type="cpu")
+    pc = mesh.get_local_rank("domain")
+    coords, feats, _ = _data(1, sum(sizes))
+    sl = slice(sum(sizes[:pc]), sum(sizes[: pc + 1]))
+    c, f = (from_local(a[:, sl], mesh["domain"], [Shard(1)], sizes) for a in (coords, feats))
+    model = parallelize_module(_model(), mesh, transolver_plan(_model()))
+    t_ranks = dist.get_process_group_ranks(mesh.get_group("tensor"))
+    d_ranks = dist.get_process_group_ranks(mesh.get_group("domain"))
+    seen = {"tensor": 0, "domain": 0, "other": 0}
+    orig = dist.all_reduce
+
+    def counting(t, *a, group=None, **k):
+        ranks = dist.get_process_group_ranks(group) if group is not None else None
+        key = "tensor" if ranks == t_ranks else "domain" if ranks == d_ranks else "other"
+        seen[key] += 1
+        return orig(t, *a, group=group, **k)
+
+    dist.all_reduce = counting
+    try:
+        model(c, f)
+    finally:
+        dist.all_reduce = orig
+    return seen

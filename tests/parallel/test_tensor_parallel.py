@@ -55,7 +55,7 @@ def test_transolver_tp_matches_single_process(shape, sizes, submesh):
     ("not_linear", "'blocks.0.ln1' is a LayerNorm"),
     ("torch_style", "is not a meshshard ColwiseParallel or RowwiseParallel"),
     ("no_tensor_dim", "has dim names ('data', 'domain'), no 'tensor'"),
-])
+], ids=lambda v: v if " " not in v else "")
 def test_bad_plan_fails_on_every_rank(case, needle):
     reports = run_ranks(_tp_fns.bad_plan, 4, case, timeout=120)
     for rank, rep in enumerate(reports):
@@ -64,3 +64,12 @@ def test_bad_plan_fails_on_every_rank(case, needle):
         assert needle in rep["msg"], rep["msg"]
         assert rep["alive"] == 4
         assert rep["unchanged"]
+
+
+def test_row_parallel_reduced_once():
+    """Forward: one all-reduce over "tensor" per row-parallel linear (preprocess.post and, per
+    block, attn.to_out and mlp.post); none for column-parallel linears or per-head ops."""
+    reports = run_ranks(_tp_fns.count_tensor_allreduces, 4, (3, 5), timeout=120)
+    for rep in reports:
+        assert rep["tensor"] == 1 + 2 * 2, rep
+        assert rep["other"] == 0, rep
