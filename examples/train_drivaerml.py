@@ -25,8 +25,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
 
 from meshshard.distributed import check_collective, init, shutdown
+from meshshard.parallel.plans import transolver_plan
+from meshshard.parallel.tensor import parallelize_module
 from meshshard.train import (
     TrainConfig,
     load_checkpoint,
@@ -43,6 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("stores", type=Path, help="directory of run_<i>.zarr stores")
     ap.add_argument("--data-parallel", type=int, default=1, help="size of the data axis")
+    ap.add_argument("--tensor-parallel", type=int, default=1,
+                    help="size of the tensor axis (Megatron linears; world = data x domain x "
+                         "tensor)")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--knn", type=int, default=8)
@@ -67,13 +73,14 @@ def main(argv=None) -> int:
     rank, world = setup()
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="%(asctime)s %(message)s")
-    dp = args.data_parallel
-    if world % dp:
-        msg = f"--data-parallel {dp} must divide the world size {world}"
+    dp, tp = args.data_parallel, args.tensor_parallel
+    if dp < 1 or tp < 1 or world % (dp * tp):
+        msg = f"--data-parallel {dp} x --tensor-parallel {tp} must divide the world size {world}"
         raise SystemExit(msg)
-    domain = world // dp
+    domain = world // (dp * tp)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    mesh = init_device_mesh(device_type, (dp, domain), mesh_dim_names=("data", "domain"))
+    mesh = init_device_mesh(device_type, (dp, domain, tp),
+                            mesh_dim_names=("data", "domain", "tensor"))
     dmesh = mesh["domain"]
     d_rank = dmesh.get_local_rank()
     data_rank = mesh.get_local_rank("data")
@@ -97,6 +104,8 @@ def main(argv=None) -> int:
     first = sample(train_runs[0])
     model = make_model(cfg, first["features"].shape[-1], first["target"].shape[-1])
     model.to(device_type)
+    if tp > 1:  # Megatron linears over "tensor"; samples stay ShardTensors on mesh["domain"]
+        parallelize_module(model, mesh["domain", "tensor"], transolver_plan(model))
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     start = 0
     # per-channel target scaling from the first training run (global over its points); kept
@@ -123,9 +132,10 @@ def main(argv=None) -> int:
         if dp > 1:  # average over the data axis, like DDP
             for p in model.parameters():
                 if p.grad is not None:
-                    check_collective("all_reduce", data_group, p.grad, detail="sum: grads")
-                    dist.all_reduce(p.grad, group=data_group)
-                    p.grad /= dp
+                    g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad  # TP piece
+                    check_collective("all_reduce", data_group, g, detail="sum: grads")
+                    dist.all_reduce(g, group=data_group)
+                    g /= dp
         opt.step()
         value = loss.item()
         if rank == 0:
