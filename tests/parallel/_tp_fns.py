@@ -182,3 +182,49 @@ def count_tensor_allreduces(rank, world_size, sizes):
     finally:
         dist.all_reduce = orig
     return seen
+
+
+def transolver_tp_ddp(rank, world_size, steps):
+    """2x1x2 mesh: torch DDP over "data" (after torch's ``_pre_dp_module_transform``, which
+    turns DTensor parameters into local ones for DDP) + TP over "tensor"; one sample of 8
+    points per data rank. Against one process on both samples (mean loss)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from meshshard.parallel.plans import transolver_plan
+    from meshshard.parallel.tensor import init_mesh_3d, parallelize_module
+    from meshshard.shardtensor import Shard, from_local
+
+    mesh = init_mesh_3d(2, 1, 2, device_type="cpu")
+    dc = mesh.get_local_rank("data")
+    tc = mesh.get_local_rank("tensor")
+    coords, feats, target = _data(2, 8)
+    ref, model = _model(), _model()
+    parallelize_module(model, mesh, transolver_plan(model))
+    split = {n: p.placements[0].dim for n, p in model.named_parameters()
+             if isinstance(p, DTensor)}
+    _pre_dp_module_transform(model)
+    ddp = DDP(model, process_group=mesh.get_group("data"))
+    dmesh = mesh["domain"]
+    c, f, t = (from_local(a[dc : dc + 1], dmesh, [Shard(1)], (8,))
+               for a in (coords, feats, target))
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
+    opt_ref = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    losses, grads = [], {}
+    for step in range(steps):
+        loss = ((ddp(c, f) - t) ** 2).mean()
+        loss_ref = ((ref(coords, feats) - target) ** 2).mean()
+        loss.backward()
+        loss_ref.backward()
+        losses.append((loss.item(), loss_ref.item()))
+        if step == 0:
+            refs = dict(ref.named_parameters())  # the transform re-registers: match by name
+            for n, p in model.named_parameters():
+                q = refs[n]
+                g = q.grad if n not in split else q.grad.chunk(2, dim=split[n])[tc]
+                grads[n] = (p.grad.clone(), g.clone())
+        for o in (opt, opt_ref):
+            o.step()
+            o.zero_grad()
+    return {"grads": grads, "losses": losses, "split": len(split)}

@@ -73,3 +73,18 @@ def test_row_parallel_reduced_once():
     for rep in reports:
         assert rep["tensor"] == 1 + 2 * 2, rep
         assert rep["other"] == 0, rep
+
+
+def test_tp_with_torch_ddp_over_data():
+    """TP composes with torch's DDP over "data" (via torch's own DDP+TP transform): every
+    gradient of the first step equals one process on both samples; per-data-rank losses of 2
+    Adam steps average to the single-process loss."""
+    reports = run_ranks(_tp_fns.transolver_tp_ddp, 4, 2, timeout=300)
+    for rank, rep in enumerate(reports):
+        assert rep["split"] == 19
+        assert len(rep["grads"]) > 20
+        for name, (g, g_ref) in rep["grads"].items():
+            _close(g, g_ref, f"rank {rank} grad {name}")
+    for step in range(2):
+        mean = (reports[0]["losses"][step][0] + reports[2]["losses"][step][0]) / 2
+        assert mean == pytest.approx(reports[0]["losses"][step][1], rel=1e-5)
