@@ -283,7 +283,7 @@ def parallelize_module(
     if not hasattr(module, "_meshshard_tp_root"):
         module._meshshard_tp_root = {"mesh": mesh, "stack": []}
         module.register_forward_pre_hook(_lift_inputs, with_kwargs=True)
-        module.register_forward_hook(_return_outputs, with_kwargs=True)
+        module.register_forward_hook(_return_outputs, with_kwargs=True, always_call=True)
     return module
 
 
@@ -361,9 +361,10 @@ def _lift_inputs(module: nn.Module, args: tuple, kwargs: dict):
     mesh = root["mesh"]
     flat = [*args, *kwargs.values()]
     srcs = [t._spec.mesh for t in flat if isinstance(t, ShardTensor)]
-    src = next((m for m in srcs if not _same_mesh(m, mesh)), None)
+    # what the outputs go back to: the inputs' sub-mesh, plain tensors, or nothing to do
+    src = next((m for m in srcs if not _same_mesh(m, mesh)), None if srcs else "plain")
     root["stack"].append(src)
-    if src is None:
+    if not isinstance(src, DeviceMesh):
         return None
     args = tuple(lift(a, mesh) for a in args)
     kwargs = {k: lift(v, mesh) for k, v in kwargs.items()}
@@ -372,12 +373,18 @@ def _lift_inputs(module: nn.Module, args: tuple, kwargs: dict):
 
 def _return_outputs(module: nn.Module, args: tuple, kwargs: dict, out: Any):
     root = module._meshshard_tp_root
-    src = root["stack"].pop()
-    if src is None:
+    src = root["stack"].pop()  # always_call: popped even when the forward raised
+    if src is None or out is None:
         return None
     mesh = root["mesh"]
+
+    def back(o):
+        if src == "plain":  # plain tensors in, plain tensors out (the full tensor)
+            return o.full_tensor() if isinstance(o, ShardTensor) else o
+        return drop(o, mesh, src)
+
     if isinstance(out, (tuple, list)):
-        return type(out)(drop(o, mesh, src) for o in out)
+        return type(out)(back(o) for o in out)
     if isinstance(out, dict):
-        return {k: drop(v, mesh, src) for k, v in out.items()}
-    return drop(out, mesh, src)
+        return {k: back(v) for k, v in out.items()}
+    return back(out)

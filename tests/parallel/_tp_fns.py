@@ -136,6 +136,27 @@ def bad_plan(rank, world_size, case):
 
             model = _model()
             parallelize_module(model, mesh, {"blocks.0.mlp.pre": TorchColwise()})
+        elif case == "foreign_mesh":  # inputs on a mesh that is not a sub-mesh of the TP mesh
+            from torch.distributed.device_mesh import init_device_mesh
+
+            from meshshard.shardtensor import Shard, from_local
+
+            model = _model()
+            parallelize_module(model, mesh, transolver_plan(model))
+            other = init_device_mesh("cpu", (4,), mesh_dim_names=("domain",))
+            c, f, _ = _data(1, 8)
+            c, f = (from_local(a[:, 2 * rank : 2 * rank + 2], other, [Shard(1)], (2,) * 4)
+                    for a in (c, f))
+            try:
+                model(c, f)
+            finally:  # the hooks stay balanced after the error: a good call still works
+                good = _data(1, 8)[:2]
+                dm = mesh["domain"]
+                d = dm.get_local_rank()
+                good = [from_local(a[:, 4 * d : 4 * d + 4], dm, [Shard(1)], (4, 4))
+                        for a in good]
+                assert model(*good).device_mesh is dm
+                assert model._meshshard_tp_root["stack"] == []
         elif case == "no_tensor_dim":
             from torch.distributed.device_mesh import init_device_mesh
 
@@ -228,3 +249,25 @@ def transolver_tp_ddp(rank, world_size, steps):
             o.step()
             o.zero_grad()
     return {"grads": grads, "losses": losses, "split": len(split)}
+
+
+def transolver_tp_plain(rank, world_size):
+    """Tensor parallelism alone (mesh 1x1x4, 4 heads) on plain tensor inputs: plain output,
+    every gradient piece equal to one process."""
+    from meshshard.parallel.plans import transolver_plan
+    from meshshard.parallel.tensor import init_mesh_3d, parallelize_module
+
+    mesh = init_mesh_3d(1, 1, 4, device_type="cpu")
+    coords, feats, target = _data(1, 6)
+    ref, model = _model(heads=4), _model(heads=4)
+    parallelize_module(model, mesh, transolver_plan(model))
+    out = model(coords, feats)
+    out_ref = ref(coords, feats)
+    ((out - target) ** 2).mean().backward()
+    ((out_ref - target) ** 2).mean().backward()
+    grads = {}
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        g, g_ref = _local_of(p.grad, q.grad)
+        grads[n] = (g.clone(), g_ref.clone())
+    return {"type": type(out).__name__, "out": (out.detach(), out_ref.detach()), "grads": grads,
+            "local_w": tuple(model.blocks[0].attn.in_project_x.weight.to_local().shape)}

@@ -55,6 +55,7 @@ def test_transolver_tp_matches_single_process(shape, sizes, submesh):
     ("not_linear", "'blocks.0.ln1' is a LayerNorm"),
     ("torch_style", "is not a meshshard ColwiseParallel or RowwiseParallel"),
     ("no_tensor_dim", "has dim names ('data', 'domain'), no 'tensor'"),
+    ("foreign_mesh", "its mesh dim 0 ('domain') is not a dim of that mesh with the same ranks"),
 ], ids=lambda v: v if " " not in v else "")
 def test_bad_plan_fails_on_every_rank(case, needle):
     reports = run_ranks(_tp_fns.bad_plan, 4, case, timeout=120)
@@ -88,3 +89,12 @@ def test_tp_with_torch_ddp_over_data():
     for step in range(2):
         mean = (reports[0]["losses"][step][0] + reports[2]["losses"][step][0]) / 2
         assert mean == pytest.approx(reports[0]["losses"][step][1], rel=1e-5)
+
+
+def test_tp_alone_on_plain_tensors():
+    for rank, rep in enumerate(run_ranks(_tp_fns.transolver_tp_plain, 4, timeout=120)):
+        assert rep["type"] == "Tensor"
+        assert rep["local_w"] == (4, 16)  # one head of 4 features per rank
+        _close(*rep["out"], f"rank {rank} output")
+        for name, (g, g_ref) in rep["grads"].items():
+            _close(g, g_ref, f"rank {rank} grad {name}")
