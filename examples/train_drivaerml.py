@@ -31,6 +31,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from meshshard.distributed import check_collective, init, shutdown
 from meshshard.parallel import data_parallel, load_checkpoint, save_checkpoint
+from meshshard.parallel.plans import transolver_plan
+from meshshard.parallel.tensor import init_mesh_3d, parallelize_module
 from meshshard.train import TrainConfig, load_sample, make_model, relative_l2
 
 log = logging.getLogger("train_drivaerml")
@@ -42,6 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--data-parallel", type=int, default=1, help="size of the data axis")
     ap.add_argument("--data-parallel-mode", choices=("ddp", "fsdp"), default="ddp",
                     help="DDP (replicated state) or FSDP2 (state sharded over data x domain)")
+    ap.add_argument("--tensor-parallel", type=int, default=1,
+                    help="size of the tensor axis (Megatron linears; world = data x domain x "
+                         "tensor)")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--knn", type=int, default=8)
@@ -67,13 +72,16 @@ def main(argv=None) -> int:
     rank, world = setup()
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="%(asctime)s %(message)s")
-    dp = args.data_parallel
-    if world % dp:
-        msg = f"--data-parallel {dp} must divide the world size {world}"
+    dp, tp = args.data_parallel, args.tensor_parallel
+    if dp < 1 or tp < 1 or world % (dp * tp):
+        msg = f"--data-parallel {dp} x --tensor-parallel {tp} must divide the world size {world}"
         raise SystemExit(msg)
-    domain = world // dp
+    domain = world // (dp * tp)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    mesh = init_device_mesh(device_type, (dp, domain), mesh_dim_names=("data", "domain"))
+    if tp > 1:
+        mesh = init_mesh_3d(dp, domain, tp, device_type=device_type)
+    else:
+        mesh = init_device_mesh(device_type, (dp, domain), mesh_dim_names=("data", "domain"))
     dmesh = mesh["domain"]
     d_rank = dmesh.get_local_rank()
     data_rank = mesh.get_local_rank("data")
@@ -97,6 +105,8 @@ def main(argv=None) -> int:
     first = sample(train_runs[0])
     model = make_model(cfg, first["features"].shape[-1], first["target"].shape[-1])
     model.to(device_type)
+    if tp > 1:  # Megatron linears over "tensor"; samples stay ShardTensors on mesh["domain"]
+        parallelize_module(model, mesh["domain", "tensor"], transolver_plan(model))
     model = data_parallel(model, mesh, mode=args.data_parallel_mode)  # collective
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     start = 0

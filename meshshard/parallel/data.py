@@ -65,18 +65,20 @@ def _fingerprint(model: nn.Module) -> int:
     return crc
 
 
-def check_same_weights(model: nn.Module, mesh: DeviceMesh) -> None:
+def check_same_weights(model: nn.Module, mesh: DeviceMesh, skip: Sequence[str] = ()) -> None:
     """Raise ValueError on *every* rank of ``mesh`` unless all ranks hold bit-identical
-    parameters and buffers (a CRC32 per rank, gathered over each mesh dim in turn).
+    parameters and buffers (a CRC32 per rank, gathered over each mesh dim in turn). Dims named
+    in ``skip`` (e.g. ``"tensor"``, whose ranks hold different slices) are not compared.
 
     Collective: every rank of the mesh must call this.
     """
     vec = torch.tensor([_fingerprint(model)], dtype=torch.int64)
     if mesh.device_type == "cuda":
         vec = vec.cuda()
+    names = mesh.mesh_dim_names or ()
     for i in range(mesh.ndim):
         n = mesh.size(i)
-        if n == 1:
+        if n == 1 or (names and names[i] in skip):
             continue
         bufs = [torch.empty_like(vec) for _ in range(n)]
         dist.all_gather(bufs, vec, group=mesh.get_group(i))
@@ -103,6 +105,27 @@ def _default_blocks(model: nn.Module) -> list[nn.Module]:
                 out.append(b)
                 seen.update(id(x) for x in b.modules())
     return out
+
+
+def _average_grads(model: nn.Module, mesh: DeviceMesh, data_dim: str) -> nn.Module:
+    """DDP's arithmetic for tensor-parallel models: each parameter's gradient is averaged over
+    ``data_dim`` as soon as it is accumulated (the local slice of a DTensor gradient). Torch's
+    DDP needs ``_pre_dp_module_transform``, which swaps the DTensor parameters for plain ones
+    so that optimizer and checkpoint no longer see the parameters the model holds; this keeps
+    them DTensors. Returns ``model`` itself (hooks registered)."""
+    group, n = mesh.get_group(data_dim), mesh.size(mesh.mesh_dim_names.index(data_dim))
+    if n == 1:
+        return model
+
+    def average(p: torch.Tensor) -> None:
+        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+        dist.all_reduce(g, group=group)
+        g.div_(n)
+
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(average)
+    return model
 
 
 def data_parallel(
@@ -155,10 +178,22 @@ def data_parallel(
     if data_dim not in names:
         msg = f"data_parallel: data_dim={data_dim!r} is not a dim of the mesh {list(names)}"
         raise ValueError(msg)
+    from torch.distributed.tensor import DTensor
+
+    tensor_parallel = any(isinstance(p, DTensor) for p in model.parameters())
+    if tensor_parallel and mode == "fsdp":
+        msg = (
+            "data_parallel: mode='fsdp' on tensor-parallel weights (DTensor parameters from "
+            "meshshard.parallel.tensor) is not supported; use mode='ddp'"
+        )
+        raise ValueError(msg)
     if check_weights:
-        check_same_weights(model, mesh)
+        check_same_weights(model, mesh, skip=("tensor",) if tensor_parallel else ())
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
+
+        if tensor_parallel:
+            return _average_grads(model, mesh, data_dim)
 
         if mesh.device_type == "cuda" and "device_ids" not in kwargs:
             kwargs["device_ids"] = [torch.cuda.current_device()]

@@ -91,7 +91,9 @@ def reshape_spec(spec: ShardSpec, new_shape: Sequence[int]) -> ShardSpec:
             )
             raise LayoutError(msg)
         inner_old = math.prod(old[k] for k in oi if k > d)
-        lead = [k for k in nj if new[k] != 1]
+        # a sharded dim of global size 1 (e.g. a batch of 1 over a data axis of 1) maps to the
+        # first new dim of its group
+        lead = [k for k in nj if new[k] != 1] or ([nj[0]] if old[d] == 1 and nj else [])
         if not lead:
             msg = f"reshape {tuple(old)} -> {tuple(new)} leaves no dim to hold the shards"
             raise LayoutError(msg)

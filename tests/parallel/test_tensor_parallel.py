@@ -1,0 +1,100 @@
+"""Tensor parallelism (Megatron column/row linears over "tensor") composed with points sharded
+unevenly over "domain": the unmodified reference Transolver under meshshard's plan equals one
+process (outputs, loss, every parameter gradient, weights after Adam steps; fp32, rtol 1e-5),
+and bad plans fail on every rank before any collective."""
+
+import pytest
+import torch
+
+from meshshard.testing import run_ranks
+from tests.parallel import _tp_fns
+
+RTOL = 1e-5
+
+
+def _close(a, b, what):
+    # rtol 1e-5 plus an absolute floor at 1e-5 of the tensor's scale (summation order differs)
+    atol = 1e-5 * float(b.abs().max()) + 1e-7
+    torch.testing.assert_close(a, b, rtol=RTOL, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+CASES = [
+    ((1, 2, 2), (3, 5), False),
+    ((1, 2, 2), (0, 8), True),  # inputs on mesh["domain"], as examples/train_drivaerml.py
+    ((2, 1, 2), (7,), False),
+]
+
+
+@pytest.mark.parametrize(("shape", "sizes", "submesh"), CASES,
+                         ids=["1x2x2-3,5", "1x2x2-0,8-domain-inputs", "2x1x2-7"])
+def test_transolver_tp_matches_single_process(shape, sizes, submesh):
+    reports = run_ranks(_tp_fns.transolver_tp, 4, shape, sizes, 3, submesh, timeout=300)
+    for rank, rep in enumerate(reports):
+        # the plan really split the weights: every planned weight, and the biases of the
+        # column-parallel linears (row-parallel biases stay replicated): preprocess 2 + 1,
+        # per block in_project_x 2 + in_project_fx 2 + to_out 1 + mlp.pre 2 + mlp.post 1
+        assert rep["n_dtensor"] == 3 + 2 * 8
+        assert rep["local_w"] == (rep["full_w"][0] // 2, rep["full_w"][1])
+        want = ("domain",) if submesh else ("data", "domain", "tensor")
+        assert rep["out_mesh"] == want
+        _close(*rep["out"], f"rank {rank} output")
+        _close(*rep["loss"], f"rank {rank} loss")
+        assert len(rep["grads"]) > 20
+        for name, (g, g_ref) in rep["grads"].items():
+            _close(g, g_ref, f"rank {rank} grad {name}")
+        for a, b in rep["losses"]:
+            assert a == pytest.approx(b, rel=1e-5, abs=1e-7)
+        for name, (w, w_ref) in rep["weights"].items():
+            _close(w, w_ref, f"rank {rank} weight {name} after Adam steps")
+
+
+@pytest.mark.parametrize(("case", "needle"), [
+    ("missing", "'blocks.*.attn.to_qkv' names no module of Transolver"),
+    ("heads", "out_features=18 in units of 6 (3 units) cannot be split evenly over tensor=2"),
+    ("features", "'0' -> '0' (Colwise): out_features=5 cannot be split evenly over tensor=2"),
+    ("not_linear", "'blocks.0.ln1' is a LayerNorm"),
+    ("torch_style", "is not a meshshard ColwiseParallel or RowwiseParallel"),
+    ("no_tensor_dim", "has dim names ('data', 'domain'), no 'tensor'"),
+    ("foreign_mesh", "its mesh dim 0 ('domain') is not a dim of that mesh with the same ranks"),
+], ids=lambda v: v if " " not in v else "")
+def test_bad_plan_fails_on_every_rank(case, needle):
+    reports = run_ranks(_tp_fns.bad_plan, 4, case, timeout=120)
+    for rank, rep in enumerate(reports):
+        assert rep["msg"] is not None, f"rank {rank} did not raise"
+        assert "TensorParallelPlanError" in rep["msg"]
+        assert needle in rep["msg"], rep["msg"]
+        assert rep["alive"] == 4
+        assert rep["unchanged"]
+
+
+def test_row_parallel_reduced_once():
+    """Forward: one all-reduce over "tensor" per row-parallel linear (preprocess.post and, per
+    block, attn.to_out and mlp.post); none for column-parallel linears or per-head ops."""
+    reports = run_ranks(_tp_fns.count_tensor_allreduces, 4, (3, 5), timeout=120)
+    for rep in reports:
+        assert rep["tensor"] == 1 + 2 * 2, rep
+        assert rep["other"] == 0, rep
+
+
+def test_tp_with_torch_ddp_over_data():
+    """TP composes with torch's DDP over "data" (via torch's own DDP+TP transform): every
+    gradient of the first step equals one process on both samples; per-data-rank losses of 2
+    Adam steps average to the single-process loss."""
+    reports = run_ranks(_tp_fns.transolver_tp_ddp, 4, 2, timeout=300)
+    for rank, rep in enumerate(reports):
+        assert rep["split"] == 19
+        assert len(rep["grads"]) > 20
+        for name, (g, g_ref) in rep["grads"].items():
+            _close(g, g_ref, f"rank {rank} grad {name}")
+    for step in range(2):
+        mean = (reports[0]["losses"][step][0] + reports[2]["losses"][step][0]) / 2
+        assert mean == pytest.approx(reports[0]["losses"][step][1], rel=1e-5)
+
+
+def test_tp_alone_on_plain_tensors():
+    for rank, rep in enumerate(run_ranks(_tp_fns.transolver_tp_plain, 4, timeout=120)):
+        assert rep["type"] == "Tensor"
+        assert rep["local_w"] == (4, 16)  # one head of 4 features per rank
+        _close(*rep["out"], f"rank {rank} output")
+        for name, (g, g_ref) in rep["grads"].items():
+            _close(g, g_ref, f"rank {rank} grad {name}")
