@@ -226,8 +226,8 @@ def main(argv=None) -> int:
             return _ghosts_table(workdir, ranks, args)
         print("| P | method | strategy | ghost rows / refresh | refreshes / step | "
               "ghost rows / layer | ghost floats / step | build (s) | step wall (s) | "
-              "per layer (ms) | CPU (s) | vs 1 process | CPU vs 1 process | activations/rank (MB) | ratio | "
-              "ideal 1.2/P | RSS growth/rank (MB) |")
+              "per layer (ms) | CPU (s) | vs 1 process | CPU vs 1 process | "
+              "activations/rank (MB) | ratio | ideal 1.2/P | RSS growth/rank (MB) |")
         print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         base = None
         configs = [(1, "-", "-")] + [
