@@ -147,6 +147,9 @@ def rank_step(rank, world, workdir, config):
     if world == 1:  # the plain model on the whole graph
         x = torch.from_numpy(np.load(workdir / "x.npy"))
         ei = torch.from_numpy(np.array(edges))
+        # sorted by (target, source), as build_graph sorts each rank's edges: the same memory
+        # access pattern in the aggregation (unsorted targets cost the one process ~6% more)
+        ei = ei[:, torch.argsort(ei[1] * x.shape[0] + ei[0])].contiguous()
         plug = FullGraph(ei, x.shape[0])
         ea = _edge_features(torch.from_numpy(np.load(workdir / "pos.npy")), ei)
         wall, cpu, act, rss = _timed_steps(model, x, ea, plug, x.shape[0], config["repeat"])
