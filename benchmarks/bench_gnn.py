@@ -5,6 +5,9 @@ one refresh of L rings before L local layers) it reports per rank: the graph bui
 time per layer (wall and CPU), ghost rows moved per layer, saved activations (bytes autograd
 keeps for backward, counted once per storage) and peak RSS growth during the step. The
 one-process baseline is the plain model on the whole graph (``FullGraph``, no meshshard).
+"vs 1 process" is the wall-time ratio (the target); "CPU vs 1 process" the slowest rank's CPU
+time over the one process's: what the wall ratio becomes when every rank has a core to itself,
+so read it when the machine is shared.
 
 Every rank reads only its slice of the edge list (memory-mapped ``.npy``) and builds its piece
 with :func:`meshshard.graph.build_graph`. Ranks run one torch thread each.
@@ -12,8 +15,14 @@ with :func:`meshshard.graph.build_graph`. Ranks run one torch thread each.
 Targets (issue 14): per-rank activations <= 1.2/P of one process; ghost rows per layer with
 METIS <= 0.6x Hilbert's; 2 ranks <= 0.6x the one-process step time.
 
+Methods: ``metis`` (METIS' default objective, the edge cut), ``metis_vol`` (METIS with
+``objective="vol"``: the communication volume, which is exactly the ghost rows a refresh moves)
+and ``hilbert``. ``--ghosts-only`` builds the ranks' graphs and reports the ghost rows (exact,
+independent of load) without running the model.
+
     python benchmarks/bench_gnn.py                       # ~1M cells, 1/2/4 ranks
     python benchmarks/bench_gnn.py --cells 100000 --ranks 1,2
+    python benchmarks/bench_gnn.py --ghosts-only         # ghost rows only, 1M cells
 """
 
 from __future__ import annotations
@@ -138,6 +147,9 @@ def rank_step(rank, world, workdir, config):
     if world == 1:  # the plain model on the whole graph
         x = torch.from_numpy(np.load(workdir / "x.npy"))
         ei = torch.from_numpy(np.array(edges))
+        # sorted by (target, source), as build_graph sorts each rank's edges: the same memory
+        # access pattern in the aggregation (unsorted targets cost the one process ~6% more)
+        ei = ei[:, torch.argsort(ei[1] * x.shape[0] + ei[0])].contiguous()
         plug = FullGraph(ei, x.shape[0])
         ea = _edge_features(torch.from_numpy(np.load(workdir / "pos.npy")), ei)
         wall, cpu, act, rss = _timed_steps(model, x, ea, plug, x.shape[0], config["repeat"])
@@ -153,6 +165,9 @@ def rank_step(rank, world, workdir, config):
     g = build_graph(part, np.asarray(edges[0, lo:hi]), np.asarray(edges[1, lo:hi]),
                     edge_ids=np.arange(lo, hi), rings=rings)  # fmt: skip
     build = time.perf_counter() - t
+    if config.get("ghosts_only"):
+        return {"build": build, "owned": g.n_owned, "ghost": g.n_ghost,
+                "recv_per_refresh": g.ghost_rows_moved()}  # fmt: skip
     owned_rows = part.order[part.offsets[rank] : part.offsets[rank + 1]]
     x = torch.from_numpy(np.load(workdir / "x.npy", mmap_mode="r")[np.sort(owned_rows)])
     x = x[torch.from_numpy(np.argsort(np.argsort(owned_rows)))]  # partition order
@@ -173,11 +188,15 @@ def main(argv=None) -> int:
     ap.add_argument("--mesh", default="surface", choices=["surface", "volume"],
                     help="the car surface (quads/triangles) or the graded volume (hex/wedge)")
     ap.add_argument("--ranks", default="1,2,4")
-    ap.add_argument("--methods", default="metis,hilbert")
+    ap.add_argument("--methods", default="metis,metis_vol,hilbert",
+                    help="comma list of metis (edge-cut objective), metis_vol (volume "
+                    "objective), hilbert, morton, rcb")  # fmt: skip
     ap.add_argument("--strategies", default="per_layer,once")
     ap.add_argument("--hidden", type=int, default=16)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--ghosts-only", action="store_true",
+                    help="build the graphs and report ghost rows; no model steps")  # fmt: skip
     args = ap.parse_args(argv)
     from meshshard.partition import partition
 
@@ -195,19 +214,24 @@ def main(argv=None) -> int:
                 continue
             for method in args.methods.split(","):
                 t = time.perf_counter()
-                kw = {"graph": prob["adj"]} if method == "metis" else {}
-                part = partition(prob["centres"], p, method=method, **kw)
+                kw = {}
+                if method.startswith("metis"):
+                    kw = {"graph": prob["adj"], "objective": "vol" if method == "metis_vol"
+                          else "cut"}  # fmt: skip
+                part = partition(prob["centres"], p, method=method.split("_")[0], **kw)
                 np.savez(workdir / f"part_{method}_{p}.npz", assignment=part.assignment,
                          order=part.order, sizes=part.sizes)  # fmt: skip
                 print(f"partition {method} P={p}: {time.perf_counter() - t:.1f} s, sizes "
                       f"{part.sizes.tolist()}")  # fmt: skip
         del prob["adj"], prob["centres"]
         print()
+        if args.ghosts_only:
+            return _ghosts_table(workdir, ranks, args)
         print("| P | method | strategy | ghost rows / refresh | refreshes / step | "
               "ghost rows / layer | ghost floats / step | build (s) | step wall (s) | "
-              "per layer (ms) | CPU (s) | vs 1 process | activations/rank (MB) | ratio | "
-              "ideal 1.2/P | RSS growth/rank (MB) |")
-        print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "per layer (ms) | CPU (s) | vs 1 process | CPU vs 1 process | "
+              "activations/rank (MB) | ratio | ideal 1.2/P | RSS growth/rank (MB) |")
+        print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         base = None
         configs = [(1, "-", "-")] + [
             (p, m, s)
@@ -227,7 +251,7 @@ def main(argv=None) -> int:
             ghost_rows = sum(r["recv_per_refresh"] for r in reps)
             per_layer_rows = ghost_rows if strategy == "per_layer" else ghost_rows / args.layers
             if base is None:
-                base = (wall, act)
+                base = (wall, act, cpu)
             refreshes = reps[0]["refreshes"] // (args.repeat + 1)
             # inputs (6 columns) once, then hidden rows before layers 2..L (per_layer)
             width = 6 + (args.layers - 1) * args.hidden if strategy == "per_layer" else 6
@@ -235,8 +259,30 @@ def main(argv=None) -> int:
                   f"{per_layer_rows:,.0f} | {ghost_rows * width:,} | "
                   f"{max(r['build'] for r in reps):.2f} | {wall:.2f} | "
                   f"{1000 * wall / args.layers:.0f} | {cpu:.2f} | {wall / base[0]:.2f}x | "
+                  f"{cpu / max(base[2], 1e-9):.2f}x | "
                   f"{act:,.0f} | {act / base[1]:.3f} | {1.2 / p:.3f} | {rss:,.0f} |",
                   flush=True)  # fmt: skip
+    return 0
+
+
+def _ghosts_table(workdir: Path, ranks: list[int], args) -> int:
+    """Ghost rows per one-ring refresh of every rank's built graph; METIS against Hilbert."""
+    print("| P | method | ghost rows / layer | vs hilbert | owned rows (min..max) | build (s) |")
+    print("|---:|---|---:|---:|---|---:|")
+    methods = args.methods.split(",")
+    for p in (r for r in ranks if r > 1):
+        rows = {}
+        for method in methods:
+            cfg = {"method": method, "strategy": "per_layer", "layers": 1, "hidden": 1,
+                   "repeat": 0, "ghosts_only": True}  # fmt: skip
+            reps = run_ranks(rank_step, p, str(workdir), cfg, timeout=3600)
+            rows[method] = (sum(r["recv_per_refresh"] for r in reps), reps)
+        ref = rows.get("hilbert", (None,))[0]
+        for method, (ghost, reps) in rows.items():
+            owned = [r["owned"] for r in reps]
+            vs = f"{ghost / ref:.2f}x" if ref else "-"
+            print(f"| {p} | {method} | {ghost:,} | {vs} | {min(owned):,}..{max(owned):,} | "
+                  f"{max(r['build'] for r in reps):.2f} |", flush=True)  # fmt: skip
     return 0
 
 

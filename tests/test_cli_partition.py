@@ -52,6 +52,19 @@ def test_partition_weights_targets_points_and_force(mesh_file, tmp_path, capsys)
     assert Partition.load(tmp_path / "c").params["on"] == "points"
 
 
+def test_partition_metis_volume_objective(mesh_file, tmp_path, capsys):
+    runs = {}
+    for obj in ("cut", "vol"):
+        out = tmp_path / obj
+        argv = ["partition", str(mesh_file / "grid.vtu"), "-p", "4", "-m", "metis",
+                "--objective", obj, "--out", str(out), "--json"]  # fmt: skip
+        assert main(argv) == 0
+        runs[obj] = json.loads(capsys.readouterr().out)
+        part = Partition.load(out)
+        assert part.params["objective"] == obj and part.sizes.sum() == 480
+    assert runs["vol"]["comm_volume"] <= runs["cut"]["comm_volume"]
+
+
 @pytest.mark.parametrize(
     "argv,err",
     [
@@ -60,6 +73,7 @@ def test_partition_weights_targets_points_and_force(mesh_file, tmp_path, capsys)
         (["-p", "2", "--targets", "a,b"], "comma-separated fractions"),
         (["-p", "2", "--weights", "nope"], "no cell field 'nope'"),
         (["-p", "2", "--on", "points", "--graph", "dual"], "use --graph knn"),
+        (["-p", "2", "--objective", "vol"], "--objective is a METIS option; add --method metis"),
     ],
 )
 def test_partition_user_errors_exit_2(mesh_file, tmp_path, capsys, argv, err):

@@ -89,6 +89,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--targets", help="fraction per shard, e.g. 0.5,0.25,0.25")
     parser.add_argument("--allow-empty", action="store_true", help="allow empty shards")
     parser.add_argument("--seed", type=int, default=0, help="METIS seed")
+    parser.add_argument(
+        "--objective", choices=("cut", "vol"), default=None,
+        help="what METIS minimises: cut (edges between shards, default) or vol (communication "
+        "volume = ghost rows per halo refresh, e.g. for mesh GNNs); --method metis only",
+    )  # fmt: skip
     parser.add_argument("--out", "-o", required=True, help="output directory")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
@@ -126,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
         check_parts(args.parts, 0, allow_empty=True)
     targets = parse_targets(args.targets, args.parts)
     mode = "none" if args.no_metrics else args.metrics
+    if args.objective is not None and args.method != "metis":
+        msg = f"--objective is a METIS option; add --method metis (got --method {args.method})"
+        raise CLIError(msg)
     if mode == "cut" and args.graph == "knn" and args.method != "metis":
         msg = "--metrics cut counts faces of the dual graph; with --graph knn use --metrics full"
         raise CLIError(msg)
@@ -146,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
             with st.stage("graph", f"{kind}, {why}"):
                 graph = geom.graph(kind, knn=args.knn)
         extra = {"seed": args.seed, "graph": graph} if args.method == "metis" else {}
+        if args.objective is not None:
+            extra["objective"] = args.objective
         with st.stage("partition", args.method):
             part = partition(
                 geom.points, args.parts, method=args.method, weights=weights, targets=targets,

@@ -1,8 +1,8 @@
 """Message passing on a :class:`~meshshard.graph.ShardedGraph`: ghost refresh and aggregation.
 
-- :func:`refresh_ghosts` fills the ghost rows from their owners through
-  :func:`meshshard.ops.halo_exchange` (differentiable: ghost gradients go back to the owners
-  and are summed there).
+- :func:`refresh_ghosts` fills the ghost rows from their owners with the same all-to-all as
+  :func:`meshshard.ops.halo_exchange`, without its full-size temporaries (``_refresh.py``;
+  differentiable: ghost gradients go back to the owners and are summed there).
 - :func:`aggregate` reduces per-edge messages at the edges' targets, locally: by the edge
   ownership rule every owned node has all its in-edges here, so owners get exactly the
   single-process values, with no communication.
@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from meshshard.graph._refresh import refresh_owned
 from meshshard.graph.record import ShardedGraph
 from meshshard.ops._validation import check_reduce, collective_flag
-from meshshard.ops.halo import halo_exchange
 
 __all__ = ["GhostExchange", "aggregate", "refresh_ghosts", "sync_gradients"]
 
@@ -89,7 +89,7 @@ def refresh_ghosts(x: Any, graph: ShardedGraph, *, check: bool = True) -> torch.
         collective_flag(problem, group=graph.group, device=dev, op="refresh_ghosts")
     elif problem is not None:
         raise ValueError(problem)
-    return halo_exchange(local[: graph.n_owned], graph.plan, group=graph.group, check=False)
+    return refresh_owned(local[: graph.n_owned], graph.plan, graph.rank, graph.group)
 
 
 def aggregate(

@@ -21,11 +21,34 @@ from meshshard.partition._validation import (
 )
 from meshshard.partition.record import Partition
 
-__all__ = ["metis", "metis_assignment"]
+__all__ = ["OBJECTIVES", "metis", "metis_assignment"]
 
 log = logging.getLogger(__name__)
 
 _WEIGHT_SCALE = 1000  # float weights -> METIS integer vertex weights (relative precision 1e-3)
+
+
+OBJECTIVES = ("cut", "vol")
+"""METIS objectives: ``"cut"`` minimises the edges between shards (METIS' default), ``"vol"``
+the communication volume, i.e. the ghost rows a halo refresh moves (``-objtype=vol``)."""
+
+
+def _check_objective(objective: Any, recursive: bool, niter: Any, ncuts: Any) -> None:
+    """One place for the option checks, before pymetis sees them (it aborts on bad ones)."""
+    if objective not in OBJECTIVES:
+        msg = f"objective={objective!r} is not one of {OBJECTIVES}: use 'cut' or 'vol'"
+        raise ValueError(msg)
+    if objective == "vol" and recursive:
+        msg = (
+            "objective='vol' needs k-way METIS, but recursive=True was given: set "
+            "recursive=False (METIS' recursive bisection only minimises the edge cut)"
+        )
+        raise ValueError(msg)
+    for name, val in (("niter", niter), ("ncuts", ncuts)):
+        if val is not None and (isinstance(val, bool) or not isinstance(val, (int, np.integer))
+                                or val < 1):  # fmt: skip
+            msg = f"{name}={val!r} must be an integer >= 1 (or None for METIS' default)"
+            raise ValueError(msg)
 
 
 def _int_weights(w: np.ndarray) -> np.ndarray:
@@ -45,6 +68,9 @@ def metis_assignment(
     ufactor: int = 30,
     contig: bool = False,
     seed: int = 0,
+    objective: str = "cut",
+    niter: int | None = None,
+    ncuts: int | None = None,
 ) -> np.ndarray:
     """Shard label per vertex from pymetis on a validated CSR graph.
 
@@ -52,6 +78,7 @@ def metis_assignment(
     """
     import pymetis
 
+    _check_objective(objective, recursive, niter, ncuts)
     n = graph.shape[0]
     t = np.full(parts, 1.0 / parts) if targets is None else targets
     live = np.flatnonzero(t > 0)
@@ -64,7 +91,12 @@ def metis_assignment(
     )
     tp = (t[live] / t[live].sum()).tolist()
     equal = np.allclose(tp, 1.0 / live.size)
-    opts = pymetis.Options(ufactor=int(ufactor), contig=bool(contig), seed=int(seed))
+    extra = {} if niter is None else {"niter": int(niter)}
+    if ncuts is not None:
+        extra["ncuts"] = int(ncuts)
+    if objective == "vol":
+        extra["objtype"] = int(pymetis.ObjType.VOL)
+    opts = pymetis.Options(ufactor=int(ufactor), contig=int(bool(contig)), seed=int(seed), **extra)
     result = pymetis.part_graph(
         int(live.size),
         adjacency=adjacency,
@@ -91,6 +123,9 @@ def metis(
     ufactor: int = 30,
     contig: bool = False,
     seed: int = 0,
+    objective: str = "cut",
+    niter: int | None = None,
+    ncuts: int | None = None,
 ) -> Partition:
     """Partition with METIS on a graph of the points (or cells).
 
@@ -119,6 +154,16 @@ def metis(
         Ask METIS for contiguous parts.
     seed : int
         METIS random seed (the result is deterministic for a fixed seed).
+    objective : {"cut", "vol"}
+        What METIS minimises: ``"cut"``, the edges between shards (METIS' default), or
+        ``"vol"``, the communication volume: the number of (vertex, other shard) pairs, which is
+        exactly the ghost rows a one-ring halo refresh moves per layer (a GNN's
+        :func:`meshshard.graph.refresh_ghosts`). Use ``"vol"`` to minimise ghost traffic; it
+        often cuts more edges. k-way only (``recursive=False``).
+    niter : int, optional
+        Refinement iterations per level (METIS ``-niter``; None: METIS' default, 10).
+    ncuts : int, optional
+        Number of partitionings METIS computes, keeping the best (``-ncuts``; None: 1).
 
     Returns
     -------
@@ -127,7 +172,8 @@ def metis(
     Raises
     ------
     ValueError
-        Asymmetric or self-looped graph, mismatched sizes, bad weights/targets.
+        Asymmetric or self-looped graph, mismatched sizes, bad weights/targets, an unknown
+        ``objective``, ``objective="vol"`` with ``recursive=True``, ``niter``/``ncuts`` < 1.
 
     Examples
     --------
@@ -138,6 +184,7 @@ def metis(
     """
     from meshshard.partition.graph import knn_graph_sorted
 
+    _check_objective(objective, recursive, niter, ncuts)
     pts = None if points is None else as_points(points)
     order = None  # vertex a of the METIS graph is point order[a] (None: identity)
     if graph is None:
@@ -163,6 +210,7 @@ def metis(
         assignment = metis_assignment(
             g, parts, weights=wg,
             targets=t, recursive=recursive, ufactor=ufactor, contig=contig, seed=seed,
+            objective=objective, niter=niter, ncuts=ncuts,
         )  # fmt: skip
         if order is not None:
             labels = assignment
@@ -180,7 +228,12 @@ def metis(
         "ufactor": int(ufactor),
         "contig": bool(contig),
         "seed": int(seed),
+        "objective": objective,
     }
+    if niter is not None:
+        params["niter"] = int(niter)
+    if ncuts is not None:
+        params["ncuts"] = int(ncuts)
     if order is None:  # no coordinates: keep the original order inside each shard
         return Partition.from_assignment(assignment, parts, method="metis", params=params)
     from meshshard.partition.sfc import group_by_shard

@@ -26,7 +26,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GRAPH_KINDS", "load_graph_shard", "surface_dual_edges", "write_graph"]
+__all__ = [
+    "GRAPH_KINDS",
+    "load_graph_shard",
+    "surface_dual_adjacency",
+    "surface_dual_edges",
+    "write_graph",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,18 @@ def surface_dual_edges(run_dir: str | Path, source_index: np.ndarray, schema: An
     return np.stack([s[keep], d[keep]])
 
 
+def surface_dual_adjacency(run_dir: str | Path, source_index: np.ndarray, schema: Any = None):
+    """:func:`surface_dual_edges` and the same graph as a symmetric scipy CSR matrix (for
+    METIS): ``(edges, adjacency)``."""
+    import scipy.sparse as sp
+
+    edges = surface_dual_edges(run_dir, source_index, schema)
+    n = len(source_index)
+    adj = sp.csr_matrix((np.ones(edges.shape[1], dtype=np.int8), (edges[0], edges[1])),
+                        shape=(n, n))  # fmt: skip
+    return edges, adj
+
+
 def write_graph(
     store: str | Path,
     run_dir: str | Path,
@@ -65,6 +83,7 @@ def write_graph(
     *,
     rings: int = 1,
     schema: Any = None,
+    edges: np.ndarray | None = None,
 ) -> dict:
     """Add every part's dual-graph shard to a (temporary) store written by ``write_store``.
 
@@ -81,6 +100,8 @@ def write_graph(
     kind : {"dual"}
     rings : int
         Ghost rings per part (1: a refresh per layer; L: one refresh before L layers).
+    edges : ndarray of shape (2, E), optional
+        :func:`surface_dual_edges` of this run when the caller already has them.
 
     Returns
     -------
@@ -98,7 +119,8 @@ def write_graph(
     if data.surface is None or partition is None:
         msg = "graph='dual' stores the surface's dual graph: preprocess the surface too"
         raise ValueError(msg)
-    edges = surface_dual_edges(run_dir, data.surface.source_index, schema)
+    if edges is None:
+        edges = surface_dual_edges(run_dir, data.surface.source_index, schema)
     pieces = build_all(partition, edges, rings=rings, symmetric=True)
     inv = partition.inverse
     P = partition.nparts

@@ -227,7 +227,9 @@ def process_run(
     """Preprocess one run directory into ``dst/<run>.zarr`` (see the module docstring).
 
     ``graph="dual"`` also stores the surface dual graph's shards
-    (:mod:`meshshard.pipelines.graphstore`).
+    (:mod:`meshshard.pipelines.graphstore`); with ``method="metis"`` the surface is then cut on
+    that dual graph with METIS' volume objective (the ghost rows a GNN layer moves), not on a
+    kNN graph of the cell centres.
 
     Raises
     ------
@@ -277,11 +279,20 @@ def process_run(
 
     partitions: dict[str, Any] = {}
     halos: dict[str, Any] = {}
+    dual_edges = None
     for part, d in (("surface", data.surface), ("volume", data.volume)):
         if d is None:
             continue
         t = time.perf_counter()
-        partitions[part] = partition(d.centers, parts, method=method)
+        kw: dict[str, Any] = {}
+        if part == "surface" and graph == "dual" and method == "metis":
+            # a GNN's ghost rows are the dual graph's communication volume: cut that graph,
+            # for that objective (METIS on a kNN graph of the centres moves up to 1.6x more)
+            from meshshard.pipelines.graphstore import surface_dual_adjacency
+
+            dual_edges, kw["graph"] = surface_dual_adjacency(run_dir, d.source_index, schema)
+            kw["objective"] = "vol"
+        partitions[part] = partition(d.centers, parts, method=method, **kw)
         timings["partition"] = timings.get("partition", 0.0) + time.perf_counter() - t
         if halo_radius is not None:
             t = time.perf_counter()
@@ -302,7 +313,8 @@ def process_run(
         if graph is not None:
             from meshshard.pipelines.graphstore import write_graph
 
-            write_graph(tmp, run_dir, partitions.get("surface"), data, graph, schema=schema)
+            write_graph(tmp, run_dir, partitions.get("surface"), data, graph, schema=schema,
+                        edges=dual_edges)  # fmt: skip
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a crash (os._exit, kill) leaves it for a rerun
         raise

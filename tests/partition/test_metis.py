@@ -95,3 +95,65 @@ def test_metis_rows_inside_shards_follow_the_hilbert_curve(cloud):
     codes = hilbert_codes(cloud)[p.order].astype(np.float64)
     for piece in p.split(codes):
         assert np.all(np.diff(piece) >= 0)
+
+
+def _tube(nu: int, nv: int):
+    """Dual graph of a quad tube, nu rings of nv cells (a mesh where cut and volume differ)."""
+    i, j = np.meshgrid(np.arange(nu), np.arange(nv), indexing="ij")
+    c = (i * nv + j).ravel()
+    right = (i * nv + (j + 1) % nv).ravel()
+    up = ((i + 1) * nv + j)[:-1].ravel()
+    r = np.concatenate([c, c[: up.size]])
+    s = np.concatenate([right, up])
+    a = sp.coo_matrix((np.ones(r.size), (r, s)), shape=(nu * nv, nu * nv)).tocsr()
+    return (a + a.T).tocsr()
+
+
+@pytest.mark.parametrize("P", [2, 4, 5])
+def test_metis_volume_objective_moves_no_more_ghost_rows_than_cut(P):
+    from meshshard.partition import metrics
+
+    g = _tube(60, 40)
+    n = g.shape[0]
+    vol = metis(None, P, graph=g, objective="vol")
+    cut = metis(None, P, graph=g, objective="cut")
+    for p in (vol, cut):
+        assert p.sizes.sum() == n and len(p.sizes) == P
+        assert np.array_equal(np.bincount(p.assignment, minlength=P), p.sizes)
+        assert p.sizes.max() / p.sizes.mean() <= 1.031
+    assert vol.params["objective"] == "vol" and cut.params["objective"] == "cut"
+    mv = metrics(vol, graph=g)
+    mc = metrics(cut, graph=g)
+    # the volume objective optimises the ghost rows of a halo refresh (= comm volume = halo)
+    assert mv["comm_volume"] == mv["halo_volume"]
+    assert mv["comm_volume"] <= mc["comm_volume"]
+    assert vol == metis(None, P, graph=g, objective="vol")  # deterministic
+
+
+def test_metis_volume_objective_options_are_validated_before_pymetis(cloud, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("pymetis must not see bad options")
+
+    monkeypatch.setattr(pymetis, "part_graph", boom)
+    with pytest.raises(ValueError, match="recursive=False"):
+        metis(cloud, 4, objective="vol", recursive=True)
+    with pytest.raises(ValueError, match="'cut' or 'vol'"):
+        partition(cloud, 4, method="metis", objective="volume")
+    with pytest.raises(ValueError, match="niter=0 must be an integer >= 1"):
+        metis(cloud, 4, niter=0)
+    with pytest.raises(ValueError, match="ncuts=1.5"):
+        metis(cloud, 4, ncuts=1.5)
+
+
+def test_metis_ncuts_and_niter_reach_pymetis(cloud, monkeypatch):
+    seen = {}
+    real = pymetis.part_graph
+
+    def spy(*a, options=None, **k):
+        seen.update(niter=options.niter, ncuts=options.ncuts, objtype=options.objtype)
+        return real(*a, options=options, **k)
+
+    monkeypatch.setattr(pymetis, "part_graph", spy)
+    p = metis(cloud, 4, objective="vol", niter=20, ncuts=2)
+    assert seen == {"niter": 20, "ncuts": 2, "objtype": int(pymetis.ObjType.VOL)}
+    assert p.params["niter"] == 20 and p.params["ncuts"] == 2 and p.sizes.sum() == 4000

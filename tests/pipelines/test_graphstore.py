@@ -67,6 +67,21 @@ def test_stored_shards_equal_the_built_ones(graph_store, runs_src):
         assert rows.shape[0] == g.n_owned
 
 
+def test_metis_with_graph_dual_cuts_the_dual_graph_for_volume(graph_store, runs_src):
+    """preprocess --method metis --graph dual partitions the surface on its dual graph with the
+    volume objective: no more ghost rows than METIS on the centres' kNN graph."""
+    from meshshard.partition import metrics, partition
+
+    part, _ = store_partition(graph_store)
+    assert part.params["graph"] == "given" and part.params["objective"] == "vol"
+    mesh = pv.read(runs_src / "run_1" / "boundary_1.vtp")
+    adj = dual_graph(mesh)
+    knn = partition(mesh.cell_centers().points, 3, method="metis")
+    assert knn.params["graph"] == "knn8"
+    ours = metrics(part, graph=adj)["comm_volume"]
+    assert 0 < ours <= metrics(knn, graph=adj)["comm_volume"]
+
+
 def test_inspect_reports_the_graph(graph_store):
     from meshshard.pipelines import inspect_store
 
