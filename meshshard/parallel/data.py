@@ -167,7 +167,8 @@ def data_parallel(
     Raises
     ------
     ValueError
-        Unknown mode or mesh dim, or weights that differ between ranks (on every rank).
+        Unknown mode or mesh dim, ``find_unused_parameters=True`` (use ``static_graph=True``),
+        or weights that differ between ranks (on every rank).
 
     Collective: every rank of the mesh must call this.
     """
@@ -177,6 +178,15 @@ def data_parallel(
     names = mesh.mesh_dim_names or ()
     if data_dim not in names:
         msg = f"data_parallel: data_dim={data_dim!r} is not a dim of the mesh {list(names)}"
+        raise ValueError(msg)
+    if mode == "ddp" and kwargs.get("find_unused_parameters"):
+        msg = (
+            "data_parallel: find_unused_parameters=True is not supported with ShardTensor "
+            "inputs: DDP searches the C++ autograd graph from the outputs, and a ShardTensor "
+            "keeps its graph on its local piece, so every parameter would look unused. Use "
+            "static_graph=True (its first iteration finds unused parameters by running "
+            "backward) or make every parameter take part in the loss"
+        )
         raise ValueError(msg)
     from torch.distributed.tensor import DTensor
 
@@ -189,11 +199,10 @@ def data_parallel(
         raise ValueError(msg)
     if check_weights:
         check_same_weights(model, mesh, skip=("tensor",) if tensor_parallel else ())
+    if mode == "ddp" and tensor_parallel:
+        return _average_grads(model, mesh, data_dim)
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
-
-        if tensor_parallel:
-            return _average_grads(model, mesh, data_dim)
 
         if mesh.device_type == "cuda" and "device_ids" not in kwargs:
             kwargs["device_ids"] = [torch.cuda.current_device()]

@@ -125,3 +125,44 @@ def load_bad(rank, world_size, root, hidden):
         else:
             errors.append(None)
     return errors
+
+
+def killed_during_save(rank, world_size, path):
+    """Save a good checkpoint at step 1; at step 2 rank 1 dies (os._exit) while writing."""
+    import os
+
+    import torch.distributed.checkpoint as dcp
+
+    from meshshard.parallel import data_parallel, save_checkpoint
+
+    mesh = _mesh(1)
+    m = data_parallel(model(), mesh, mode="fsdp")
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    data = samples()
+    _step(m, opt, mesh, data)
+    save_checkpoint(path, m, opt, step=1)
+    torch.save(_fns_full(m), f"{path}-weights-{rank}.pt")
+    _step(m, opt, mesh, data)
+    orig = dcp.FileSystemWriter.write_data
+
+    def dying(self, plan, planner):
+        if rank == 1:
+            os._exit(3)  # killed mid-save: no exception, no cleanup
+        return orig(self, plan, planner)
+
+    dcp.FileSystemWriter.write_data = dying
+    save_checkpoint(path, m, opt, step=2)
+
+
+def _fns_full(m):
+    from tests.parallel._fns import full_params
+
+    return full_params(m)
+
+
+def load_step_and_weights(rank, world_size, path):
+    from meshshard.parallel import data_parallel, load_checkpoint
+
+    m = data_parallel(model(seed=5), _mesh(1), mode="fsdp")
+    step = load_checkpoint(path, m)["step"]
+    return step, _fns_full(m)

@@ -117,4 +117,6 @@ def bad_inputs(rank, world_size):
         data_parallel(model(), mesh, data_dim="batch")
     with pytest.raises(ValueError, match=r"mesh dims \['tensor'\] not in the mesh"):
         data_parallel(model(), mesh, mode="fsdp", shard_dims=("data", "tensor"))
+    with pytest.raises(ValueError, match="use static_graph=True|Use static_graph=True"):
+        data_parallel(model(), mesh, mode="ddp", find_unused_parameters=True)
     data_parallel(model(seed=1 if rank == 3 else 0), mesh, mode="fsdp")

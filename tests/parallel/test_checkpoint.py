@@ -5,8 +5,9 @@ checkpoint of another model is refused on every rank."""
 import json
 
 import pytest
+import torch
 
-from meshshard.testing import run_ranks
+from meshshard.testing import RankError, run_ranks
 from tests.parallel import _ckpt_fns, _fns
 
 SAVE_AT, STEPS = 2, 4
@@ -45,3 +46,16 @@ def test_other_model_or_foreign_directory_errors_on_every_rank(tmp_path):
         assert "checkpoint [16], model [8]" in other
         assert foreign.startswith("CheckpointError:") and "not a meshshard checkpoint" in foreign
         assert missing.startswith("FileNotFoundError:") and "no checkpoint there" in missing
+
+
+def test_rank_killed_during_save_keeps_last_good_checkpoint(tmp_path):
+    path = tmp_path / "ck"
+    with pytest.raises(RankError) as info:
+        run_ranks(_ckpt_fns.killed_during_save, 2, path, timeout=120, collective_timeout=10)
+    assert info.value.status[1] == "died"
+    assert json.loads((path / "meshshard.json").read_text())["step"] == 1
+    good = torch.load(f"{path}-weights-0.pt")
+    for step, weights in run_ranks(_ckpt_fns.load_step_and_weights, 2, path, timeout=120):
+        assert step == 1
+        for name, w in good.items():
+            assert torch.equal(weights[name], w), name

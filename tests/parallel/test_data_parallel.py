@@ -16,14 +16,15 @@ def reference():
 
 
 @pytest.mark.parametrize(
-    ("mode", "shard_dims"),
-    [("ddp", None), ("fsdp", None), ("fsdp", ("data",))],
-    ids=["ddp", "fsdp-data-x-domain", "fsdp-data"],
+    ("mode", "shard_dims", "extra"),
+    [("ddp", None, None), ("ddp", None, {"static_graph": True}), ("fsdp", None, None),
+     ("fsdp", ("data",), None)],
+    ids=["ddp", "ddp-static-graph", "fsdp-data-x-domain", "fsdp-data"],
 )
-def test_matches_single_process(mode, shard_dims, reference):
+def test_matches_single_process(mode, shard_dims, extra, reference):
     ref, outs, grads, losses = reference
     weights = _fns.full_params(ref)
-    reports = run_ranks(_fns.data_parallel_run, 4, mode, shard_dims, STEPS, timeout=120)
+    reports = run_ranks(_fns.data_parallel_run, 4, mode, shard_dims, STEPS, extra, timeout=120)
     for rank, rep in enumerate(reports):
         torch.testing.assert_close(rep["out"], outs[rep["group"]], rtol=1e-5, atol=1e-5)
         assert rep["grads"].keys() == grads.keys()
