@@ -1,0 +1,365 @@
+"""Compile the local computation of row-local blocks: ShardTensor dispatch once per block.
+
+``torch.compile(model)`` on ShardTensor inputs runs, but every torch function on a ShardTensor
+is a graph break (the sharding rules run eagerly, see ``ShardTensor.__torch_function__``), so it
+removes no dispatch overhead. :func:`compile_local` does: for a block whose output rows depend
+only on the same input rows (pointwise MLPs, linears, layer norms over features, activations),
+the block's forward on ShardTensor inputs becomes
+
+1. unwrap the inputs to their local pieces (reduce Partial inputs first),
+2. mark the parameters so that their gradients are summed over the sharded mesh dims in
+   backward (one flat all-reduce per block, as the eager rules do per use),
+3. one ``torch.compile``-d call of the block's own forward on the local tensors,
+4. wrap the outputs with the inputs' layout.
+
+The first call for an input layout checks (under ``no_grad``) that the block really is local:
+its eager ShardTensor forward must issue no collective, keep the inputs' placements and shard
+sizes, and equal the plain forward on the local pieces. Every rank takes part in the verdict
+(one small all-reduce), so a block that is not local raises :class:`LocalityError` on every rank
+instead of returning a wrong answer or hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import Partial, Shard
+
+from meshshard.shardtensor.api import ShardTensor, _make_dynamo_opaque
+from meshshard.shardtensor.spec import ShardSpec
+
+__all__ = ["LocalityError", "compile_local", "is_compiled_local"]
+
+# the collectives a block could issue in forward; counted while a block is checked
+_DIST_FUNCS = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+    "all_to_all_single", "broadcast", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+    "scatter", "gather", "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier",
+)
+_all_reduce = dist.all_reduce  # the verdict's own collective, never counted
+_patch_lock = threading.Lock()
+
+
+class LocalityError(ValueError):
+    """A block given to :func:`compile_local` is not row-local on ShardTensor inputs."""
+
+
+def compile_local(module: nn.Module, *, check: bool = True, **compile_kwargs: Any) -> nn.Module:
+    """Run ``module`` on ShardTensor inputs as one compiled call on the local pieces.
+
+    In place (``state_dict`` keys, hooks and parameters are unchanged); returns ``module``.
+    For blocks with no cross-rank work: every output row depends only on the same input row
+    and on the parameters (MLPs, linears, LayerNorm over features, activations, dropout). The
+    ShardTensor inputs must share one layout (placements and shard sizes). Plain-tensor calls
+    run the module's own forward unchanged, and ``torch.compile`` of an enclosing model treats
+    the block as one opaque call (one graph break) that runs the compiled local function.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The block. Its parameters are treated as replicated.
+    check : bool
+        Verify locality on the first call for each input layout (one extra eager forward of the
+        block and one small all-reduce over the mesh). With ``check=False`` locality is the
+        caller's promise.
+    **compile_kwargs
+        Passed to ``torch.compile`` (e.g. ``backend="aot_eager"``, ``dynamic=True``).
+
+    Returns
+    -------
+    nn.Module
+        ``module`` itself.
+
+    Raises
+    ------
+    LocalityError
+        On every rank, when the check finds that the block communicates, changes the layout,
+        or computes something else on the local pieces (e.g. it uses the global point count).
+    meshshard.shardtensor.LayoutError
+        When the ShardTensor inputs of one call have different layouts.
+
+    Collective: a call on ShardTensor inputs is collective over the mesh in backward (gradient
+    all-reduce of the parameters) and on a checked first call.
+
+    Example
+    -------
+    >>> for block in model.blocks:                       # doctest: +SKIP
+    ...     compile_local(block.mlp)
+    """
+    if not isinstance(module, nn.Module):
+        msg = f"compile_local needs an nn.Module, got {type(module).__name__}"
+        raise TypeError(msg)
+    if is_compiled_local(module):
+        return module
+    module.forward = _LocalForward(module, check, compile_kwargs)
+    return module
+
+
+def is_compiled_local(module: nn.Module) -> bool:
+    """Whether :func:`compile_local` was applied to ``module``."""
+    return isinstance(module.__dict__.get("forward"), _LocalForward)
+
+
+class _LocalForward:
+    """The replacement ``forward``: plain inputs -> the module's own forward; ShardTensor
+    inputs -> :meth:`run` (opaque to an enclosing torch.compile)."""
+
+    def __init__(self, module: nn.Module, check: bool, compile_kwargs: dict) -> None:
+        self.orig = type(module).forward.__get__(module)
+        self.module_ref = module
+        self.check = check
+        self.compile_kwargs = compile_kwargs
+        self.compiled: Callable | None = None
+        self.verified: set = set()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, ShardTensor):
+                return _run(self, args, kwargs)
+        return self.orig(*args, **kwargs)
+
+    def local_fn(self) -> Callable:
+        if self.compiled is None:
+            module = self.module_ref
+
+            def local_call(pb: dict, args: tuple, kwargs: dict) -> Any:
+                return torch.func.functional_call(module, pb, args, kwargs)
+
+            self.compiled = torch.compile(local_call, **self.compile_kwargs)
+        return self.compiled
+
+
+def _run(fwd: _LocalForward, args: tuple, kwargs: dict) -> Any:
+    from meshshard.shardtensor._dispatch import reduce_partials
+
+    module = fwd.module_ref
+    args = tuple(reduce_partials(a) if isinstance(a, ShardTensor) else a for a in args)
+    kwargs = {k: reduce_partials(v) if isinstance(v, ShardTensor) else v
+              for k, v in kwargs.items()}
+    spec = _common_spec(module, [*args, *kwargs.values()])
+    if fwd.check:
+        key = (spec.placements, _trivial(spec), module.training,
+               tuple(_arg_key(v) for v in (*args, *kwargs.values())))
+        if key not in fwd.verified:
+            _verify(fwd, spec, args, kwargs)
+            fwd.verified.add(key)
+    groups = [spec.mesh.get_group(i) for i, p in enumerate(spec.placements)
+              if isinstance(p, Shard) and spec.mesh.size(i) > 1]
+    largs = tuple(a._local if isinstance(a, ShardTensor) else a for a in args)
+    lkw = {k: v._local if isinstance(v, ShardTensor) else v for k, v in kwargs.items()}
+    pb: dict[str, torch.Tensor] = dict(module.named_parameters())
+    names = [n for n, p in pb.items() if p.requires_grad]
+    # plain tensors given as arguments are replicated too; their gradients need the same sum
+    plain = [i for i, a in enumerate(largs) if _needs_grad_sum(a)]
+    plain_kw = [k for k, v in lkw.items() if _needs_grad_sum(v)]
+    if groups and torch.is_grad_enabled() and (names or plain or plain_kw):
+        ins = [pb[n] for n in names] + [largs[i] for i in plain] + [lkw[k] for k in plain_kw]
+        outs = _GradSumMany.apply(tuple(groups), *ins)
+        for n, o in zip(names, outs[: len(names)]):
+            pb[n] = o
+        largs = list(largs)
+        for i, o in zip(plain, outs[len(names) : len(names) + len(plain)]):
+            largs[i] = o
+        largs = tuple(largs)
+        for k, o in zip(plain_kw, outs[len(names) + len(plain) :]):
+            lkw[k] = o
+    pb.update(dict(module.named_buffers()))
+    out = fwd.local_fn()(pb, largs, lkw)
+    return _wrap_outputs(out, spec)
+
+
+_make_dynamo_opaque(_run)
+
+
+def _needs_grad_sum(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.requires_grad
+
+
+def _arg_key(v: Any) -> Any:
+    if isinstance(v, ShardTensor):
+        return ("S", v.ndim, v.dtype)
+    if isinstance(v, torch.Tensor):
+        return ("T", tuple(v.shape), v.dtype)
+    return (type(v).__name__,)
+
+
+def _trivial(spec: ShardSpec) -> bool:
+    """Every rank holds all rows or none: a check on such a layout cannot see a block that uses
+    the global size, so it does not vouch for other layouts."""
+    return all(s is None or all(v in (0, sum(s)) for v in s) for s in spec.sizes)
+
+
+def _common_spec(module: nn.Module, values: list) -> ShardSpec:
+    from meshshard.shardtensor._dispatch import LayoutError, check_same_mesh
+
+    sts = [v for v in values if isinstance(v, ShardTensor)]
+    check_same_mesh(sts)
+    first = sts[0]._spec
+    for t in sts[1:]:
+        if t._spec.placements != first.placements or t._spec.sizes != first.sizes:
+            msg = (
+                f"compile_local({type(module).__name__}): ShardTensor inputs have different "
+                f"layouts ({first.describe()} and {t._spec.describe()}); redistribute one, e.g. "
+                "b = b.redistribute(a.placements, sizes=a.sharding_sizes())"
+            )
+            raise LayoutError(msg)
+    return first
+
+
+def _wrap_outputs(out: Any, spec: ShardSpec) -> Any:
+    if isinstance(out, torch.Tensor):
+        return ShardTensor(out, _out_spec(out, spec))
+    if isinstance(out, (tuple, list)):
+        return type(out)(_wrap_outputs(o, spec) for o in out)
+    return out
+
+
+def _out_spec(local: torch.Tensor, spec: ShardSpec) -> ShardSpec:
+    shape = list(local.shape)
+    coord = spec.coordinate()
+    for i, p in enumerate(spec.placements):
+        if isinstance(p, Shard):
+            if p.dim >= local.ndim or shape[p.dim] != spec.sizes[i][coord[i]]:
+                msg = (
+                    f"compile_local: a local output of shape {tuple(local.shape)} does not keep "
+                    f"the {spec.sizes[i][coord[i]]} local rows of the input's sharded dim "
+                    f"{p.dim}; the block is not row-local"
+                )
+                raise LocalityError(msg)
+            shape[p.dim] = int(sum(spec.sizes[i]))
+    return ShardSpec(spec.mesh, spec.placements, spec.sizes, torch.Size(shape))
+
+
+# ------------------------------------------------------------------------------- the check
+@contextlib.contextmanager
+def _count_collectives():
+    calls: list[str] = []
+    saved = {}
+    with _patch_lock:
+        for name in _DIST_FUNCS:
+            fn = getattr(dist, name, None)
+            if fn is None:
+                continue
+            saved[name] = fn
+
+            def counting(*a, _fn=fn, _name=name, **k):
+                calls.append(_name)
+                return _fn(*a, **k)
+
+            setattr(dist, name, counting)
+        try:
+            yield calls
+        finally:
+            for name, fn in saved.items():
+                setattr(dist, name, fn)
+
+
+def _verify(fwd: _LocalForward, spec: ShardSpec, args: tuple, kwargs: dict) -> None:
+    """Every rank: eager ShardTensor forward vs plain forward on the local pieces."""
+    module = fwd.module_ref
+    problem = ""
+    largs = tuple(a._local if isinstance(a, ShardTensor) else a for a in args)
+    lkw = {k: v._local if isinstance(v, ShardTensor) else v for k, v in kwargs.items()}
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            state = torch.get_rng_state()
+            with _count_collectives() as calls:
+                eager = fwd.orig(*args, **kwargs)
+            torch.set_rng_state(state)
+            local = fwd.orig(*largs, **lkw)
+        if calls:
+            problem = f"its forward communicates ({', '.join(sorted(set(calls)))})"
+        else:
+            problem = _compare(eager, local, spec)
+    except Exception as exc:  # turned into a verdict every rank shares
+        problem = f"checking it raised {type(exc).__name__}: {exc}"
+    ok = torch.tensor([0 if problem else 1], dtype=torch.int64)
+    if spec.mesh.device_type == "cuda":
+        ok = ok.cuda()
+    for i in range(spec.mesh.ndim):
+        if spec.mesh.size(i) > 1:
+            _all_reduce(ok, op=dist.ReduceOp.MIN, group=spec.mesh.get_group(i))
+    if int(ok.item()) == 0:
+        where = problem or "another rank found it is not (its local rows differ)"
+        msg = (
+            f"compile_local({type(module).__name__}) needs a row-local block on inputs laid out "
+            f"{spec.describe()}, but {where}. Compile the row-local sub-blocks instead (e.g. "
+            "the MLPs and norms), or leave this block eager."
+        )
+        raise LocalityError(msg)
+
+
+def _compare(eager: Any, local: Any, spec: ShardSpec) -> str:
+    e_flat, _ = torch.utils._pytree.tree_flatten(eager)
+    l_flat, _ = torch.utils._pytree.tree_flatten(local)
+    if len(e_flat) != len(l_flat):
+        return "its outputs differ in structure between ShardTensor and local inputs"
+    for k, (e, loc) in enumerate(zip(e_flat, l_flat)):
+        if not isinstance(e, torch.Tensor):
+            if e != loc:
+                return f"output {k} is {e!r} on ShardTensors but {loc!r} on the local pieces"
+            continue
+        if not isinstance(e, ShardTensor):
+            return f"output {k} is a plain tensor on ShardTensor inputs"
+        es = e._spec
+        if es.placements != spec.placements or es.sizes != spec.sizes:
+            return (
+                f"output {k} is laid out {es.describe()}, not like its inputs "
+                f"({[str(p) for p in spec.placements]} with the same sizes)"
+            )
+        if any(isinstance(p, (Partial,)) for p in es.placements):
+            return f"output {k} is Partial"
+        el = e._local
+        if el.shape != loc.shape:
+            return (
+                f"output {k} has local shape {tuple(loc.shape)} on the local pieces but "
+                f"{tuple(el.shape)} on ShardTensors (does it use the global size?)"
+            )
+        if el.is_floating_point():
+            scale = float(el.abs().max()) if el.numel() else 0.0
+            if not torch.allclose(el, loc, rtol=1e-5, atol=1e-5 * scale + 1e-7):
+                return f"output {k} differs on the local pieces (does it use the global size?)"
+        elif not torch.equal(el, loc):
+            return f"output {k} differs on the local pieces"
+    return ""
+
+
+class _GradSumMany(torch.autograd.Function):
+    """Identity forward; backward sums the gradients of all inputs over ``groups`` in one flat
+    all-reduce (replicated parameters used on local rows get only this rank's part)."""
+
+    @staticmethod
+    def forward(ctx, groups: tuple, *xs: torch.Tensor):
+        ctx.groups = groups
+        return tuple(x.view_as(x) for x in xs)
+
+    @staticmethod
+    def backward(ctx, *gs: torch.Tensor):
+        from meshshard.collective_check import check_collective
+
+        dtypes = {g.dtype for g in gs}
+        if len(dtypes) == 1:
+            flat = torch.cat([g.reshape(-1) for g in gs])
+            for group in ctx.groups:
+                check_collective("all_reduce", group, flat, detail="sum: block gradients")
+                dist.all_reduce(flat, group=group)
+            out, off = [], 0
+            for g in gs:
+                out.append(flat[off : off + g.numel()].view_as(g))
+                off += g.numel()
+        else:
+            out = []
+            for g in gs:
+                g = g.contiguous().clone()
+                for group in ctx.groups:
+                    check_collective("all_reduce", group, g, detail="sum: block gradient")
+                    dist.all_reduce(g, group=group)
+                out.append(g)
+        return (None, *out)
+
