@@ -22,8 +22,10 @@ instead of returning a wrong answer or hanging.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import threading
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -34,7 +36,7 @@ from torch.distributed.tensor import Partial, Shard
 from meshshard.shardtensor.api import ShardTensor, _make_dynamo_opaque
 from meshshard.shardtensor.spec import ShardSpec
 
-__all__ = ["LocalityError", "compile_local", "is_compiled_local"]
+__all__ = ["LocalityError", "compile_local", "compile_local_plan", "is_compiled_local"]
 
 # the collectives a block could issue in forward; counted while a block is checked
 _DIST_FUNCS = (
@@ -101,6 +103,44 @@ def compile_local(module: nn.Module, *, check: bool = True, **compile_kwargs: An
     return module
 
 
+def compile_local_plan(
+    model: nn.Module, patterns: Sequence[str], *, check: bool = True, **compile_kwargs: Any
+) -> list[str]:
+    """Apply :func:`compile_local` to every submodule of ``model`` whose qualified name matches
+    one of ``patterns`` (``fnmatch`` style, e.g. ``"blocks.*.mlp"``); returns the names, in
+    model order. No model edits: the plan is data.
+
+    Raises
+    ------
+    ValueError
+        A pattern that matches no submodule (names what exists), or two matches nested in each
+        other (compile the outer one only).
+    """
+    names = [n for n, _ in model.named_modules() if n]
+    chosen: list[str] = []
+    for pat in patterns:
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+        if not hits:
+            msg = (
+                f"compile_local_plan: pattern {pat!r} matches no submodule of "
+                f"{type(model).__name__}; its submodules are: {', '.join(names[:40])}"
+                + (" ..." if len(names) > 40 else "")
+            )
+            raise ValueError(msg)
+        chosen += [h for h in hits if h not in chosen]
+    for a in chosen:
+        for b in chosen:
+            if b.startswith(a + "."):
+                msg = f"compile_local_plan: {b!r} lies inside {a!r}; compile one of them"
+                raise ValueError(msg)
+    order = {n: i for i, n in enumerate(names)}
+    chosen.sort(key=order.__getitem__)
+    modules = dict(model.named_modules())
+    for n in chosen:
+        compile_local(modules[n], check=check, **compile_kwargs)
+    return chosen
+
+
 def is_compiled_local(module: nn.Module) -> bool:
     """Whether :func:`compile_local` was applied to ``module``."""
     return isinstance(module.__dict__.get("forward"), _LocalForward)
@@ -131,7 +171,12 @@ class _LocalForward:
             def local_call(pb: dict, args: tuple, kwargs: dict) -> Any:
                 return torch.func.functional_call(module, pb, args, kwargs)
 
-            self.compiled = torch.compile(local_call, **self.compile_kwargs)
+            # dynamo caches compiled code per code object: one code object per block, or all
+            # blocks share one cache and hit the recompile limit
+            code = local_call.__code__.replace(co_name=f"local_{type(module).__name__}")
+            fn = types.FunctionType(code, local_call.__globals__, code.co_name, None,
+                                    local_call.__closure__)
+            self.compiled = torch.compile(fn, **self.compile_kwargs)
         return self.compiled
 
 
@@ -156,8 +201,8 @@ def _run(fwd: _LocalForward, args: tuple, kwargs: dict) -> Any:
     pb: dict[str, torch.Tensor] = dict(module.named_parameters())
     names = [n for n, p in pb.items() if p.requires_grad]
     # plain tensors given as arguments are replicated too; their gradients need the same sum
-    plain = [i for i, a in enumerate(largs) if _needs_grad_sum(a)]
-    plain_kw = [k for k, v in lkw.items() if _needs_grad_sum(v)]
+    plain = [i for i, a in enumerate(args) if _needs_grad_sum(a)]
+    plain_kw = [k for k, v in kwargs.items() if _needs_grad_sum(v)]
     if groups and torch.is_grad_enabled() and (names or plain or plain_kw):
         ins = [pb[n] for n in names] + [largs[i] for i in plain] + [lkw[k] for k in plain_kw]
         outs = _GradSumMany.apply(tuple(groups), *ins)
@@ -178,7 +223,7 @@ _make_dynamo_opaque(_run)
 
 
 def _needs_grad_sum(v: Any) -> bool:
-    return isinstance(v, torch.Tensor) and v.requires_grad
+    return isinstance(v, torch.Tensor) and not isinstance(v, ShardTensor) and v.requires_grad
 
 
 def _arg_key(v: Any) -> Any:

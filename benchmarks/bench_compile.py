@@ -1,0 +1,164 @@
+"""torch.compile and ShardTensor: dispatch overhead and step time, compiled vs eager.
+
+The reference Transolver, forward + backward, best of ``--repeats`` after warm-up.
+
+1. Dispatch overhead per layer at ``--overhead-points`` (default 1k) on a 1-rank mesh, all in
+   one process: plain torch vs ShardTensor eager, ShardTensor + ``torch.compile(model)`` (every
+   ShardTensor op is a graph break), and ShardTensor + ``compile_local`` on the row-local
+   blocks (the plan below). Overhead = (variant - plain eager torch) / layers.
+2. Step time on 2 gloo ranks (uneven 45/55 split), eager vs compile_local vs torch.compile, at
+   ``--points`` (default 1k, 10k, 100k), with ratios.
+Compile time (first step minus a steady step) is reported separately. Graph breaks of
+``torch.compile(model)`` are counted with ``torch._dynamo.explain``.
+
+    python benchmarks/bench_compile.py                               # full run
+    python benchmarks/bench_compile.py --points 1000,10000 --repeats 3 --backend inductor
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+from meshshard.testing import run_ranks
+
+MODEL = dict(space_dim=3, fun_dim=2, out_dim=2, n_hidden=32, n_layers=2, heads=2, slices=16)
+# the row-local submodules of the reference Transolver (no model edits)
+PLAN = ["preprocess", "blocks.*.ln1", "blocks.*.ln2", "blocks.*.mlp",
+        "blocks.*.attn.in_project_*", "blocks.*.attn.to_out", "ln_out", "head"]
+VARIANTS = ("eager", "torch.compile", "compile_local")
+
+
+def _data(n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, n, 3, generator=g), torch.randn(1, n, 2, generator=g),
+            torch.randn(1, n, 2, generator=g))
+
+
+def _time(fn, repeats):
+    t0 = time.perf_counter()
+    fn()  # warm-up (and compilation)
+    first = time.perf_counter() - t0
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, max(first - best, 0.0)
+
+
+def _variant(name, backend):
+    """(model, step function) for one variant."""
+    from meshshard.models import Transolver
+    from meshshard.shardtensor.compile import compile_local_plan
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Transolver(**MODEL)
+    fwd = model
+    if name == "torch.compile":
+        fwd = torch.compile(model, backend=backend)
+    elif name == "compile_local":
+        compile_local_plan(model, PLAN, backend=backend)
+    return model, fwd
+
+
+def _run_variant(name, backend, c, f, t, repeats):
+    model, fwd = _variant(name, backend)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss = ((fwd(c, f) - t) ** 2).mean()
+        loss.backward()
+
+    return _time(step, repeats)
+
+
+def overhead_rank(rank, world_size, n, repeats, threads, backend):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.shardtensor import Shard, from_local
+
+    torch.set_num_threads(threads)
+    mesh = init_device_mesh("cpu", (1,))
+    c, f, t = _data(n)
+    out = {"plain eager": _run_variant("eager", backend, c, f, t, repeats),
+           "plain torch.compile": _run_variant("torch.compile", backend, c, f, t, repeats)}
+    sc, sf, st = (from_local(a, mesh, [Shard(1)], [n]) for a in (c, f, t))
+    for name in VARIANTS:
+        out[f"ShardTensor {name}"] = _run_variant(name, backend, sc, sf, st, repeats)
+    _, fwd = _variant("eager", backend)
+    exp = torch._dynamo.explain(fwd)(sc, sf)
+    out["graphs"] = (exp.graph_count, exp.graph_break_count)
+    return out
+
+
+def scaling_rank(rank, world_size, n, repeats, threads, backend):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.shardtensor import Shard, from_local
+
+    torch.set_num_threads(threads)
+    mesh = init_device_mesh("cpu", (world_size,))
+    first = int(n * 0.45)
+    sizes = [first, n - first]  # deliberately uneven
+    c, f, t = _data(n)
+    off = sum(sizes[:rank])
+    sl = slice(off, off + sizes[rank])
+    parts = [a[:, sl].clone() for a in (c, f, t)]
+    sc, sf, st = (from_local(a, mesh, [Shard(1)], sizes) for a in parts)
+    return {name: _run_variant(name, backend, sc, sf, st, repeats) for name in VARIANTS}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", default="1000,10000,100000")
+    ap.add_argument("--overhead-points", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--backend", default="inductor", help="torch.compile backend")
+    args = ap.parse_args(argv)
+    layers = MODEL["n_layers"]
+    print(f"# torch.compile benchmark: Transolver {MODEL}, fwd+bwd, best of {args.repeats}, "
+          f"backend {args.backend}")
+    print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, {args.threads} thread(s)/process")
+    print(f"# compile_local plan: {PLAN}")
+    n = args.overhead_points
+    rep = run_ranks(overhead_rank, 1, n, args.repeats, args.threads, args.backend,
+                    timeout=3600)[0]
+    graphs, breaks = rep.pop("graphs")
+    plain = rep["plain eager"][0]
+    eager_over = (rep["ShardTensor eager"][0] - plain) / layers * 1e3
+    print()
+    print(f"Dispatch overhead at {n:,} points, 1-rank mesh "
+          f"(torch.compile(model) on ShardTensors: {graphs} graphs, {breaks} graph breaks):")
+    print("| variant | step (ms) | compile (s) | overhead per layer (ms) | vs eager overhead |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (best, comp) in rep.items():
+        over = (best - plain) / layers * 1e3
+        ratio = over / eager_over if name.startswith("ShardTensor") and eager_over > 0 else None
+        rs = f"{ratio:.2f}" if ratio is not None else ""
+        print(f"| {name} | {best * 1e3:.1f} | {comp:.1f} | {over:+.2f} | {rs} |", flush=True)
+    print()
+    print("Step time, 2 gloo ranks (45/55 split), slowest rank:")
+    print("| points | eager (ms) | torch.compile (ms) | compile_local (ms) | "
+          "eager / torch.compile | eager / compile_local | compile (s) tc / cl |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for n in [int(float(s)) for s in args.points.split(",")]:
+        reps = run_ranks(scaling_rank, 2, n, args.repeats, args.threads, args.backend,
+                         timeout=3600)
+        best = {k: max(r[k][0] for r in reps) for k in VARIANTS}
+        comp = {k: max(r[k][1] for r in reps) for k in VARIANTS}
+        e, tc, cl = (best[k] for k in VARIANTS)
+        print(f"| {n:,} | {e * 1e3:.1f} | {tc * 1e3:.1f} | {cl * 1e3:.1f} | {e / tc:.2f}x | "
+              f"{e / cl:.2f}x | {comp['torch.compile']:.1f} / {comp['compile_local']:.1f} |",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
