@@ -34,9 +34,14 @@ def _check(reports, variants, min_keys):
                         _close(got[key], want, what)
 
 
-def test_mlp_compile_local_equals_eager_and_single_process():
-    reports = run_ranks(_compile_fns.mlp, 2, LAYOUTS, timeout=300)
-    _check(reports, ("eager", "local", "local+torch.compile"), min_keys=10)
+@pytest.fixture(scope="module")
+def mlp_reports():
+    # one spawn for the MLP cases and the error cases (process start is a large part of it)
+    return run_ranks(_compile_fns.mlp, 2, LAYOUTS, timeout=300)
+
+
+def test_mlp_compile_local_equals_eager_and_single_process(mlp_reports):
+    _check([r[0] for r in mlp_reports], ("eager", "local", "local+torch.compile"), min_keys=10)
 
 
 def test_transolver_compiled_equals_eager_and_single_process():
@@ -44,9 +49,8 @@ def test_transolver_compiled_equals_eager_and_single_process():
     _check(reports, ("eager", "torch.compile", "local", "local+torch.compile"), min_keys=20)
 
 
-def test_blocks_that_are_not_local_raise_on_every_rank():
-    reports = run_ranks(_compile_fns.errors, 2, timeout=300)
-    for rep in reports:
+def test_blocks_that_are_not_local_raise_on_every_rank(mlp_reports):
+    for _, rep in mlp_reports:
         assert rep["attention"].startswith("LocalityError"), rep["attention"]
         assert "communicates (all_reduce)" in rep["attention"]
         # rank 0 holds 3 of 8 rows: x / x.shape[1] differs there; rank 1 learns it from rank 0
