@@ -1,7 +1,8 @@
 """Uneven domain-parallel tensors on a torch DeviceMesh.
 
 Export: :class:`ShardTensor`, torch's :class:`Shard`, :class:`Replicate`, :class:`Partial`,
-:func:`from_local`, :func:`scatter`, :func:`register_handler`, :func:`allow_gather_fallback`.
+:func:`from_local`, :func:`scatter`, :func:`register_handler`, :func:`allow_gather_fallback`,
+:func:`compile_local` (compile the local work of row-local blocks).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -13,11 +14,13 @@ from meshshard.shardtensor._dispatch import (
     allow_gather_fallback,
 )
 from meshshard.shardtensor.api import ShardTensor, from_local, scatter
+from meshshard.shardtensor.compile import LocalityError, compile_local, compile_local_plan
 from meshshard.shardtensor.registry import list_handlers, register_handler, unregister_handler
 from meshshard.shardtensor.spec import ShardSpec
 
 __all__ = [
     "LayoutError",
+    "LocalityError",
     "NoShardingRuleError",
     "Partial",
     "Replicate",
@@ -25,6 +28,8 @@ __all__ = [
     "ShardSpec",
     "ShardTensor",
     "allow_gather_fallback",
+    "compile_local",
+    "compile_local_plan",
     "from_local",
     "list_handlers",
     "register_handler",
