@@ -22,6 +22,7 @@ instead of returning a wrong answer or hanging.
 from __future__ import annotations
 
 import contextlib
+import copy
 import fnmatch
 import threading
 import types
@@ -163,6 +164,11 @@ class _LocalForward:
             if isinstance(v, ShardTensor):
                 return _run(self, args, kwargs)
         return self.orig(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> _LocalForward:
+        # a copied module gets its own (not yet compiled) local function
+        return _LocalForward(copy.deepcopy(self.module_ref, memo), self.check,
+                             dict(self.compile_kwargs))
 
     def local_fn(self) -> Callable:
         if self.compiled is None:
