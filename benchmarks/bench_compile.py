@@ -40,16 +40,20 @@ def _data(n: int, seed: int = 0):
             torch.randn(1, n, 2, generator=g))
 
 
-def _time(fn, repeats):
-    t0 = time.perf_counter()
+CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def _time(fn, repeats, clock="wall"):
+    now = CLOCK[clock]
+    t0 = now()
     fn()  # warm-up (and compilation)
-    first = time.perf_counter() - t0
+    first = now() - t0
     fn()
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = now()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, now() - t0)
     return best, max(first - best, 0.0)
 
 
@@ -71,7 +75,7 @@ def _variant(name, backend):
     return model, fwd
 
 
-def _run_variant(name, backend, c, f, t, repeats):
+def _run_variant(name, backend, c, f, t, repeats, clock="wall"):
     model, fwd = _variant(name, backend)
 
     def step():
@@ -79,10 +83,27 @@ def _run_variant(name, backend, c, f, t, repeats):
         loss = ((fwd(c, f) - t) ** 2).mean()
         loss.backward()
 
-    return _time(step, repeats)
+    return _time(step, repeats, clock)
 
 
-def overhead_rank(rank, world_size, n, repeats, threads, backend):
+def graph_breaks(backend, c, f, t):
+    """Graphs, graph breaks and frames of one step of torch.compile(model) (dynamo counters;
+    torch._dynamo.explain reports nothing here because no graph holds an op)."""
+    from torch._dynamo.utils import counters
+
+    model, fwd = _variant("torch.compile", backend)
+    counters.clear()
+    ((fwd(c, f) - t) ** 2).mean().backward()
+    reasons = {}
+    for reason, k in counters["graph_break"].items():
+        head = reason.splitlines()[0][:60]
+        reasons[head] = reasons.get(head, 0) + k
+    return {"graphs": counters["stats"].get("unique_graphs", 0),
+            "breaks": sum(counters["graph_break"].values()),
+            "frames": dict(counters["frames"]), "reasons": reasons}
+
+
+def overhead_rank(rank, world_size, n, repeats, threads, backend, clock):
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.shardtensor import Shard, from_local
@@ -90,14 +111,13 @@ def overhead_rank(rank, world_size, n, repeats, threads, backend):
     torch.set_num_threads(threads)
     mesh = init_device_mesh("cpu", (1,))
     c, f, t = _data(n)
-    out = {"plain eager": _run_variant("eager", backend, c, f, t, repeats),
-           "plain torch.compile": _run_variant("torch.compile", backend, c, f, t, repeats)}
+    out = {"plain eager": _run_variant("eager", backend, c, f, t, repeats, clock),
+           "plain torch.compile": _run_variant("torch.compile", backend, c, f, t, repeats,
+                                               clock)}
     sc, sf, st = (from_local(a, mesh, [Shard(1)], [n]) for a in (c, f, t))
     for name in (*VARIANTS, "compile_local (all row-local)"):
-        out[f"ShardTensor {name}"] = _run_variant(name, backend, sc, sf, st, repeats)
-    _, fwd = _variant("eager", backend)
-    exp = torch._dynamo.explain(fwd)(sc, sf)
-    out["graphs"] = (exp.graph_count, exp.graph_break_count)
+        out[f"ShardTensor {name}"] = _run_variant(name, backend, sc, sf, st, repeats, clock)
+    out["graphs"] = graph_breaks(backend, sc, sf, st)
     return out
 
 
@@ -125,6 +145,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--backend", default="inductor", help="torch.compile backend")
+    ap.add_argument("--clock", choices=sorted(CLOCK), default="wall",
+                    help="overhead table: wall time, or this process's CPU time (steadier on "
+                    "a loaded machine)")
     args = ap.parse_args(argv)
     layers = MODEL["n_layers"]
     print(f"# torch.compile benchmark: Transolver {MODEL}, fwd+bwd, best of {args.repeats}, "
@@ -132,14 +155,18 @@ def main(argv=None) -> int:
     print(f"# torch {torch.__version__}, {os.cpu_count()} CPUs, {args.threads} thread(s)/process")
     print(f"# compile_local plan: {PLAN}; all row-local: {PLAN_ALL}")
     n = args.overhead_points
-    rep = run_ranks(overhead_rank, 1, n, args.repeats, args.threads, args.backend,
+    rep = run_ranks(overhead_rank, 1, n, args.repeats, args.threads, args.backend, args.clock,
                     timeout=3600)[0]
-    graphs, breaks = rep.pop("graphs")
+    gb = rep.pop("graphs")
     plain = rep["plain eager"][0]
     eager_over = (rep["ShardTensor eager"][0] - plain) / layers * 1e3
     print()
-    print(f"Dispatch overhead at {n:,} points, 1-rank mesh "
-          f"(torch.compile(model) on ShardTensors: {graphs} graphs, {breaks} graph breaks):")
+    print(f"torch.compile(model) on ShardTensors, one step: {gb['graphs']} graphs, "
+          f"{gb['breaks']} graph breaks, frames {gb['frames']}; break reasons:")
+    for reason, k in gb["reasons"].items():
+        print(f"  {k:4d}  {reason}")
+    print()
+    print(f"Dispatch overhead at {n:,} points, 1-rank mesh ({args.clock} clock):")
     print("| variant | step (ms) | compile (s) | overhead per layer (ms) | vs eager overhead |")
     print("|---|---:|---:|---:|---:|")
     for name, (best, comp) in rep.items():
