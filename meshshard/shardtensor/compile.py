@@ -158,6 +158,27 @@ class _LocalForward:
         self.compile_kwargs = compile_kwargs
         self.compiled: Callable | None = None
         self.verified: set = set()
+        self.groups: dict = {}
+        self.out_specs: dict = {}
+        self.members: dict = {}
+
+    def state(self, kind: dict) -> dict[str, torch.Tensor]:
+        """name -> tensor of every parameter (``kind`` = module._parameters) or buffer, looked
+        up afresh each call (wrappers such as FSDP may swap them) along cached paths."""
+        attr = "_parameters" if kind is self.module_ref._parameters else "_buffers"
+        paths = self.members.get(attr)
+        if paths is None:
+            paths = self.members[attr] = [
+                (f"{prefix}.{name}" if prefix else name, sub, name)
+                for prefix, sub in self.module_ref.named_modules()
+                for name in getattr(sub, attr)
+            ]
+        out = {}
+        for full, sub, name in paths:
+            t = getattr(sub, attr).get(name)
+            if t is not None:
+                out[full] = t
+        return out
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         for v in (*args, *kwargs.values()):
@@ -200,18 +221,22 @@ def _run(fwd: _LocalForward, args: tuple, kwargs: dict) -> Any:
         if key not in fwd.verified:
             _verify(fwd, spec, args, kwargs)
             fwd.verified.add(key)
-    groups = [spec.mesh.get_group(i) for i, p in enumerate(spec.placements)
-              if isinstance(p, Shard) and spec.mesh.size(i) > 1]
+    groups = fwd.groups.get(spec.placements)
+    if groups is None:
+        groups = fwd.groups[spec.placements] = tuple(
+            spec.mesh.get_group(i) for i, p in enumerate(spec.placements)
+            if isinstance(p, Shard) and spec.mesh.size(i) > 1
+        )
     largs = tuple(a._local if isinstance(a, ShardTensor) else a for a in args)
     lkw = {k: v._local if isinstance(v, ShardTensor) else v for k, v in kwargs.items()}
-    pb: dict[str, torch.Tensor] = dict(module.named_parameters())
+    pb = fwd.state(module._parameters)
     names = [n for n, p in pb.items() if p.requires_grad]
     # plain tensors given as arguments are replicated too; their gradients need the same sum
     plain = [i for i, a in enumerate(args) if _needs_grad_sum(a)]
     plain_kw = [k for k, v in kwargs.items() if _needs_grad_sum(v)]
     if groups and torch.is_grad_enabled() and (names or plain or plain_kw):
         ins = [pb[n] for n in names] + [largs[i] for i in plain] + [lkw[k] for k in plain_kw]
-        outs = _GradSumMany.apply(tuple(groups), *ins)
+        outs = _GradSumMany.apply(groups, *ins)
         for n, o in zip(names, outs[: len(names)]):
             pb[n] = o
         largs = list(largs)
@@ -220,9 +245,9 @@ def _run(fwd: _LocalForward, args: tuple, kwargs: dict) -> Any:
         largs = tuple(largs)
         for k, o in zip(plain_kw, outs[len(names) + len(plain) :]):
             lkw[k] = o
-    pb.update(dict(module.named_buffers()))
+    pb.update(fwd.state(module._buffers))
     out = fwd.local_fn()(pb, largs, lkw)
-    return _wrap_outputs(out, spec)
+    return _wrap_outputs(out, spec, fwd.out_specs)
 
 
 _make_dynamo_opaque(_run)
@@ -263,11 +288,17 @@ def _common_spec(module: nn.Module, values: list) -> ShardSpec:
     return first
 
 
-def _wrap_outputs(out: Any, spec: ShardSpec) -> Any:
+def _wrap_outputs(out: Any, spec: ShardSpec, cache: dict) -> Any:
     if isinstance(out, torch.Tensor):
-        return ShardTensor(out, _out_spec(out, spec))
+        key = (spec, out.shape)
+        ospec = cache.get(key)
+        if ospec is None:
+            if len(cache) > 256:
+                cache.clear()
+            ospec = cache[key] = _out_spec(out, spec)
+        return ShardTensor(out, ospec)
     if isinstance(out, (tuple, list)):
-        return type(out)(_wrap_outputs(o, spec) for o in out)
+        return type(out)(_wrap_outputs(o, spec, cache) for o in out)
     return out
 
 
