@@ -6,13 +6,14 @@ The reference Transolver, forward + backward, best of ``--repeats`` after warm-u
    one process: plain torch vs ShardTensor eager, ShardTensor + ``torch.compile(model)`` (every
    ShardTensor op is a graph break), and ShardTensor + ``compile_local`` on the row-local
    blocks (the plan below). Overhead = (variant - plain eager torch) / layers.
-2. Step time on 2 gloo ranks (uneven 45/55 split), eager vs compile_local vs torch.compile, at
+2. One pointwise MLP block (shallow and deep) per call: plain vs eager vs compile_local.
+3. Step time on 2 gloo ranks (uneven 45/55 split), eager vs compile_local vs torch.compile, at
    ``--points`` (default 1k, 10k, 100k), with ratios.
 Compile time (first step minus a steady step) is reported separately. Graph breaks of
 ``torch.compile(model)`` are counted with ``torch._dynamo.explain``.
 
     python benchmarks/bench_compile.py                               # full run
-    python benchmarks/bench_compile.py --points 1000,10000 --repeats 3 --backend inductor
+    python benchmarks/bench_compile.py --points 1000,10000 --repeats 5 --clock cpu   # loaded host
 """
 
 from __future__ import annotations
@@ -121,6 +122,37 @@ def overhead_rank(rank, world_size, n, repeats, threads, backend, clock):
     return out
 
 
+def block_rank(rank, world_size, sizes, depths, repeats, threads, backend, clock):
+    """One pointwise MLP block (32 -> 64 -> ... -> 32, ``depth`` hidden layers), fwd+bwd on a
+    1-rank mesh: plain torch, ShardTensor eager (one dispatch per op), compile_local (one
+    dispatch per block)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.models.transolver import MLP
+    from meshshard.shardtensor import Shard, compile_local, from_local
+
+    torch.set_num_threads(threads)
+    mesh = init_device_mesh("cpu", (1,))
+    out = {}
+    for depth in depths:
+        torch.manual_seed(0)
+        plain = MLP(32, 64, 32, n_layers=depth)
+        torch.manual_seed(0)
+        local = compile_local(MLP(32, 64, 32, n_layers=depth), backend=backend)
+        for n in sizes:
+            x = torch.randn(1, n, 32, requires_grad=True)
+            sx = from_local(x, mesh, [Shard(1)], [n])
+            for name, m, inp in (("plain", plain, x), ("eager", plain, sx),
+                                 ("compile_local", local, sx)):
+
+                def step(m=m, inp=inp):
+                    m.zero_grad(set_to_none=True)
+                    m(inp).sum().backward()
+
+                out[(depth, n, name)] = _time(step, repeats, clock)
+    return out
+
+
 def scaling_rank(rank, world_size, n, repeats, threads, backend):
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -145,6 +177,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--backend", default="inductor", help="torch.compile backend")
+    ap.add_argument("--block-points", default="1000,10000")
+    ap.add_argument("--block-depths", default="0,8", help="hidden layers of the MLP block")
     ap.add_argument("--clock", choices=sorted(CLOCK), default="wall",
                     help="overhead table: wall time, or this process's CPU time (steadier on "
                     "a loaded machine)")
@@ -174,6 +208,22 @@ def main(argv=None) -> int:
         ratio = over / eager_over if name.startswith("ShardTensor") and eager_over > 0 else None
         rs = f"{ratio:.2f}" if ratio is not None else ""
         print(f"| {name} | {best * 1e3:.1f} | {comp:.1f} | {over:+.2f} | {rs} |", flush=True)
+    depths = [int(d) for d in args.block_depths.split(",") if d]
+    bsizes = [int(float(v)) for v in args.block_points.split(",") if v]
+    if depths and bsizes:
+        blk = run_ranks(block_rank, 1, bsizes, depths, args.repeats, args.threads, args.backend,
+                        args.clock, timeout=3600)[0]
+        print()
+        print(f"One pointwise MLP block, fwd+bwd, 1-rank mesh ({args.clock} clock); overhead = "
+              "time - plain torch:")
+        print("| hidden layers | ops | points | plain (ms) | eager (ms) | compile_local (ms) | "
+              "eager overhead (ms) | compile_local overhead (ms) |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for d in depths:
+            for n in bsizes:
+                p, e, c = (blk[(d, n, k)][0] * 1e3 for k in ("plain", "eager", "compile_local"))
+                print(f"| {d} | {3 + 3 * d} | {n:,} | {p:.3f} | {e:.3f} | {c:.3f} | "
+                      f"{e - p:+.3f} | {c - p:+.3f} |", flush=True)
     print()
     print("Step time, 2 gloo ranks (45/55 split), slowest rank:")
     print("| points | eager (ms) | torch.compile (ms) | compile_local (ms) | "
