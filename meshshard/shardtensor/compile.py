@@ -193,10 +193,15 @@ class _LocalForward:
 
     def local_fn(self) -> Callable:
         if self.compiled is None:
-            module = self.module_ref
+            from torch.nn.utils.stateless import _reparametrize_module
+
+            module, orig = self.module_ref, self.orig
 
             def local_call(pb: dict, args: tuple, kwargs: dict) -> Any:
-                return torch.func.functional_call(module, pb, args, kwargs)
+                # torch.func.functional_call without module.__call__: the module's hooks
+                # already ran once, on the ShardTensor call
+                with _reparametrize_module(module, pb):
+                    return orig(*args, **kwargs)
 
             # dynamo caches compiled code per code object: one code object per block, or all
             # blocks share one cache and hit the recompile limit

@@ -67,6 +67,8 @@ def mlp(rank, world_size, layouts):
         torch.manual_seed(0)
         models[name] = _Mlp()
     compile_local(models["local"], backend=BACKEND)
+    hook_calls = []  # the module's hooks run once per call, not again inside the local call
+    models["local"].register_forward_pre_hook(lambda m, a: hook_calls.append(type(a[0])))
     compile_local(models["local+torch.compile"].net, backend=BACKEND)
     fwd = dict(models)
     fwd["local+torch.compile"] = torch.compile(models["local+torch.compile"], backend=BACKEND)
@@ -94,7 +96,9 @@ def mlp(rank, world_size, layouts):
             rep[name] = {"out": _full(out), "loss": float(loss.detach()), "x.grad": xgrad,
                          "shift.grad": shift.grad, **_grads(model)}
         reports.append(rep)
-    return reports, errors(rank, world_size)
+    errs = errors(rank, world_size)
+    errs["hook calls"] = [t.__name__ for t in hook_calls]
+    return reports, errs
 
 
 def errors(rank, world_size):

@@ -57,6 +57,7 @@ def test_blocks_that_are_not_local_raise_on_every_rank(mlp_reports):
         assert rep["global size"].startswith("LocalityError"), rep["global size"]
         assert rep["mixed layouts"].startswith("LayoutError"), rep["mixed layouts"]
         assert "redistribute" in rep["mixed layouts"]
+        assert rep["hook calls"] == ["ShardTensor"] * len(LAYOUTS)
 
 
 def test_plan_with_unknown_name_raises():
