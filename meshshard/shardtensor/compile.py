@@ -74,6 +74,14 @@ def compile_local(module: nn.Module, *, check: bool = True, **compile_kwargs: An
     **compile_kwargs
         Passed to ``torch.compile`` (e.g. ``backend="aot_eager"``, ``dynamic=True``).
 
+    Notes
+    -----
+    Results equal eager to float rounding (inductor may fuse and reorder); dropout inside a
+    compiled block draws inductor's random numbers, not eager's masks. Each rank compiles for
+    its own local shapes (an empty shard is specialised separately). A rank whose compilation
+    fails raises there only; the others then wait in the next collective until the process
+    group's timeout.
+
     Returns
     -------
     nn.Module
