@@ -33,7 +33,7 @@ from torch import nn
 from torch.distributed.tensor import Shard
 
 from meshshard.shardtensor._compile_check import LocalityError, verify_local
-from meshshard.shardtensor.api import ShardTensor, _make_dynamo_opaque
+from meshshard.shardtensor.api import ShardTensor, _make_dynamo_opaque, _set_eval_frame
 from meshshard.shardtensor.spec import ShardSpec
 
 __all__ = ["LocalityError", "compile_local", "compile_local_plan", "is_compiled_local"]
@@ -207,6 +207,20 @@ class _LocalForward:
 
 
 def _run(fwd: _LocalForward, args: tuple, kwargs: dict) -> Any:
+    """The ShardTensor path; a dynamo boundary like ``ShardTensor.__torch_function__`` (no
+    frame below it is traced by an enclosing torch.compile; the local function compiles
+    itself)."""
+    prior = _set_eval_frame(None)
+    try:
+        return _run_impl(fwd, args, kwargs)
+    finally:
+        _set_eval_frame(prior)
+
+
+_make_dynamo_opaque(_run)
+
+
+def _run_impl(fwd: _LocalForward, args: tuple, kwargs: dict) -> Any:
     from meshshard.shardtensor._dispatch import reduce_partials
 
     module = fwd.module_ref
@@ -247,9 +261,6 @@ def _run(fwd: _LocalForward, args: tuple, kwargs: dict) -> Any:
     pb.update(fwd.state(module._buffers))
     out = fwd.local_fn()(pb, largs, lkw)
     return _wrap_outputs(out, spec, fwd.out_specs)
-
-
-_make_dynamo_opaque(_run)
 
 
 def _needs_grad_sum(v: Any) -> bool:

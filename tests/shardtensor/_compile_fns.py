@@ -96,8 +96,11 @@ def mlp(rank, world_size, layouts):
             rep[name] = {"out": _full(out), "loss": float(loss.detach()), "x.grad": xgrad,
                          "shift.grad": shift.grad, **_grads(model)}
         reports.append(rep)
+    from torch._dynamo.utils import counters
+
     errs = errors(rank, world_size)
     errs["hook calls"] = [t.__name__ for t in hook_calls]
+    errs["graphs"] = counters["stats"]["unique_graphs"]  # compiled, not run eagerly
     return reports, errs
 
 
@@ -158,4 +161,6 @@ def transolver(rank, world_size, layouts):
             loss.backward()
             rep[name] = {"out": _full(out), "loss": float(loss.detach()), **_grads(model)}
         reports.append(rep)
-    return reports
+    from torch._dynamo.utils import counters
+
+    return reports, counters["stats"]["unique_graphs"]

@@ -46,7 +46,10 @@ def test_mlp_compile_local_equals_eager_and_single_process(mlp_reports):
 
 def test_transolver_compiled_equals_eager_and_single_process():
     reports = run_ranks(_compile_fns.transolver, 2, LAYOUTS, timeout=300)
-    _check(reports, ("eager", "torch.compile", "local", "local+torch.compile"), min_keys=20)
+    _check([r[0] for r in reports], ("eager", "torch.compile", "local", "local+torch.compile"),
+           min_keys=20)
+    # the plan's blocks (2 models x 2 blocks) were compiled, plus torch.compile's small graphs
+    assert all(r[1] >= 4 for r in reports), [r[1] for r in reports]
 
 
 def test_blocks_that_are_not_local_raise_on_every_rank(mlp_reports):
@@ -58,6 +61,7 @@ def test_blocks_that_are_not_local_raise_on_every_rank(mlp_reports):
         assert rep["mixed layouts"].startswith("LayoutError"), rep["mixed layouts"]
         assert "redistribute" in rep["mixed layouts"]
         assert rep["hook calls"] == ["ShardTensor"] * len(LAYOUTS)
+        assert rep["graphs"] >= 2  # the two compile_local'd MLPs were compiled
 
 
 def test_plan_with_unknown_name_raises():
