@@ -1,7 +1,8 @@
 """Uneven domain-parallel tensors on a torch DeviceMesh.
 
 Export: :class:`ShardTensor`, torch's :class:`Shard`, :class:`Replicate`, :class:`Partial`,
-:func:`from_local`, :func:`scatter`, :func:`register_handler`, :func:`allow_gather_fallback`.
+:func:`from_local`, :func:`scatter`, :func:`register_handler`, :func:`allow_gather_fallback`,
+:func:`compile_local` (compile the local work of row-local blocks).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -14,6 +15,7 @@ from meshshard.shardtensor._dispatch import (
 )
 from meshshard.shardtensor.api import ShardTensor, from_local, scatter
 from meshshard.shardtensor.autograd_function import install as _install_function_bridge
+from meshshard.shardtensor.compile import LocalityError, compile_local, compile_local_plan
 from meshshard.shardtensor.registry import list_handlers, register_handler, unregister_handler
 from meshshard.shardtensor.spec import ShardSpec
 
@@ -21,6 +23,7 @@ _install_function_bridge()  # custom autograd Functions on ShardTensors: see its
 
 __all__ = [
     "LayoutError",
+    "LocalityError",
     "NoShardingRuleError",
     "Partial",
     "Replicate",
@@ -28,6 +31,8 @@ __all__ = [
     "ShardSpec",
     "ShardTensor",
     "allow_gather_fallback",
+    "compile_local",
+    "compile_local_plan",
     "from_local",
     "list_handlers",
     "register_handler",

@@ -25,6 +25,53 @@ from meshshard.shardtensor.spec import ShardSpec, normalize_placements
 __all__ = ["ShardTensor", "from_local", "scatter"]
 
 
+def _torch_function(cls, func, types, args=(), kwargs=None):
+    """Every torch function on a ShardTensor runs here, opaque to torch.compile.
+
+    The sharding rules are Python (registries, caches, collectives) that dynamo cannot trace
+    (it failed with "SymNodeVariable() is not a constant"). So this function is a dynamo
+    ``disable`` boundary, built without importing torch._dynamo (2+ s): dynamo sees
+    ``_torchdynamo_disable`` and graph-breaks instead of inlining, the function's own frame is
+    marked SKIP, and the eval-frame callback is off while the rule runs (so no frame inside it is
+    compiled). Under ``torch.compile`` every op on a ShardTensor is therefore one graph break
+    and runs exactly as in eager mode; compile the local work between collectives with
+    :func:`meshshard.shardtensor.compile.compile_local`.
+    """
+    from meshshard.shardtensor._dispatch import dispatch_function
+
+    prior = _set_eval_frame(None)
+    try:
+        return dispatch_function(func, types, args, kwargs or {})
+    finally:
+        _set_eval_frame(prior)
+
+
+def _make_dynamo_opaque(fn: Any) -> None:
+    fn._torchdynamo_disable = True  # dynamo: graph-break here, never inline
+    fn._torchdynamo_disable_msg = "ShardTensor sharding rules run eagerly (meshshard)"
+    fn._torchdynamo_disable_recursive = True
+    try:  # the frame itself is never handed to dynamo (as torch._dynamo.skip_code does)
+        from torch._C._dynamo import eval_frame as ef
+
+        ef.set_code_exec_strategy(
+            fn.__code__, ef._FrameExecStrategy(ef._FrameAction.SKIP, ef._FrameAction.DEFAULT)
+        )
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - other torch builds
+        pass
+
+
+try:
+    from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
+except ImportError:  # pragma: no cover - torch without dynamo
+
+    def _set_eval_frame(callback: Any) -> Any:
+        return None
+
+
+_make_dynamo_opaque(_torch_function)
+
+
+
 class ShardTensor(torch.Tensor):
     """A torch.Tensor subclass holding one rank's piece of a global tensor.
 
@@ -50,11 +97,8 @@ class ShardTensor(torch.Tensor):
         return r
 
     # ------------------------------------------------------------------ dispatch
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        from meshshard.shardtensor._dispatch import dispatch_function
-
-        return dispatch_function(func, types, args, kwargs or {})
+    # every torch function on a ShardTensor: the sharding rules, opaque to torch.compile
+    __torch_function__ = classmethod(_torch_function)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
