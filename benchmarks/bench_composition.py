@@ -11,14 +11,21 @@ with DDP (replicated everywhere), FSDP2 over ``data`` and FSDP2 over ``data`` x 
 flattened, and prints the ratio to DDP. Target: FSDP2 (flattened) <= 0.3 x DDP at 4 ranks.
 Gradient bytes are printed too (after the step; FSDP2 keeps sharded gradients).
 
+Compile section: ``benchmarks/bench_compile.py`` (compiled vs eager step time at 1k, 10k
+and 100k points, dispatch overhead per layer at 1k points), with the arguments given in
+``--compile-args``.
+
     python benchmarks/bench_composition.py                      # ~53M parameters, 4 ranks
-    python benchmarks/bench_composition.py --hidden 256 --layers 2   # quick
+    python benchmarks/bench_composition.py --hidden 256 --layers 2 \
+        --compile-args "--points 1000,10000 --repeats 3"           # quick
+    python benchmarks/bench_composition.py --sections memory    # one section
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -95,15 +102,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=7)
     ap.add_argument("--points", type=int, default=256, help="points per sample")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--compile-args", default="", help="arguments of bench_compile.py")
+    ap.add_argument("--sections", default="memory,compile", help="sections to run, in order")
     args = ap.parse_args(argv)
-    # ---- sections, run in order. The compile-timing section (compiled vs eager step time at
-    # 1k / 10k / 100k points) is to be added HERE, as one more function taking `args`.
-    sections: list[Callable[[argparse.Namespace], None]] = [
-        memory_section,
-    ]
-    for section in sections:
-        section(args)
+    sections: dict[str, Callable[[argparse.Namespace], None]] = {
+        "memory": memory_section,
+        "compile": compile_section,
+    }
+    for name in args.sections.split(","):
+        sections[name](args)
     return 0
+
+
+def compile_section(args: argparse.Namespace) -> None:
+    """Compiled vs eager: ``bench_compile.py`` in this run (its own spawned ranks)."""
+    import shlex
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_compile
+
+    print("\n== torch.compile vs eager (benchmarks/bench_compile.py " + args.compile_args + ")")
+    bench_compile.main(shlex.split(args.compile_args))
 
 
 if __name__ == "__main__":
