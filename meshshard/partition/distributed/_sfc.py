@@ -29,14 +29,27 @@ PACK_BITS = 63
 TORCH_KEYS = False
 
 
+#: rows encoded per step: the float64 grid coordinates and codes of one step stay small, so
+#: encoding adds only the int64 code array (8 bytes per row) to the input
+ENCODE_CHUNK = 1 << 18
+
+
 def encode(pts, bits, method, lo, hi, tensor=None) -> np.ndarray:
     """int64 curve codes on the global box: with torch on the tensor's device when the input
-    was a CUDA tensor (or ``TORCH_KEYS``), else with the numpy encoder (same bits)."""
-    if tensor is not None and (tensor.device.type != "cpu" or TORCH_KEYS):
+    was a CUDA tensor (or ``TORCH_KEYS``), else with the numpy encoder (same bits). Chunked:
+    no full-size quantised copy of the points."""
+    n = pts.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    use_torch = tensor is not None and (tensor.device.type != "cpu" or TORCH_KEYS)
+    if use_torch:
         from meshshard.partition.distributed._keys import torch_codes
-
-        return torch_codes(tensor.detach(), bits, method, lo, hi).cpu().numpy()
-    return _encode(pts, bits, _ENCODERS[method], bounds=(lo, hi)).view(np.int64)
+    for s in range(0, n, ENCODE_CHUNK):
+        e = min(n, s + ENCODE_CHUNK)
+        if use_torch:
+            out[s:e] = torch_codes(tensor[s:e].detach(), bits, method, lo, hi).cpu().numpy()
+        else:
+            out[s:e] = _encode(pts[s:e], bits, _ENCODERS[method], bounds=(lo, hi)).view(np.int64)
+    return out
 
 
 def global_box(comm: Comm, pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -198,60 +211,93 @@ def _to_part_rows(ptr: np.ndarray, gpos: np.ndarray) -> np.ndarray:
     return dest
 
 
+STEP = 1 << 20  # rows per step of the chunked passes (no full-size temporaries)
+
+
 def _packed(comm, key, idx_bits, parts, targets, counts, method, bits, allow_empty):
     """Unweighted fast path: ``code << idx_bits | row`` in one int64 (unique keys, so plain
-    sorts), 8 bytes per row in every exchange, arrays freed as soon as they are spent."""
+    sorts), 8 bytes per row in the sort and order exchanges, 4 in the position reply.
+
+    Memory, in bytes per local row beyond the input (about as many rows arrive as leave):
+    every array is freed or narrowed as soon as it is spent, so the peak is ~24 (the three
+    int64 outputs ``order``, ``position``, ``dest``) and never above ~28 on the way."""
     W, rank = comm.world, comm.rank
     n = key.size
     N = int(counts.sum())
     off = int(counts[:rank].sum())
     mask = np.int64((1 << idx_bits) - 1)
     key <<= np.int64(idx_bits)
-    key |= np.arange(off, off + n, dtype=np.int64)
+    for c in range(0, n, STEP):  # | global row, chunked: no int64 arange of all rows
+        key[c : c + STEP] |= np.arange(off + c, off + min(n, c + STEP), dtype=np.int64)
     key.sort()
-    ends = _packed_splitters(comm, key, N)
+    send_counts = np.diff(np.concatenate([[0], _packed_splitters(comm, key, N)]))
     comm.phase = "sort exchange"
-    recv, recv_counts = comm.alltoallv(key, np.diff(np.concatenate([[0], ends])))
-    send_counts = np.diff(np.concatenate([[0], ends]))
+    recv, _ = comm.alltoallv(key, send_counts)
+    # local row of each sent key, in sent order (where the reply's positions belong)
+    key &= mask
+    key -= off
+    lrow = key.astype(np.int32) if n < 2**31 else key
+    del key
     recv.sort(kind="stable")  # sorted runs, one per source: timsort merges them in O(n log W)
     recv &= mask  # now the global row of each position of this block, in curve order
     m = recv.size
     comm.phase = "cut positions"
     blocks = comm.allgather(np.array([m], dtype=np.int64))[:, 0]
-    bo = int(blocks[:rank].sum())
+    block_start = np.concatenate([[0], np.cumsum(blocks)])
     ptr = np.concatenate([[0], uniform_starts(N, targets), [N]]).astype(np.int64)
     if not allow_empty and N >= int((targets > 0).sum()):
         ptr = _ensure_nonempty(ptr, targets > 0)
+    # reply: this block's positions grouped by input rank (curve order inside each group),
+    # as int32 offsets into the block when every block fits (the input rank adds the start)
+    pdt = np.int32 if int(blocks.max(initial=0)) < 2**31 else np.int64
+    reply, back_counts = _group_by_source(recv, np.concatenate([[0], np.cumsum(counts)]), W, pdt)
+    comm.phase = "position exchange"
+    back, _ = comm.alltoallv(reply, back_counts, send_counts)
+    del reply
     owners = part_owners(parts, W)
     first = np.searchsorted(owners, np.arange(W + 1))
     rank_start = ptr[np.minimum(first, parts)]
     rank_start[-1] = N
+    bo = int(block_start[rank])
     cut = np.clip(rank_start, bo, bo + m) - bo
     comm.phase = "order exchange"
     order, _ = comm.alltoallv(recv, np.diff(cut))
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    src = np.empty(m, dtype=np.int16 if W < 2**15 else np.int64)  # input rank of each row
-    for c in range(0, m, 1 << 20):  # chunked: no int64 temporary of the whole block
-        src[c : c + (1 << 20)] = np.searchsorted(starts, recv[c : c + (1 << 20)], "right") - 1
     del recv
-    reply = np.argsort(src, kind="stable")  # block positions grouped by input rank, curve order
-    back_counts = np.bincount(src, minlength=W).astype(np.int64)
-    del src
-    reply += bo
-    comm.phase = "position exchange"
-    back, _ = comm.alltoallv(reply, back_counts, send_counts)
-    del reply
-    key &= mask
-    key -= off  # local row of each sent key, in the order the positions come back
     gpos = np.empty(n, dtype=np.int64)
-    gpos[key] = back
-    del back, key
+    sent_start = np.concatenate([[0], np.cumsum(send_counts)])
+    for r in range(W):  # back piece r: offsets into block r, for the rows sent to rank r
+        for c in range(int(sent_start[r]), int(sent_start[r + 1]), STEP):
+            e = min(c + STEP, int(sent_start[r + 1]))
+            gpos[lrow[c:e]] = back[c:e].astype(np.int64) + block_start[r]
+    del back, lrow
     dest = _to_part_rows(ptr, gpos)
     params = {"bits": int(bits), "targets": targets.tolist(), "weighted": False}
     return DistributedPartition(
         method=method, rank=rank, world=W, counts=counts, sizes=np.diff(ptr), dest=dest,
         position=gpos, order=order, params=params,
     )  # fmt: skip
+
+
+def _group_by_source(rows: np.ndarray, starts: np.ndarray, W: int, dtype) -> tuple:
+    """Positions ``0..m-1`` of ``rows`` grouped by the input rank holding each global row
+    (``starts``: first global row of each rank), stable inside each group; and the group sizes.
+    A chunked counting sort: no int64 temporary of all rows."""
+    m = rows.size
+    out = np.empty(m, dtype=dtype)
+    sizes = np.zeros(W, dtype=np.int64)
+    for c in range(0, m, STEP):
+        sizes += np.bincount(np.searchsorted(starts, rows[c : c + STEP], "right") - 1,
+                             minlength=W)[:W]  # fmt: skip
+    cursor = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    for c in range(0, m, STEP):
+        src = np.searchsorted(starts, rows[c : c + STEP], "right") - 1
+        o = np.argsort(src, kind="stable")
+        cnt = np.bincount(src, minlength=W)[:W]
+        first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+        s = src[o]
+        out[cursor[s] + (np.arange(o.size) - first[s])] = o + c
+        cursor += cnt
+    return out, sizes
 
 
 def _packed_splitters(comm: Comm, key: np.ndarray, n_total: int) -> np.ndarray:
