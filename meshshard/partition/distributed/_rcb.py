@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshshard.partition.distributed._comm import Comm
+from meshshard.partition.distributed._mem import index_dtype
 from meshshard.partition.distributed._record import DistributedPartition, part_owners
 from meshshard.partition.distributed._select import select
 from meshshard.partition.distributed._sfc import encode
@@ -178,7 +179,14 @@ def _to_owners(
     back, _ = comm.alltoallv(reply, recv_counts, send_counts)
     gpos = np.empty(n, dtype=np.int64)
     gpos[sperm] = back
-    position = gpos - ptr[dest]
+    del back, reply, sperm
+    idt = index_dtype(N)
+    for c in range(0, n, 1 << 18):  # chunked: no int64 temporary of all rows
+        gpos[c : c + (1 << 18)] -= ptr[dest[c : c + (1 << 18)]]
+    position = gpos.astype(idt, copy=False)
+    del gpos
+    dest = dest.astype(idt, copy=False)
+    order = order.astype(idt, copy=False)
     params = {"targets": np.asarray(targets).tolist(), "weighted": bool(weighted)}
     return DistributedPartition(
         method="rcb", rank=rank, world=W, counts=counts, sizes=sizes, dest=dest,

@@ -32,13 +32,14 @@ class DistributedPartition:
         Input rows per rank; this rank's rows are global rows ``input_offset + i``.
     sizes : ndarray of shape (P,), int64
         Global rows per part (the sharding shapes).
-    dest : ndarray of shape (n_local,), int64
+    dest : ndarray of shape (n_local,), int32 (int64 when N >= 2**31)
         Part of each of this rank's input rows.
-    position : ndarray of shape (n_local,), int64
+    position : ndarray of shape (n_local,), int32 (int64 when N >= 2**31)
         Row of each input row inside its part's stored order.
-    order : ndarray, int64
+    order : ndarray, int32 (int64 when N >= 2**31)
         Global input row of each stored row of the parts this rank owns, in stored order
-        (parts ``owned_parts`` back to back).
+        (parts ``owned_parts`` back to back). The index arrays are int32 whenever every
+        global row fits (the same dtype on every rank): half the memory of int64.
     params : dict
         Method parameters (JSON-serialisable), as in :class:`Partition`.
     exchange_bytes : dict
@@ -104,7 +105,7 @@ class DistributedPartition:
     @property
     def stored_index(self) -> np.ndarray:
         """Global stored row of each input row (``offsets[dest] + position``)."""
-        return self.offsets[self.dest] + self.position
+        return self.offsets[self.dest] + self.position.astype(np.int64)
 
     def __repr__(self) -> str:
         return (

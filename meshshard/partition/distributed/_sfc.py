@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshshard.partition.distributed._comm import Comm
+from meshshard.partition.distributed._mem import index_dtype, trim_heap
 from meshshard.partition.distributed._record import DistributedPartition, part_owners
 from meshshard.partition.sfc import _ENCODERS, _encode, _ensure_nonempty, bounding_box
 
@@ -27,6 +28,8 @@ SAMPLES_PER_RANK = 64
 PACK_BITS = 63
 #: compute keys with torch even for CPU tensors (tests; CUDA tensors always use torch)
 TORCH_KEYS = False
+STEP = 1 << 18  # rows per step of the chunked passes (no full-size temporaries)
+SMALL_STEP = 1 << 16  # rows per step where a step makes several temporaries
 
 
 #: rows encoded per step: the float64 grid coordinates and codes of one step stay small, so
@@ -130,10 +133,12 @@ def sfc_partition(
     n, dim = pts.shape
     N = int(counts.sum())
     off = int(counts[:rank].sum())
-    codes = encode(pts, bits, method, lo, hi, tensor)
     idx_bits = max((N - 1).bit_length(), 1)
     if w is None and bits * dim + idx_bits <= PACK_BITS:
-        return _packed(comm, codes, idx_bits, parts, targets, counts, method, bits, allow_empty)
+        # the keys are made inside, so no frame here keeps them alive once they are spent
+        keys = [encode(pts, bits, method, lo, hi, tensor)]
+        return _packed(comm, keys, idx_bits, parts, targets, counts, method, bits, allow_empty)
+    codes = encode(pts, bits, method, lo, hi, tensor)
     lperm = np.argsort(codes, kind="stable")
     cols = 2 if w is None else 3
     payload = np.empty((n, cols), dtype=np.int64)
@@ -191,8 +196,11 @@ def sfc_partition(
     del reply
     gpos = np.empty(n, dtype=np.int64)
     gpos[lperm] = back
-    dest = _to_part_rows(ptr, gpos)
-    position = gpos
+    idt = index_dtype(N)
+    dest = _to_part_rows(ptr, gpos).astype(idt, copy=False)
+    position = gpos.astype(idt, copy=False)
+    del gpos
+    order = order.astype(idt, copy=False)
     params = {"bits": int(bits), "targets": targets.tolist(), "weighted": w is not None}
     return DistributedPartition(
         method=method, rank=rank, world=W, counts=counts, sizes=sizes, dest=dest,
@@ -203,44 +211,50 @@ def sfc_partition(
 def _to_part_rows(ptr: np.ndarray, gpos: np.ndarray) -> np.ndarray:
     """Part of each global stored row; turns ``gpos`` into rows within the part, in place and
     in chunks (no full-size temporaries)."""
-    dest = np.searchsorted(ptr, gpos, side="right")
-    dest -= 1
-    step = 1 << 20
-    for c in range(0, gpos.size, step):
-        gpos[c : c + step] -= ptr[dest[c : c + step]]
+    dest = np.empty(gpos.size, dtype=gpos.dtype)
+    for c in range(0, gpos.size, STEP):
+        d = np.searchsorted(ptr, gpos[c : c + STEP], side="right") - 1
+        dest[c : c + STEP] = d
+        gpos[c : c + STEP] -= ptr[d].astype(gpos.dtype)
     return dest
 
 
-STEP = 1 << 20  # rows per step of the chunked passes (no full-size temporaries)
-
-
-def _packed(comm, key, idx_bits, parts, targets, counts, method, bits, allow_empty):
+def _packed(comm, keys, idx_bits, parts, targets, counts, method, bits, allow_empty):
     """Unweighted fast path: ``code << idx_bits | row`` in one int64 (unique keys, so plain
-    sorts), 8 bytes per row in the sort and order exchanges, 4 in the position reply.
+    sorts): 8 bytes per row in the sort exchange, then 4 (int32 rows and block offsets when
+    N < 2**31) in the position reply and the order exchange.
 
     Memory, in bytes per local row beyond the input (about as many rows arrive as leave):
-    every array is freed or narrowed as soon as it is spent, so the peak is ~24 (the three
-    int64 outputs ``order``, ``position``, ``dest``) and never above ~28 on the way."""
+    every array is freed or narrowed as soon as it is spent; the peak is ~20 (sent and
+    received keys plus the int32 local rows), the result 12 (``dest``, ``position``,
+    ``order`` in int32)."""
     W, rank = comm.world, comm.rank
+    key = keys.pop()  # the caller's list held the only other reference
     n = key.size
     N = int(counts.sum())
     off = int(counts[:rank].sum())
+    idt = index_dtype(N)
     mask = np.int64((1 << idx_bits) - 1)
     key <<= np.int64(idx_bits)
     for c in range(0, n, STEP):  # | global row, chunked: no int64 arange of all rows
         key[c : c + STEP] |= np.arange(off + c, off + min(n, c + STEP), dtype=np.int64)
     key.sort()
     send_counts = np.diff(np.concatenate([[0], _packed_splitters(comm, key, N)]))
+    trim_heap()
     comm.phase = "sort exchange"
     recv, _ = comm.alltoallv(key, send_counts)
     # local row of each sent key, in sent order (where the reply's positions belong)
-    key &= mask
-    key -= off
-    lrow = key.astype(np.int32) if n < 2**31 else key
+    lrow = np.empty(n, dtype=idt)
+    for c in range(0, n, STEP):
+        np.subtract(key[c : c + STEP] & mask, off, out=lrow[c : c + STEP], casting="unsafe")
     del key
     recv.sort(kind="stable")  # sorted runs, one per source: timsort merges them in O(n log W)
-    recv &= mask  # now the global row of each position of this block, in curve order
     m = recv.size
+    rows = np.empty(m, dtype=idt)  # global row of each position of this block, curve order
+    for c in range(0, m, STEP):
+        np.bitwise_and(recv[c : c + STEP], mask, out=rows[c : c + STEP], casting="unsafe")
+    del recv
+    trim_heap()
     comm.phase = "cut positions"
     blocks = comm.allgather(np.array([m], dtype=np.int64))[:, 0]
     block_start = np.concatenate([[0], np.cumsum(blocks)])
@@ -248,9 +262,8 @@ def _packed(comm, key, idx_bits, parts, targets, counts, method, bits, allow_emp
     if not allow_empty and N >= int((targets > 0).sum()):
         ptr = _ensure_nonempty(ptr, targets > 0)
     # reply: this block's positions grouped by input rank (curve order inside each group),
-    # as int32 offsets into the block when every block fits (the input rank adds the start)
-    pdt = np.int32 if int(blocks.max(initial=0)) < 2**31 else np.int64
-    reply, back_counts = _group_by_source(recv, np.concatenate([[0], np.cumsum(counts)]), W, pdt)
+    # as offsets into the block (the input rank adds the block's start)
+    reply, back_counts = _group_by_source(rows, np.concatenate([[0], np.cumsum(counts)]), W, idt)
     comm.phase = "position exchange"
     back, _ = comm.alltoallv(reply, back_counts, send_counts)
     del reply
@@ -261,15 +274,16 @@ def _packed(comm, key, idx_bits, parts, targets, counts, method, bits, allow_emp
     bo = int(block_start[rank])
     cut = np.clip(rank_start, bo, bo + m) - bo
     comm.phase = "order exchange"
-    order, _ = comm.alltoallv(recv, np.diff(cut))
-    del recv
-    gpos = np.empty(n, dtype=np.int64)
+    order, _ = comm.alltoallv(rows, np.diff(cut))
+    del rows
+    gpos = np.empty(n, dtype=idt)  # global stored position of each local row
     sent_start = np.concatenate([[0], np.cumsum(send_counts)])
     for r in range(W):  # back piece r: offsets into block r, for the rows sent to rank r
         for c in range(int(sent_start[r]), int(sent_start[r + 1]), STEP):
             e = min(c + STEP, int(sent_start[r + 1]))
-            gpos[lrow[c:e]] = back[c:e].astype(np.int64) + block_start[r]
+            gpos[lrow[c:e]] = back[c:e] + idt(block_start[r])
     del back, lrow
+    trim_heap()
     dest = _to_part_rows(ptr, gpos)
     params = {"bits": int(bits), "targets": targets.tolist(), "weighted": False}
     return DistributedPartition(
@@ -281,21 +295,22 @@ def _packed(comm, key, idx_bits, parts, targets, counts, method, bits, allow_emp
 def _group_by_source(rows: np.ndarray, starts: np.ndarray, W: int, dtype) -> tuple:
     """Positions ``0..m-1`` of ``rows`` grouped by the input rank holding each global row
     (``starts``: first global row of each rank), stable inside each group; and the group sizes.
-    A chunked counting sort: no int64 temporary of all rows."""
+    A chunked counting sort over int16 source ranks: no int64 temporary of all rows."""
     m = rows.size
+    src = np.empty(m, dtype=np.int16 if W < 2**15 else np.int32)
+    for c in range(0, m, SMALL_STEP):
+        r = np.searchsorted(starts, rows[c : c + SMALL_STEP], "right")
+        np.subtract(r, 1, out=src[c : c + SMALL_STEP], casting="unsafe")
+    sizes = np.bincount(src, minlength=W)[:W].astype(np.int64)
     out = np.empty(m, dtype=dtype)
-    sizes = np.zeros(W, dtype=np.int64)
-    for c in range(0, m, STEP):
-        sizes += np.bincount(np.searchsorted(starts, rows[c : c + STEP], "right") - 1,
-                             minlength=W)[:W]  # fmt: skip
     cursor = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    for c in range(0, m, STEP):
-        src = np.searchsorted(starts, rows[c : c + STEP], "right") - 1
-        o = np.argsort(src, kind="stable")
-        cnt = np.bincount(src, minlength=W)[:W]
+    for c in range(0, m, SMALL_STEP):
+        s = src[c : c + SMALL_STEP]
+        o = np.argsort(s, kind="stable")  # radix sort of int16
+        cnt = np.bincount(s, minlength=W)[:W]
         first = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-        s = src[o]
-        out[cursor[s] + (np.arange(o.size) - first[s])] = o + c
+        so = s[o]
+        out[cursor[so] + (np.arange(o.size) - first[so])] = o + c
         cursor += cnt
     return out, sizes
 
