@@ -1,8 +1,10 @@
 """Distributed (re)partitioning of one huge run store: no rank reads or holds the whole run.
 
 ``meshshard preprocess drivaerml SRC DST --parts P --distributed`` under torchrun: SRC is a
-finished run store (``run_<i>.zarr``, today's format) or a directory of them. For each store,
-rank ``r`` of ``W`` reads rows ``[N r / W, N (r + 1) / W)`` of every part (surface, volume),
+finished run store (``run_<i>.zarr``, today's format), a raw point set (``<name>.npy``,
+memory-mapped; see :mod:`~meshshard.pipelines.distributed_inputs`) or a directory of them. For
+each source, rank ``r`` of ``W`` reads only rows ``[N r / W, N (r + 1) / W)`` of every part
+(surface, volume; ``splits`` sets other ranges),
 the ranks partition the centres together (:func:`partition_distributed`), move every row's
 fields to the rank owning its part (:func:`redistribute_rows`), hand the rows of chunks that
 straddle a rank boundary to the chunk's owner, and each rank writes only its chunks of one new
