@@ -98,7 +98,7 @@ def _row_range(part: str, n: int, rank: int, W: int, splits: dict | None) -> tup
     """Rows of ``part`` this rank reads: ``splits[part]`` or an even split."""
     if not splits or part not in splits:
         return (n * rank) // W, (n * (rank + 1)) // W
-    b = [int(x) for x in splits[part]]
+    b = [int(x) for x in (splits[part](W) if callable(splits[part]) else splits[part])]
     if len(b) != W + 1 or b[0] != 0 or b[-1] != n or any(x > y for x, y in zip(b, b[1:])):
         msg = f"splits[{part!r}]={b} must be {W + 1} non-decreasing rows from 0 to {n}"
         raise ValueError(msg)
@@ -238,6 +238,8 @@ def _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group, 
             attrs.pop(part, None)
             continue
         keys = [k for k in keys if k in sattrs.get("arrays", {})]
+        if splits is None and hasattr(sgroup, "rank_splits"):  # whole pieces per rank
+            splits = {part: sgroup.rank_splits}
         n = int(sgroup[keys[0]].shape[0])
         a, b = _row_range(part, n, rank, W, splits)
         rows = {k: np.asarray(sgroup[k][a:b]) for k in keys}
