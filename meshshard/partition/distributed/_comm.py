@@ -141,6 +141,30 @@ class Comm:
         self._count(t.nbytes, out.nbytes, t0)
         return self._np(out), recv_counts
 
+    def alltoallv_tensor(
+        self, t: torch.Tensor, send_counts: np.ndarray, recv_counts: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """:meth:`alltoallv` of a tensor, without numpy: the result stays a tensor on the
+        buffer device (the tensor moves there first if it is elsewhere) (collective)."""
+        send_counts = np.asarray(send_counts, dtype=np.int64)
+        if recv_counts is None:
+            recv_counts = self.alltoall_counts(send_counts)
+        t = t.contiguous().to(self.device)
+        out = torch.empty((int(recv_counts.sum()), *t.shape[1:]), dtype=t.dtype, device=t.device)
+        t0 = time.perf_counter()
+        try:
+            dist.all_to_all_single(
+                out,
+                t,
+                output_split_sizes=recv_counts.tolist(),
+                input_split_sizes=send_counts.tolist(),
+                group=self.group,
+            )
+        except (RuntimeError, ValueError) as exc:
+            raise self._fail(exc) from exc
+        self._count(t.nbytes, out.nbytes, t0)
+        return out, recv_counts
+
     def alltoall_counts(self, send_counts: np.ndarray) -> np.ndarray:
         """How many rows every rank sends to this one (collective)."""
         t = self._t(np.asarray(send_counts, dtype=np.int64))
