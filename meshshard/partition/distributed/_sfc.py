@@ -138,24 +138,31 @@ def sfc_partition(
         # the keys are made inside, so no frame here keeps them alive once they are spent
         keys = [encode(pts, bits, method, lo, hi, tensor)]
         return _packed(comm, keys, idx_bits, parts, targets, counts, method, bits, allow_empty)
+    # general path (weights, or code + row bits > 63): int64 codes, rows in the index dtype
+    # and float64 weights travel as separate arrays; a stable sort breaks code ties by row
+    idt = index_dtype(N)
     codes = encode(pts, bits, method, lo, hi, tensor)
-    lperm = np.argsort(codes, kind="stable")
-    cols = 2 if w is None else 3
-    payload = np.empty((n, cols), dtype=np.int64)
-    np.take(codes, lperm, out=payload[:, 0])
+    lperm = np.argsort(codes, kind="stable").astype(idt)
+    scodes = codes[lperm]
     del codes
-    np.add(lperm, off, out=payload[:, 1])
-    if w is not None:
-        payload[:, 2] = w[lperm].view(np.int64)
-    send_counts = _splitter_counts(comm, payload[:, 0], payload[:, 1], N)
+    srow = lperm + idt(off)
+    sw = None if w is None else w[lperm]
+    send_counts = _splitter_counts(comm, scodes, srow, N)
+    trim_heap()
     comm.phase = "sort exchange"
-    recv, recv_counts = comm.alltoallv(payload, send_counts)
-    del payload
+    rc, recv_counts = comm.alltoallv(scodes, send_counts)
+    del scodes
+    rg, _ = comm.alltoallv(srow, send_counts, recv_counts)
+    del srow
+    rw = None if sw is None else comm.alltoallv(sw, send_counts, recv_counts)[0]
+    del sw
     # sources arrive in rank order, i.e. in row order: a stable sort breaks code ties by row
-    rperm = np.argsort(recv[:, 0], kind="stable")
-    g = recv[rperm, 1]
-    ws = None if w is None else recv[rperm, 2].view(np.float64)
-    del recv
+    rperm = np.argsort(rc, kind="stable")
+    del rc
+    g = rg[rperm]
+    del rg
+    ws = None if rw is None else rw[rperm]
+    del rw
     m = g.size
     comm.phase = "cut positions"
     blocks = comm.allgather(np.array([m], dtype=np.int64))[:, 0]
@@ -188,19 +195,18 @@ def sfc_partition(
     comm.phase = "order exchange"
     order, _ = comm.alltoallv(g, np.diff(cut))
     del g
-    reply = np.empty(m, dtype=np.int64)
-    reply[rperm] = bo + np.arange(m, dtype=np.int64)
+    reply = np.empty(m, dtype=idt)
+    for c in range(0, m, STEP):
+        reply[rperm[c : c + STEP]] = np.arange(bo + c, bo + min(m, c + STEP), dtype=idt)
     del rperm
+    trim_heap()
     comm.phase = "position exchange"
     back, _ = comm.alltoallv(reply, recv_counts, send_counts)
     del reply
-    gpos = np.empty(n, dtype=np.int64)
-    gpos[lperm] = back
-    idt = index_dtype(N)
-    dest = _to_part_rows(ptr, gpos).astype(idt, copy=False)
-    position = gpos.astype(idt, copy=False)
-    del gpos
-    order = order.astype(idt, copy=False)
+    position = np.empty(n, dtype=idt)
+    position[lperm] = back
+    del back, lperm
+    dest = _to_part_rows(ptr, position)
     params = {"bits": int(bits), "targets": targets.tolist(), "weighted": w is not None}
     return DistributedPartition(
         method=method, rank=rank, world=W, counts=counts, sizes=sizes, dest=dest,
