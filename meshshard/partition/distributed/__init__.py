@@ -111,11 +111,13 @@ def _agree(
 
 
 def _stats(out: DistributedPartition, comm: Comm) -> DistributedPartition:
+    comm.phase = "done"
     return replace(
         out,
         exchange_bytes=dict(comm.bytes),
         peak_buffer=comm.peak_buffer,
         exchange_seconds=dict(comm.seconds),
+        phase_seconds=dict(comm.phase_seconds),
     )
 
 

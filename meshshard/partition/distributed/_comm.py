@@ -55,10 +55,24 @@ class Comm:
             device = torch.device("cpu")
         self.device = device
         self.what = what
-        self.phase = "start"
+        self._phase = "start"
+        self._t_phase = time.perf_counter()
+        self.phase_seconds: dict[str, float] = {}  # phase -> wall seconds (compute + waits)
         self.bytes: dict[str, int] = {}  # phase -> bytes this rank sent + received
         self.peak_buffer = 0  # largest send + receive buffer pair of one collective
         self.seconds: dict[str, float] = {}  # phase -> wall seconds inside collectives
+
+    @property
+    def phase(self) -> str:
+        """The current phase: names errors and keys the byte, time and phase counters."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        now = time.perf_counter()
+        done = self._phase
+        self.phase_seconds[done] = self.phase_seconds.get(done, 0.0) + now - self._t_phase
+        self._phase, self._t_phase = name, now
 
     def _count(self, sent: int, received: int, t0: float) -> None:
         self.bytes[self.phase] = self.bytes.get(self.phase, 0) + sent + received

@@ -62,6 +62,7 @@ def rcb_partition(
         if not active:
             break
         J = len(active)
+        comm.phase = "rcb boxes"
         cnt = np.zeros(J, dtype=np.int64)
         box = np.empty((J, 2 * dim))
         wsum = np.zeros(J)
@@ -77,7 +78,6 @@ def rcb_partition(
                     wsum[j] = w[lp[s:e]].sum()
             else:
                 box[j] = np.inf
-        comm.phase = "rcb boxes"
         cnt = comm.allreduce(cnt)
         box = comm.allreduce(box, op="min")
         if w is not None:
@@ -153,6 +153,7 @@ def _to_owners(
     sizes = comm.allreduce(np.bincount(dest, minlength=parts).astype(np.int64))
     ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     bits = default_bits(N, dim)
+    comm.phase = "rcb encode and sort"
     key = encode(pts, bits, "hilbert", lo, hi, tensor)
     cb = bits * dim
     packed = parts.bit_length() + cb <= PACK_BITS
@@ -177,6 +178,7 @@ def _to_owners(
     srow = sperm + idt(off)  # global rows, in sent order
     rows, _ = comm.alltoallv(srow, send_counts, recv_counts)
     del srow
+    comm.phase = "rcb owner sort"
     if packed:  # sources arrive in row order
         rperm = np.argsort(recv, kind="stable")
     else:
@@ -195,6 +197,7 @@ def _to_owners(
     comm.phase = "rcb position exchange"
     back, _ = comm.alltoallv(reply, recv_counts, send_counts)
     del reply
+    comm.phase = "rcb positions"
     position = np.empty(n, dtype=idt)
     position[sperm] = back
     del back, sperm

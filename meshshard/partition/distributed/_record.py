@@ -48,6 +48,8 @@ class DistributedPartition:
         Largest send + receive buffer pair of any one collective on this rank, in bytes.
     exchange_seconds : dict
         Wall seconds this rank spent inside collectives, per phase (waiting included).
+    phase_seconds : dict
+        Wall seconds this rank spent in each phase, computing and communicating (a profile).
     """
 
     method: str
@@ -62,6 +64,7 @@ class DistributedPartition:
     exchange_bytes: dict = field(default_factory=dict)
     peak_buffer: int = 0
     exchange_seconds: dict = field(default_factory=dict)
+    phase_seconds: dict = field(default_factory=dict)
 
     @property
     def nparts(self) -> int:

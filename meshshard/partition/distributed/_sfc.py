@@ -136,12 +136,15 @@ def sfc_partition(
     idx_bits = max((N - 1).bit_length(), 1)
     if w is None and bits * dim + idx_bits <= PACK_BITS:
         # the keys are made inside, so no frame here keeps them alive once they are spent
+        comm.phase = "encode"
         keys = [encode(pts, bits, method, lo, hi, tensor)]
         return _packed(comm, keys, idx_bits, parts, targets, counts, method, bits, allow_empty)
     # general path (weights, or code + row bits > 63): int64 codes, rows in the index dtype
     # and float64 weights travel as separate arrays; a stable sort breaks code ties by row
     idt = index_dtype(N)
+    comm.phase = "encode"
     codes = encode(pts, bits, method, lo, hi, tensor)
+    comm.phase = "local sort"
     lperm = np.argsort(codes, kind="stable").astype(idt)
     scodes = codes[lperm]
     del codes
@@ -157,6 +160,7 @@ def sfc_partition(
     rw = None if sw is None else comm.alltoallv(sw, send_counts, recv_counts)[0]
     del sw
     # sources arrive in rank order, i.e. in row order: a stable sort breaks code ties by row
+    comm.phase = "merge"
     rperm = np.argsort(rc, kind="stable")
     del rc
     g = rg[rperm]
@@ -195,6 +199,7 @@ def sfc_partition(
     comm.phase = "order exchange"
     order, _ = comm.alltoallv(g, np.diff(cut))
     del g
+    comm.phase = "group replies"
     reply = np.empty(m, dtype=idt)
     for c in range(0, m, STEP):
         reply[rperm[c : c + STEP]] = np.arange(bo + c, bo + min(m, c + STEP), dtype=idt)
@@ -203,6 +208,7 @@ def sfc_partition(
     comm.phase = "position exchange"
     back, _ = comm.alltoallv(reply, recv_counts, send_counts)
     del reply
+    comm.phase = "positions"
     position = np.empty(n, dtype=idt)
     position[lperm] = back
     del back, lperm
@@ -244,12 +250,14 @@ def _packed(comm, keys, idx_bits, parts, targets, counts, method, bits, allow_em
     key <<= np.int64(idx_bits)
     for c in range(0, n, STEP):  # | global row, chunked: no int64 arange of all rows
         key[c : c + STEP] |= np.arange(off + c, off + min(n, c + STEP), dtype=np.int64)
+    comm.phase = "local sort"
     key.sort()
     send_counts = np.diff(np.concatenate([[0], _packed_splitters(comm, key, N)]))
     trim_heap()
     comm.phase = "sort exchange"
     recv, _ = comm.alltoallv(key, send_counts)
     # local row of each sent key, in sent order (where the reply's positions belong)
+    comm.phase = "merge"
     lrow = np.empty(n, dtype=idt)
     for c in range(0, n, STEP):
         np.subtract(key[c : c + STEP] & mask, off, out=lrow[c : c + STEP], casting="unsafe")
@@ -269,6 +277,7 @@ def _packed(comm, keys, idx_bits, parts, targets, counts, method, bits, allow_em
         ptr = _ensure_nonempty(ptr, targets > 0)
     # reply: this block's positions grouped by input rank (curve order inside each group),
     # as offsets into the block (the input rank adds the block's start)
+    comm.phase = "group replies"
     reply, back_counts = _group_by_source(rows, np.concatenate([[0], np.cumsum(counts)]), W, idt)
     comm.phase = "position exchange"
     back, _ = comm.alltoallv(reply, back_counts, send_counts)
@@ -282,6 +291,7 @@ def _packed(comm, keys, idx_bits, parts, targets, counts, method, bits, allow_em
     comm.phase = "order exchange"
     order, _ = comm.alltoallv(rows, np.diff(cut))
     del rows
+    comm.phase = "positions"
     gpos = np.empty(n, dtype=idt)  # global stored position of each local row
     sent_start = np.concatenate([[0], np.cumsum(send_counts)])
     for r in range(W):  # back piece r: offsets into block r, for the rows sent to rank r
