@@ -219,34 +219,6 @@ def sfc_partition(
     )  # fmt: skip
 
 
-def _scatter_positions(back, lrow, send_counts, block_start, ptr, idt) -> tuple:
-    """Row within its part and part of every local row, from the reply ``back``.
-
-    Back piece ``r`` holds offsets into block ``r`` of the rows this rank sent to rank ``r``,
-    ascending (the keys went out sorted; replies come in curve order). So the part cuts split
-    each piece into runs found by a binary search of the P + 1 cuts into the piece, and every
-    run is one part: no per-row search. ``lrow`` says where each entry belongs."""
-    n = lrow.size
-    position = np.empty(n, dtype=idt)
-    dest = np.empty(n, dtype=idt)
-    top = np.iinfo(idt).max
-    sent = np.concatenate([[0], np.cumsum(send_counts)])
-    for r in range(len(send_counts)):
-        a, b = int(sent[r]), int(sent[r + 1])
-        if a == b:
-            continue
-        piece = back[a:b]
-        g0 = int(block_start[r])
-        cuts = np.searchsorted(piece, np.clip(ptr - g0, -1, top).astype(idt), side="left")
-        for p in np.flatnonzero(np.diff(cuts)).tolist():  # parts with rows in this piece
-            for c in range(int(cuts[p]), int(cuts[p + 1]), STEP):
-                e = min(c + STEP, int(cuts[p + 1]))
-                rows = lrow[a + c : a + e]
-                dest[rows] = p
-                position[rows] = piece[c:e] + idt(g0 - int(ptr[p]))
-    return position, dest
-
-
 def _to_part_rows(ptr: np.ndarray, gpos: np.ndarray) -> np.ndarray:
     """Part of each global stored row; turns ``gpos`` into rows within the part, in place and
     in chunks (no full-size temporaries)."""
@@ -319,8 +291,15 @@ def _packed(comm, keys, idx_bits, parts, targets, counts, method, bits, allow_em
     order, _ = comm.alltoallv(rows, np.diff(cut))
     del rows
     comm.phase = "positions"
-    gpos, dest = _scatter_positions(back, lrow, send_counts, block_start, ptr, idt)
+    gpos = np.empty(n, dtype=idt)  # global stored position of each local row
+    sent_start = np.concatenate([[0], np.cumsum(send_counts)])
+    for r in range(W):  # back piece r: offsets into block r, for the rows sent to rank r
+        for c in range(int(sent_start[r]), int(sent_start[r + 1]), STEP):
+            e = min(c + STEP, int(sent_start[r + 1]))
+            gpos[lrow[c:e]] = back[c:e] + idt(block_start[r])
     del back, lrow
+    trim_heap()
+    dest = _to_part_rows(ptr, gpos)
     params = {"bits": int(bits), "targets": targets.tolist(), "weighted": False}
     return DistributedPartition(
         method=method, rank=rank, world=W, counts=counts, sizes=np.diff(ptr), dest=dest,
