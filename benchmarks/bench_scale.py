@@ -85,6 +85,7 @@ def ranked(rank: int, world: int, n: int, method: str, parts: int, no_pack: bool
     return {
         "wall": wall, "cpu": cpu, "hwm": _status_kb("VmHWM") * 1024, "base": base * 1024,
         "rows": stop - start, "phases": dp.exchange_bytes, "owned": int(dp.order.size),
+        "phase_s": dp.phase_seconds,
     }  # fmt: skip
 
 
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
     last = {}
+    profiles = []
     for n in [int(s) for s in args.sizes]:
         for method in args.methods:
             ref = run_ranks(single, 1, n, method, args.parts, timeout=3600)[0]
@@ -129,6 +131,13 @@ def main(argv: list[str] | None = None) -> None:
                       f"{'ok' if hwm <= target else 'MISSED'} | {gib(xb)} |",
                       flush=True)  # fmt: skip
                 last[method] = (n, w, got)
+                profiles.append((n, method, w, got))
+    print("\nPhase profile: wall seconds per phase (computing and waiting), slowest rank; "
+          "phases in the order they run")
+    for n, method, w, got in profiles:
+        names = list(dict.fromkeys(k for g in got for k in g["phase_s"] if k not in ("start",)))
+        cells = ", ".join(f"{k} {max(g['phase_s'].get(k, 0.0) for g in got):.2f}" for k in names)
+        print(f"- {n:,} {method} {w} rank(s): {cells}")
     for method, (n, _w, _got) in list(last.items()):
         if _packs(method, n, args.parts) != _packs(method, int(args.model_n), args.parts):
             n2, w2 = 16 << 20, 4

@@ -45,7 +45,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--distributed",
         action="store_true",
-        help="under torchrun: all ranks repartition each run store in SRC together",
+        help="under torchrun: all ranks repartition each run store (*.zarr) or point set "
+        "(*.npy, plus an optional <name>.fields.npy) in SRC together, each rank reading only "
+        "its row range",
     )
 
 

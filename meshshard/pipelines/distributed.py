@@ -1,8 +1,10 @@
 """Distributed (re)partitioning of one huge run store: no rank reads or holds the whole run.
 
 ``meshshard preprocess drivaerml SRC DST --parts P --distributed`` under torchrun: SRC is a
-finished run store (``run_<i>.zarr``, today's format) or a directory of them. For each store,
-rank ``r`` of ``W`` reads rows ``[N r / W, N (r + 1) / W)`` of every part (surface, volume),
+finished run store (``run_<i>.zarr``, today's format), a raw point set (``<name>.npy``,
+memory-mapped; see :mod:`~meshshard.pipelines.distributed_inputs`) or a directory of them. For
+each source, rank ``r`` of ``W`` reads only rows ``[N r / W, N (r + 1) / W)`` of every part
+(surface, volume; ``splits`` sets other ranges),
 the ranks partition the centres together (:func:`partition_distributed`), move every row's
 fields to the rank owning its part (:func:`redistribute_rows`), hand the rows of chunks that
 straddle a rank boundary to the chunk's owner, and each rank writes only its chunks of one new
@@ -27,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.pipelines.distributed_inputs import is_source, open_source, source_name
 from meshshard.pipelines.store import (
     STL_KEYS,
     _compressors,
     _crc32,
     choose_chunk,
-    open_store,
     seal_store,
     store_status,
 )
@@ -92,6 +94,17 @@ def _chunk_rows(comm, arrays: dict[str, np.ndarray], owned: tuple[int, int], n: 
     return (int(bounds[r]), int(bounds[r + 1])), out
 
 
+def _row_range(part: str, n: int, rank: int, W: int, splits: dict | None) -> tuple[int, int]:
+    """Rows of ``part`` this rank reads: ``splits[part]`` or an even split."""
+    if not splits or part not in splits:
+        return (n * rank) // W, (n * (rank + 1)) // W
+    b = [int(x) for x in (splits[part](W) if callable(splits[part]) else splits[part])]
+    if len(b) != W + 1 or b[0] != 0 or b[-1] != n or any(x > y for x, y in zip(b, b[1:])):
+        msg = f"splits[{part!r}]={b} must be {W + 1} non-decreasing rows from 0 to {n}"
+        raise ValueError(msg)
+    return b[rank], b[rank + 1]
+
+
 def _chunk_path(index: int, ndim: int) -> str:
     """A chunk file's path under its array (rows chunked, trailing dims whole)."""
     return "/".join(["c", str(index)] + ["0"] * (ndim - 1))
@@ -140,6 +153,7 @@ def repartition_store(
     compressor: str | None = "lz4",
     target_chunk: int = 1 << 17,
     which: tuple[str, ...] | None = None,
+    splits: dict[str, Any] | None = None,
 ) -> str:
     """Repartition one finished run store into ``dst_dir/<same name>`` across ranks.
 
@@ -148,6 +162,10 @@ def repartition_store(
 
     which : tuple of {"surface", "volume"}, optional
         Parts to keep (default: every part the source has).
+    splits : dict of part -> sequence of world + 1 ints, optional
+        Rows ``[splits[part][r], splits[part][r + 1])`` of the part are read by rank ``r``
+        (uneven and empty ranges allowed; default: even ranges). Must be the same on every
+        rank; it does not change the result, only who reads what.
 
     Returns
     -------
@@ -165,11 +183,11 @@ def repartition_store(
     rank = comm.rank
     src = Path(src)
     dst_dir = Path(dst_dir)
-    name = src.name[: -len(".zarr")] if src.name.endswith(".zarr") else src.name
+    name = source_name(src)
     out = dst_dir / f"{name}.zarr"
     ok, err = True, None
     try:
-        sgroup, sattrs = open_store(src)
+        sgroup, sattrs = open_source(src, "surface" if which == ("surface",) else "volume")
         request = {"distributed": True, "parts": int(parts), "method": method,
                    "which": list(which) if which else None,
                    "from": str(src.resolve()), "source_request": sattrs.get("request")}  # fmt: skip
@@ -190,7 +208,7 @@ def repartition_store(
             shutil.rmtree(p, ignore_errors=True)
     try:
         return _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group,
-                      compressor, target_chunk, which)  # fmt: skip
+                      compressor, target_chunk, which, splits)  # fmt: skip
     except BaseException:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -198,7 +216,7 @@ def repartition_store(
 
 
 def _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group, compressor,
-           target_chunk, which) -> str:  # fmt: skip
+           target_chunk, which, splits=None) -> str:  # fmt: skip
     """Partition, move and write; publish on rank 0 once every rank succeeded."""
     import zarr
 
@@ -219,8 +237,11 @@ def _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group, 
         if sattrs.get(part) is None or (which and part not in which):
             attrs.pop(part, None)
             continue
+        keys = [k for k in keys if k in sattrs.get("arrays", {})]
+        if splits is None and hasattr(sgroup, "rank_splits"):  # whole pieces per rank
+            splits = {part: sgroup.rank_splits}
         n = int(sgroup[keys[0]].shape[0])
-        a, b = (n * rank) // W, (n * (rank + 1)) // W
+        a, b = _row_range(part, n, rank, W, splits)
         rows = {k: np.asarray(sgroup[k][a:b]) for k in keys}
         dp = partition_distributed(rows[keys[0]], parts, group, method)
         moved = redistribute_rows(rows, dp, group)
@@ -316,11 +337,11 @@ def run_cli(args: Any) -> int:
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     src = Path(args.src)
-    stores = [src] if (src / "zarr.json").is_file() else sorted(src.glob("*.zarr"))
+    stores = [src] if is_source(src) else sorted(p for p in src.iterdir() if is_source(p))
     if args.runs:
-        stores = [s for s in stores if s.name[: -len(".zarr")] in set(args.runs)]
+        stores = [s for s in stores if source_name(s) in set(args.runs)]
     if not stores:
-        msg = f"{src}: no run stores (*.zarr) to repartition"
+        msg = f"{src}: no run stores (*.zarr) or point sets (*.npy) to repartition"
         raise FileNotFoundError(msg)
     counts = {"written": 0, "skipped": 0}
     for s in stores:

@@ -208,7 +208,7 @@ def _require_cells(path: Path, mesh) -> None:
 
 
 def _read_cells(
-    path: Path, specs: tuple[FieldSpec, ...], *, polys: bool
+    path: Path, specs: tuple[FieldSpec, ...], *, polys: bool, piece: int | None = None
 ) -> tuple[CellMesh, tuple[FieldSpec, ...]]:
     """Points, cells (the polygons when ``polys``) and ``specs``' cell arrays of ``path``, and
     the specs present.
@@ -216,8 +216,11 @@ def _read_cells(
     VTK XML files go through meshshard's own reader (:mod:`meshshard.pipelines.vtkxml`: only
     the named arrays are decoded, in parallel); a file in a layout it does not decode -- ASCII
     data, LZ4, several pieces -- is read by VTK. A damaged file raises
-    :class:`~meshshard.pipelines.vtkxml.CorruptVtkXml` and never reaches VTK.
+    :class:`~meshshard.pipelines.vtkxml.CorruptVtkXml` and never reaches VTK. With ``piece``
+    only that ``<Piece>`` is read, by meshshard's reader only (VTK would merge the pieces).
     """
+    if piece is not None:
+        return _checked(path, read_cells(path, [s.name for s in specs], piece=piece), specs)
     if _own_reader(path, _XML_READERS):
         try:
             mesh = read_cells(path, [s.name for s in specs])
@@ -520,11 +523,13 @@ def read_surface(
     schema: DatasetSchema = DRIVAERML,
     length: float | None = None,
     drop_nan: bool = False,
+    piece: int | None = None,
 ) -> SurfaceData:
-    """Surface cell centres, normals, areas and non-dimensional fields of a ``.vtp`` file."""
+    """Surface cell centres, normals, areas and non-dimensional fields of a ``.vtp`` file
+    (with ``piece``: of that ``<Piece>`` only; ``source_index`` then counts its cells)."""
     path = Path(path)
     _require(path, "surface")
-    mesh, specs = _read_cells(path, schema.surface_fields, polys=True)
+    mesh, specs = _read_cells(path, schema.surface_fields, polys=True, piece=piece)
     if mesh.offsets.size <= 1:
         msg = f"{path}: has 0 cells (no polygons); the file is empty or truncated"
         raise ValueError(msg)
@@ -567,17 +572,22 @@ def read_volume(
     drop_nan: bool = False,
     max_cells: int | None = None,
     seed: int = 0,
+    piece: int | None = None,
 ) -> VolumeData:
     """Volume cell centres and non-dimensional fields of a ``.vtu`` file.
 
     ``max_cells`` keeps a seeded random subset of that many cells (sorted by source index);
-    only their centres are computed and only their field rows are kept.
+    only their centres are computed and only their field rows are kept. With ``piece``, only
+    that ``<Piece>`` is read (by meshshard's reader; ``source_index`` counts its cells).
     """
     path = Path(path)
     _require(path, "volume")
     if max_cells is not None and max_cells < 1:
         msg = f"max_cells={max_cells} must be >= 1 (or None for every cell)"
         raise ValueError(msg)
+    if piece is not None:
+        with VtkXmlFile(path, piece=piece) as f:
+            return _volume_streamed(path, f, schema, length, drop_nan, max_cells, seed)
     if _own_reader(path, (".vtu",)):
         try:
             with VtkXmlFile(path) as f:

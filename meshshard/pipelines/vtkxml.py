@@ -10,11 +10,12 @@ base64 is decoded), and raw appended data as zero-copy views of the mapping.
 pool), so a volume's centres and fields are computed without its whole connectivity or
 fields in memory.
 
-What it reads: one ``<Piece>`` of ``PolyData`` (its polygons) or ``UnstructuredGrid`` (any
-cells; of polyhedra their point lists, not their face streams); inline ``binary`` or
-``appended`` (raw or base64) data; no compression, ``vtkZLibDataCompressor`` or
-``vtkLZMADataCompressor``; UInt32 or UInt64 headers; either byte order. Anything else --
-ASCII data, LZ4, several pieces, another dataset type -- raises :class:`UnsupportedVtkXml`,
+What it reads: one ``<Piece>`` (or, with ``piece=``, any one of several) of ``PolyData``
+(its polygons) or ``UnstructuredGrid`` (any cells; of polyhedra their point lists, not their
+face streams); inline ``binary`` or ``appended`` (raw or base64) data; no compression,
+``vtkZLibDataCompressor`` or ``vtkLZMADataCompressor``; UInt32 or UInt64 headers; either byte
+order. Anything else -- ASCII data, LZ4, several pieces with none chosen, another dataset type
+-- raises :class:`UnsupportedVtkXml`,
 and the caller may read the file with VTK instead. A *damaged* file raises
 :class:`CorruptVtkXml` (an :class:`~meshshard.pipelines.errors.InputFileError` naming the file)
 and must never be handed to VTK, whose readers crash or allocate without bound on such files:
@@ -142,6 +143,7 @@ class _Array:
     attrs: dict[str, str]
     start: int = -1  # inline: first byte after the opening tag
     end: int = -1  # inline: the next '<'
+    piece: int = -1  # index of the <Piece> it belongs to
 
 
 @dataclass
@@ -201,7 +203,7 @@ def _scan(mm: mmap.mmap) -> _Layout:
         elif name == "Piece":
             layout.pieces.append(attrs)
         elif name == "DataArray":
-            arr = _Array(tuple(stack), attrs, start=pos, end=pos)
+            arr = _Array(tuple(stack), attrs, start=pos, end=pos, piece=len(layout.pieces) - 1)
             layout.arrays.append(arr)
             pending = None if closed else arr
         elif name == "AppendedData":
@@ -665,8 +667,11 @@ class VtkXmlFile:
     cell_array_names : list[str]
     """
 
-    def __init__(self, path: str | Path, *, threads: int | None = None) -> None:
+    def __init__(
+        self, path: str | Path, *, threads: int | None = None, piece: int | None = None
+    ) -> None:
         self.path = Path(path)
+        self._piece = piece
         self._pool = None
         with open(self.path, "rb") as fh:
             if os.fstat(fh.fileno()).st_size == 0:
@@ -710,12 +715,21 @@ class VtkXmlFile:
             for key in ("NumberOfPoints", "NumberOfCells", "NumberOfPolys", "NumberOfVerts",
                         "NumberOfLines", "NumberOfStrips"):  # fmt: skip
                 _plausible(_int_attr(piece, key, 0), key, len(self._mm))
-        if len(layout.pieces) != 1:
+        self.n_pieces = len(layout.pieces)
+        main = "NumberOfPolys" if kind == "PolyData" else "NumberOfCells"
+        #: main cells (polygons of PolyData) of every piece, from the XML alone
+        self.piece_cells = [_int_attr(p, main, 0) for p in layout.pieces]
+        if self._piece is None and len(layout.pieces) != 1:
             raise UnsupportedVtkXml(f"{len(layout.pieces)} pieces")
-        piece = layout.pieces[0]
+        at = 0 if self._piece is None else self._piece
+        if not 0 <= at < len(layout.pieces):
+            msg = f"piece={at} out of range: the file has {len(layout.pieces)} pieces"
+            raise ValueError(msg)
+        piece = layout.pieces[at]
         self.kind = kind
         self.n_points = _int_attr(piece, "NumberOfPoints")
-        arrays = [a for a in layout.arrays if a.path[:3] == ("VTKFile", kind, "Piece")]
+        arrays = [a for a in layout.arrays
+                  if a.path[:3] == ("VTKFile", kind, "Piece") and a.piece == at]  # fmt: skip
         if kind == "PolyData":
             self._n_main = _int_attr(piece, "NumberOfPolys", 0)
             keys = ("NumberOfVerts", "NumberOfLines", "NumberOfStrips")
@@ -899,8 +913,9 @@ class VtkXmlFile:
 
 
 def read_cells(
-    path: str | Path, names: Iterable[str], *, threads: int | None = None
-) -> CellMesh:
+    path: str | Path, names: Iterable[str], *, threads: int | None = None,
+    piece: int | None = None,
+) -> CellMesh:  # fmt: skip
     """Points, cells and the cell arrays ``names`` (those present) of a VTK XML mesh.
 
     Parameters
@@ -911,6 +926,8 @@ def read_cells(
         Cell arrays to decode; absent names are simply not in ``cell_data``.
     threads : int, optional
         Decompression threads (default: :func:`default_threads`).
+    piece : int, optional
+        Read only this ``<Piece>`` of a file with several (default: the file must hold one).
 
     Raises
     ------
@@ -921,5 +938,5 @@ def read_cells(
     OSError
         The file cannot be opened.
     """
-    with VtkXmlFile(path, threads=threads) as f:
+    with VtkXmlFile(path, threads=threads, piece=piece) as f:
         return f.read(names)

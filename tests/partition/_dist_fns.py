@@ -44,6 +44,7 @@ def partition_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
         _rcb,
         _select,
         _sfc,
+        _sfc_device,
         halo_plan_graph_distributed,
         halo_plan_radius_distributed,
         partition_distributed,
@@ -57,6 +58,7 @@ def partition_cases(rank: int, world: int, cases: list[dict]) -> list[dict]:
         _select.GATHER_MAX = case.get("gather_max", 8192)
         _rcb.PACK_BITS = _sfc.PACK_BITS = 0 if case.get("no_pack") else 63
         _sfc.TORCH_KEYS = bool(case.get("torch_keys"))  # the device (torch) key path, on CPU
+        _sfc_device.DEVICE_PATH = bool(case.get("device_path"))  # the whole torch path, on CPU
         parts = case.get("parts", world)
         group, local = None, pts[sl]
         if case.get("mesh"):  # a 1-D DeviceMesh instead of a process group
@@ -105,7 +107,7 @@ def bad_input(rank: int, world: int, kind: str) -> tuple[str, str]:
         pts = pts[:, :2].copy()
     elif kind == "dtype" and rank == 1:
         pts = pts.astype(np.float64)
-    elif kind == "nan" and rank == world - 1:
+    elif kind in ("nan", "nan_device") and rank == world - 1:
         pts[7, 1] = np.nan
     elif kind == "parts" and rank == 0:
         pass
@@ -113,6 +115,13 @@ def bad_input(rank: int, world: int, kind: str) -> tuple[str, str]:
         group = dist.new_group(timeout=datetime.timedelta(seconds=3))
         if rank == 1:
             pd._FAULT.update(phase="exchange", rank=1)
+    if kind == "nan_device":  # checked by the device (torch) path
+        import torch
+
+        from meshshard.partition.distributed import _sfc_device
+
+        _sfc_device.DEVICE_PATH = True
+        pts = torch.from_numpy(pts)
     parts = world + 1 if kind == "parts" and rank == 0 else world
     t0 = time.monotonic()
     try:

@@ -57,24 +57,35 @@ def _crc(*parts: Any) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
-def _agree(comm: Comm, local_points: Any, weights: Any, parts: Any, method: str, extra: Any):
+def _agree(
+    comm: Comm, local_points: Any, weights: Any, parts: Any, method: str, extra: Any,
+    on_device: bool = False,
+):  # fmt: skip
     """Validate this rank's input and agree with every rank on validity, dims, dtype,
     weights, parts and method in one all_gather (collective). Raises the same error on every
-    rank."""
+    rank. ``on_device``: a tensor checked where it lives (``pts`` comes back None)."""
     err, text = 0, ""
     pts = w = None
     dim = -1
     dtype_crc = 0
+    n = -1
     try:
         dtype_crc = _crc(str(getattr(local_points, "dtype", type(local_points))))
-        pts = as_points(local_points, keep_float=True)
-        dim = pts.shape[1]
-        w = check_weights(weights, pts.shape[0])
+        if on_device:
+            from meshshard.partition.distributed._sfc_device import device_check
+
+            dim, text = device_check(local_points)
+            if text:
+                raise ValueError(text)
+            n = int(local_points.shape[0])
+        else:
+            pts = as_points(local_points, keep_float=True)
+            dim, n = pts.shape[1], pts.shape[0]
+        w = check_weights(weights, n)
     except (TypeError, ValueError) as exc:
         err, text = 1, str(exc)
     status = np.array(
-        [err, dim, dtype_crc, -1 if pts is None else pts.shape[0], weights is not None,
-         _crc(parts, method, extra)],
+        [err, dim, dtype_crc, n, weights is not None, _crc(parts, method, extra)],
         dtype=np.int64,
     )  # fmt: skip
     comm.phase = "agree on input"
@@ -100,11 +111,13 @@ def _agree(comm: Comm, local_points: Any, weights: Any, parts: Any, method: str,
 
 
 def _stats(out: DistributedPartition, comm: Comm) -> DistributedPartition:
+    comm.phase = "done"
     return replace(
         out,
         exchange_bytes=dict(comm.bytes),
         peak_buffer=comm.peak_buffer,
         exchange_seconds=dict(comm.seconds),
+        phase_seconds=dict(comm.phase_seconds),
     )
 
 
@@ -178,12 +191,30 @@ def partition_distributed(
     t_crc = None if targets is None else np.asarray(
         targets.detach().cpu() if isinstance(targets, torch.Tensor) else targets, dtype=float
     ).tobytes()  # fmt: skip
-    pts, w, counts = _agree(comm, local_points, weights, parts, method, (t_crc, bits))
+    from meshshard.partition.distributed import _sfc_device
+
+    # unweighted Hilbert / Morton of a device tensor: validation, box, keys, sorts and
+    # exchanges stay on the device (see _sfc_device); RCB and weights take the host path
+    on_device = method != "rcb" and weights is None and _sfc_device.use_device_path(local_points)
+    pts, w, counts = _agree(comm, local_points, weights, parts, method, (t_crc, bits), on_device)
     n_total = int(counts.sum())
     parts = check_parts(parts, n_total, allow_empty=allow_empty)
     t = check_targets(targets, parts)
-    from meshshard.partition.distributed._sfc import global_box
+    from meshshard.partition.distributed._sfc import PACK_BITS, global_box, sfc_partition
 
+    if on_device:
+        dim = int(local_points.shape[1])
+        bits = default_bits(n_total, dim) if bits is None else _check_bits(bits, dim)
+        idx_bits = max((n_total - 1).bit_length(), 1)
+        if bits * dim + idx_bits <= PACK_BITS:
+            lo, hi = _sfc_device.device_box(comm, local_points)
+            _fault(comm, "exchange")
+            out = _sfc_device.packed_device(
+                comm, local_points, lo, hi, idx_bits, parts, t, counts, method, bits,
+                allow_empty,
+            )  # fmt: skip
+            return _stats(out, comm)
+        pts = as_points(local_points, keep_float=True)  # too many bits to pack: host path
     lo, hi = global_box(comm, pts)
     tensor = local_points if isinstance(local_points, torch.Tensor) else None  # keys on its device
     _fault(comm, "exchange")
@@ -194,8 +225,6 @@ def partition_distributed(
             comm, pts, w, parts, t, counts, allow_empty=allow_empty, lo=lo, hi=hi, tensor=tensor
         )
         return _stats(out, comm)
-    from meshshard.partition.distributed._sfc import sfc_partition
-
     dim = pts.shape[1]
     bits = default_bits(n_total, dim) if bits is None else _check_bits(bits, dim)
     out = sfc_partition(

@@ -55,10 +55,24 @@ class Comm:
             device = torch.device("cpu")
         self.device = device
         self.what = what
-        self.phase = "start"
+        self._phase = "start"
+        self._t_phase = time.perf_counter()
+        self.phase_seconds: dict[str, float] = {}  # phase -> wall seconds (compute + waits)
         self.bytes: dict[str, int] = {}  # phase -> bytes this rank sent + received
         self.peak_buffer = 0  # largest send + receive buffer pair of one collective
         self.seconds: dict[str, float] = {}  # phase -> wall seconds inside collectives
+
+    @property
+    def phase(self) -> str:
+        """The current phase: names errors and keys the byte, time and phase counters."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        now = time.perf_counter()
+        done = self._phase
+        self.phase_seconds[done] = self.phase_seconds.get(done, 0.0) + now - self._t_phase
+        self._phase, self._t_phase = name, now
 
     def _count(self, sent: int, received: int, t0: float) -> None:
         self.bytes[self.phase] = self.bytes.get(self.phase, 0) + sent + received
@@ -140,6 +154,30 @@ class Comm:
             raise self._fail(exc) from exc
         self._count(t.nbytes, out.nbytes, t0)
         return self._np(out), recv_counts
+
+    def alltoallv_tensor(
+        self, t: torch.Tensor, send_counts: np.ndarray, recv_counts: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """:meth:`alltoallv` of a tensor, without numpy: the result stays a tensor on the
+        buffer device (the tensor moves there first if it is elsewhere) (collective)."""
+        send_counts = np.asarray(send_counts, dtype=np.int64)
+        if recv_counts is None:
+            recv_counts = self.alltoall_counts(send_counts)
+        t = t.contiguous().to(self.device)
+        out = torch.empty((int(recv_counts.sum()), *t.shape[1:]), dtype=t.dtype, device=t.device)
+        t0 = time.perf_counter()
+        try:
+            dist.all_to_all_single(
+                out,
+                t,
+                output_split_sizes=recv_counts.tolist(),
+                input_split_sizes=send_counts.tolist(),
+                group=self.group,
+            )
+        except (RuntimeError, ValueError) as exc:
+            raise self._fail(exc) from exc
+        self._count(t.nbytes, out.nbytes, t0)
+        return out, recv_counts
 
     def alltoall_counts(self, send_counts: np.ndarray) -> np.ndarray:
         """How many rows every rank sends to this one (collective)."""

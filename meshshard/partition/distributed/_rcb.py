@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshshard.partition.distributed._comm import Comm
+from meshshard.partition.distributed._mem import index_dtype, trim_heap
 from meshshard.partition.distributed._record import DistributedPartition, part_owners
 from meshshard.partition.distributed._select import select
 from meshshard.partition.distributed._sfc import encode
@@ -25,6 +26,7 @@ __all__ = ["rcb_partition"]
 #: keys pack into one int64 when they need at most this many bits (tests lower it to run the
 #: general path that very large inputs take)
 PACK_BITS = 63
+_STEP = 1 << 18  # rows per step of chunked passes
 
 
 def rcb_partition(
@@ -48,8 +50,9 @@ def rcb_partition(
     t = targets
     want = (t > 0).astype(np.int64)
     strict = not allow_empty and N >= int(want.sum())
-    lp = np.arange(n, dtype=np.int64)  # local rows grouped by node
-    dest = np.empty(n, dtype=np.int64)
+    idt = index_dtype(N)  # int32 rows and parts unless N >= 2**31
+    lp = np.arange(n, dtype=idt)  # local rows grouped by node
+    dest = np.empty(n, dtype=idt)
     nodes = [(0, n, 0, parts)]  # (local start, local stop, first part, part stop)
     while nodes:
         for s, e, a, b in nodes:
@@ -59,6 +62,7 @@ def rcb_partition(
         if not active:
             break
         J = len(active)
+        comm.phase = "rcb boxes"
         cnt = np.zeros(J, dtype=np.int64)
         box = np.empty((J, 2 * dim))
         wsum = np.zeros(J)
@@ -74,7 +78,6 @@ def rcb_partition(
                     wsum[j] = w[lp[s:e]].sum()
             else:
                 box[j] = np.inf
-        comm.phase = "rcb boxes"
         cnt = comm.allreduce(cnt)
         box = comm.allreduce(box, op="min")
         if w is not None:
@@ -88,7 +91,9 @@ def rcb_partition(
             axis = int(np.argmax(-box[j, dim:] - box[j, :dim])) if nn else 0
             axes.append(axis)
             idx = lp[s:e]
-            cands.append((pts[idx, axis], idx + off, None if w is None else w[idx]))
+            # float64 coordinates (what select compares) and global rows in the index dtype
+            cands.append((pts[idx, axis].astype(np.float64), idx + idt(off),
+                          None if w is None else w[idx]))  # fmt: skip
             lo_min = int(want[a:m].sum()) if strict else 0
             hi_min = int(want[m:b].sum()) if strict else 0
             if nn == 0:
@@ -126,59 +131,78 @@ def rcb_partition(
             nxt.append((s + nleft, e, m, b))
         del cands
         nodes = nxt
-    return _to_owners(comm, pts, dest, parts, counts, lo, hi, targets, w is not None, tensor)
+    del lp
+    args = [dest]  # handed over: no frame here keeps dest's temporaries alive
+    del dest
+    return _to_owners(comm, pts, args, parts, counts, lo, hi, targets, w is not None, tensor)
 
 
 def _to_owners(
-    comm, pts, dest, parts, counts, lo, hi, targets, weighted, tensor=None
+    comm, pts, args, parts, counts, lo, hi, targets, weighted, tensor=None
 ) -> DistributedPartition:
-    """Send (part, Hilbert code, row) to the part owners, sort there, reply positions."""
+    """Send (part, Hilbert code) keys and rows to the part owners, sort there, reply
+    positions. Keys travel as int64 (``(part, code)`` packed, or both columns), rows and
+    positions in the index dtype; arrays are freed as soon as they are spent."""
     W, rank = comm.world, comm.rank
+    dest = args.pop()
     n, dim = pts.shape
     N = int(counts.sum())
     off = int(counts[:rank].sum())
+    idt = index_dtype(N)
     comm.phase = "rcb sizes"
     sizes = comm.allreduce(np.bincount(dest, minlength=parts).astype(np.int64))
     ptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     bits = default_bits(N, dim)
-    codes = encode(pts, bits, "hilbert", lo, hi, tensor)
+    comm.phase = "rcb encode and sort"
+    key = encode(pts, bits, "hilbert", lo, hi, tensor)
     cb = bits * dim
     packed = parts.bit_length() + cb <= PACK_BITS
     owners = part_owners(parts, W)
     send_counts = np.bincount(owners[dest], minlength=W).astype(np.int64)
     if packed:  # (part, code) in one int64; stable sorts keep equal keys in row order
-        key = (dest << np.int64(cb)) | codes
-        del codes
-        sperm = np.argsort(key, kind="stable")
-        payload = np.empty((n, 2), dtype=np.int64)
-        np.take(key, sperm, out=payload[:, 0])
+        for c in range(0, n, _STEP):
+            key[c : c + _STEP] |= dest[c : c + _STEP].astype(np.int64) << np.int64(cb)
+        sperm = np.argsort(key, kind="stable").astype(idt)
+        skey = key[sperm]
         del key
     else:
-        sperm = np.lexsort((codes, dest))  # by part, then code, then row (stable)
-        payload = np.empty((n, 3), dtype=np.int64)
-        np.take(dest, sperm, out=payload[:, 0])
-        np.take(codes, sperm, out=payload[:, 1])
-        del codes
-    np.add(sperm, off, out=payload[:, -1])
+        sperm = np.lexsort((key, dest)).astype(idt)  # by part, then code, then row
+        skey = np.empty((n, 2), dtype=np.int64)
+        skey[:, 0] = dest[sperm]
+        np.take(key, sperm, out=skey[:, 1])
+        del key
+    trim_heap()
     comm.phase = "rcb owner exchange"
-    recv, recv_counts = comm.alltoallv(payload, send_counts)
-    del payload
+    recv, recv_counts = comm.alltoallv(skey, send_counts)
+    del skey
+    srow = sperm + idt(off)  # global rows, in sent order
+    rows, _ = comm.alltoallv(srow, send_counts, recv_counts)
+    del srow
+    comm.phase = "rcb owner sort"
     if packed:  # sources arrive in row order
-        rperm = np.argsort(recv[:, 0], kind="stable")
+        rperm = np.argsort(recv, kind="stable")
     else:
         rperm = np.lexsort((recv[:, 1], recv[:, 0]))
-    order = recv[rperm, -1]
     del recv
+    order = rows[rperm]
+    del rows
     m = order.size
     first = int(np.searchsorted(owners, rank))
     base = int(ptr[min(first, parts)])
-    reply = np.empty(m, dtype=np.int64)
-    reply[rperm] = base + np.arange(m, dtype=np.int64)
+    reply = np.empty(m, dtype=idt)
+    for c in range(0, m, _STEP):
+        reply[rperm[c : c + _STEP]] = np.arange(base + c, base + min(m, c + _STEP), dtype=idt)
+    del rperm
+    trim_heap()
     comm.phase = "rcb position exchange"
     back, _ = comm.alltoallv(reply, recv_counts, send_counts)
-    gpos = np.empty(n, dtype=np.int64)
-    gpos[sperm] = back
-    position = gpos - ptr[dest]
+    del reply
+    comm.phase = "rcb positions"
+    position = np.empty(n, dtype=idt)
+    position[sperm] = back
+    del back, sperm
+    for c in range(0, n, _STEP):  # chunked: no int64 temporary of all rows
+        position[c : c + _STEP] -= ptr[dest[c : c + _STEP]].astype(idt)
     params = {"targets": np.asarray(targets).tolist(), "weighted": bool(weighted)}
     return DistributedPartition(
         method="rcb", rank=rank, world=W, counts=counts, sizes=sizes, dest=dest,

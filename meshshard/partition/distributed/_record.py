@@ -32,13 +32,14 @@ class DistributedPartition:
         Input rows per rank; this rank's rows are global rows ``input_offset + i``.
     sizes : ndarray of shape (P,), int64
         Global rows per part (the sharding shapes).
-    dest : ndarray of shape (n_local,), int64
+    dest : ndarray of shape (n_local,), int32 (int64 when N >= 2**31)
         Part of each of this rank's input rows.
-    position : ndarray of shape (n_local,), int64
+    position : ndarray of shape (n_local,), int32 (int64 when N >= 2**31)
         Row of each input row inside its part's stored order.
-    order : ndarray, int64
+    order : ndarray, int32 (int64 when N >= 2**31)
         Global input row of each stored row of the parts this rank owns, in stored order
-        (parts ``owned_parts`` back to back).
+        (parts ``owned_parts`` back to back). The index arrays are int32 whenever every
+        global row fits (the same dtype on every rank): half the memory of int64.
     params : dict
         Method parameters (JSON-serialisable), as in :class:`Partition`.
     exchange_bytes : dict
@@ -47,6 +48,8 @@ class DistributedPartition:
         Largest send + receive buffer pair of any one collective on this rank, in bytes.
     exchange_seconds : dict
         Wall seconds this rank spent inside collectives, per phase (waiting included).
+    phase_seconds : dict
+        Wall seconds this rank spent in each phase, computing and communicating (a profile).
     """
 
     method: str
@@ -61,6 +64,7 @@ class DistributedPartition:
     exchange_bytes: dict = field(default_factory=dict)
     peak_buffer: int = 0
     exchange_seconds: dict = field(default_factory=dict)
+    phase_seconds: dict = field(default_factory=dict)
 
     @property
     def nparts(self) -> int:
@@ -104,7 +108,7 @@ class DistributedPartition:
     @property
     def stored_index(self) -> np.ndarray:
         """Global stored row of each input row (``offsets[dest] + position``)."""
-        return self.offsets[self.dest] + self.position
+        return self.offsets[self.dest] + self.position.astype(np.int64)
 
     def __repr__(self) -> str:
         return (

@@ -56,7 +56,7 @@ def select(
 
     Parameters
     ----------
-    cands : list of (coord float64, row int64, weight float64 or None)
+    cands : list of (coord float64, row int32/int64, weight float64 or None)
         This rank's points of each node.
     requests : list of ("count", k) | ("weight", B) | None
         Per node: the k-th smallest key (1-based), or the number of points before the weighted
@@ -71,7 +71,7 @@ def select(
     gather_max = GATHER_MAX if gather_max is None else gather_max
     J = len(cands)
     c = [np.asarray(x[0], dtype=np.float64) for x in cands]
-    g = [np.asarray(x[1], dtype=np.int64) for x in cands]
+    g = [np.asarray(x[1]) for x in cands]  # int32 or int64 global rows (no copy)
     w = [None if x[2] is None else np.asarray(x[2], dtype=np.float64) for x in cands]
     below_n = [0] * J
     below_w = [0.0] * J

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshshard.partition.distributed._comm import Comm
+from meshshard.partition.distributed._mem import index_dtype, trim_heap
 from meshshard.partition.distributed._record import DistributedPartition, part_owners
 from meshshard.partition.sfc import _ENCODERS, _encode, _ensure_nonempty, bounding_box
 
@@ -27,16 +28,30 @@ SAMPLES_PER_RANK = 64
 PACK_BITS = 63
 #: compute keys with torch even for CPU tensors (tests; CUDA tensors always use torch)
 TORCH_KEYS = False
+STEP = 1 << 18  # rows per step of the chunked passes (no full-size temporaries)
+
+
+#: rows encoded per step: the float64 grid coordinates and codes of one step stay small, so
+#: encoding adds only the int64 code array (8 bytes per row) to the input
+ENCODE_CHUNK = 1 << 18
 
 
 def encode(pts, bits, method, lo, hi, tensor=None) -> np.ndarray:
     """int64 curve codes on the global box: with torch on the tensor's device when the input
-    was a CUDA tensor (or ``TORCH_KEYS``), else with the numpy encoder (same bits)."""
-    if tensor is not None and (tensor.device.type != "cpu" or TORCH_KEYS):
+    was a CUDA tensor (or ``TORCH_KEYS``), else with the numpy encoder (same bits). Chunked:
+    no full-size quantised copy of the points."""
+    n = pts.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    use_torch = tensor is not None and (tensor.device.type != "cpu" or TORCH_KEYS)
+    if use_torch:
         from meshshard.partition.distributed._keys import torch_codes
-
-        return torch_codes(tensor.detach(), bits, method, lo, hi).cpu().numpy()
-    return _encode(pts, bits, _ENCODERS[method], bounds=(lo, hi)).view(np.int64)
+    for s in range(0, n, ENCODE_CHUNK):
+        e = min(n, s + ENCODE_CHUNK)
+        if use_torch:
+            out[s:e] = torch_codes(tensor[s:e].detach(), bits, method, lo, hi).cpu().numpy()
+        else:
+            out[s:e] = _encode(pts[s:e], bits, _ENCODERS[method], bounds=(lo, hi)).view(np.int64)
+    return out
 
 
 def global_box(comm: Comm, pts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -117,27 +132,40 @@ def sfc_partition(
     n, dim = pts.shape
     N = int(counts.sum())
     off = int(counts[:rank].sum())
-    codes = encode(pts, bits, method, lo, hi, tensor)
     idx_bits = max((N - 1).bit_length(), 1)
     if w is None and bits * dim + idx_bits <= PACK_BITS:
-        return _packed(comm, codes, idx_bits, parts, targets, counts, method, bits, allow_empty)
-    lperm = np.argsort(codes, kind="stable")
-    cols = 2 if w is None else 3
-    payload = np.empty((n, cols), dtype=np.int64)
-    np.take(codes, lperm, out=payload[:, 0])
+        # the keys are made inside, so no frame here keeps them alive once they are spent
+        comm.phase = "encode"
+        keys = [encode(pts, bits, method, lo, hi, tensor)]
+        return _packed(comm, keys, idx_bits, parts, targets, counts, method, bits, allow_empty)
+    # general path (weights, or code + row bits > 63): int64 codes, rows in the index dtype
+    # and float64 weights travel as separate arrays; a stable sort breaks code ties by row
+    idt = index_dtype(N)
+    comm.phase = "encode"
+    codes = encode(pts, bits, method, lo, hi, tensor)
+    comm.phase = "local sort"
+    lperm = np.argsort(codes, kind="stable").astype(idt)
+    scodes = codes[lperm]
     del codes
-    np.add(lperm, off, out=payload[:, 1])
-    if w is not None:
-        payload[:, 2] = w[lperm].view(np.int64)
-    send_counts = _splitter_counts(comm, payload[:, 0], payload[:, 1], N)
+    srow = lperm + idt(off)
+    sw = None if w is None else w[lperm]
+    send_counts = _splitter_counts(comm, scodes, srow, N)
+    trim_heap()
     comm.phase = "sort exchange"
-    recv, recv_counts = comm.alltoallv(payload, send_counts)
-    del payload
+    rc, recv_counts = comm.alltoallv(scodes, send_counts)
+    del scodes
+    rg, _ = comm.alltoallv(srow, send_counts, recv_counts)
+    del srow
+    rw = None if sw is None else comm.alltoallv(sw, send_counts, recv_counts)[0]
+    del sw
     # sources arrive in rank order, i.e. in row order: a stable sort breaks code ties by row
-    rperm = np.argsort(recv[:, 0], kind="stable")
-    g = recv[rperm, 1]
-    ws = None if w is None else recv[rperm, 2].view(np.float64)
-    del recv
+    comm.phase = "merge"
+    rperm = np.argsort(rc, kind="stable")
+    del rc
+    g = rg[rperm]
+    del rg
+    ws = None if rw is None else rw[rperm]
+    del rw
     m = g.size
     comm.phase = "cut positions"
     blocks = comm.allgather(np.array([m], dtype=np.int64))[:, 0]
@@ -170,16 +198,20 @@ def sfc_partition(
     comm.phase = "order exchange"
     order, _ = comm.alltoallv(g, np.diff(cut))
     del g
-    reply = np.empty(m, dtype=np.int64)
-    reply[rperm] = bo + np.arange(m, dtype=np.int64)
+    comm.phase = "group replies"
+    reply = np.empty(m, dtype=idt)
+    for c in range(0, m, STEP):
+        reply[rperm[c : c + STEP]] = np.arange(bo + c, bo + min(m, c + STEP), dtype=idt)
     del rperm
+    trim_heap()
     comm.phase = "position exchange"
     back, _ = comm.alltoallv(reply, recv_counts, send_counts)
     del reply
-    gpos = np.empty(n, dtype=np.int64)
-    gpos[lperm] = back
-    dest = _to_part_rows(ptr, gpos)
-    position = gpos
+    comm.phase = "positions"
+    position = np.empty(n, dtype=idt)
+    position[lperm] = back
+    del back, lperm
+    dest = _to_part_rows(ptr, position)
     params = {"bits": int(bits), "targets": targets.tolist(), "weighted": w is not None}
     return DistributedPartition(
         method=method, rank=rank, world=W, counts=counts, sizes=sizes, dest=dest,
@@ -190,68 +222,111 @@ def sfc_partition(
 def _to_part_rows(ptr: np.ndarray, gpos: np.ndarray) -> np.ndarray:
     """Part of each global stored row; turns ``gpos`` into rows within the part, in place and
     in chunks (no full-size temporaries)."""
-    dest = np.searchsorted(ptr, gpos, side="right")
-    dest -= 1
-    step = 1 << 20
-    for c in range(0, gpos.size, step):
-        gpos[c : c + step] -= ptr[dest[c : c + step]]
+    dest = np.empty(gpos.size, dtype=gpos.dtype)
+    for c in range(0, gpos.size, STEP):
+        d = np.searchsorted(ptr, gpos[c : c + STEP], side="right") - 1
+        dest[c : c + STEP] = d
+        gpos[c : c + STEP] -= ptr[d].astype(gpos.dtype)
     return dest
 
 
-def _packed(comm, key, idx_bits, parts, targets, counts, method, bits, allow_empty):
+def _packed(comm, keys, idx_bits, parts, targets, counts, method, bits, allow_empty):
     """Unweighted fast path: ``code << idx_bits | row`` in one int64 (unique keys, so plain
-    sorts), 8 bytes per row in every exchange, arrays freed as soon as they are spent."""
+    sorts): 8 bytes per row in the sort exchange, then 4 (int32 rows and block offsets when
+    N < 2**31) in the position reply and the order exchange.
+
+    Memory, in bytes per local row beyond the input (about as many rows arrive as leave):
+    every array is freed or narrowed as soon as it is spent; the peak is ~20 (sent and
+    received keys plus the int32 local rows), the result 12 (``dest``, ``position``,
+    ``order`` in int32)."""
     W, rank = comm.world, comm.rank
+    key = keys.pop()  # the caller's list held the only other reference
     n = key.size
     N = int(counts.sum())
     off = int(counts[:rank].sum())
+    idt = index_dtype(N)
     mask = np.int64((1 << idx_bits) - 1)
     key <<= np.int64(idx_bits)
-    key |= np.arange(off, off + n, dtype=np.int64)
+    for c in range(0, n, STEP):  # | global row, chunked: no int64 arange of all rows
+        key[c : c + STEP] |= np.arange(off + c, off + min(n, c + STEP), dtype=np.int64)
+    comm.phase = "local sort"
     key.sort()
-    ends = _packed_splitters(comm, key, N)
+    send_counts = np.diff(np.concatenate([[0], _packed_splitters(comm, key, N)]))
+    trim_heap()
     comm.phase = "sort exchange"
-    recv, recv_counts = comm.alltoallv(key, np.diff(np.concatenate([[0], ends])))
-    send_counts = np.diff(np.concatenate([[0], ends]))
+    recv, _ = comm.alltoallv(key, send_counts)
+    # local row of each sent key, in sent order (where the reply's positions belong)
+    comm.phase = "merge"
+    lrow = np.empty(n, dtype=idt)
+    for c in range(0, n, STEP):
+        np.subtract(key[c : c + STEP] & mask, off, out=lrow[c : c + STEP], casting="unsafe")
+    del key
     recv.sort(kind="stable")  # sorted runs, one per source: timsort merges them in O(n log W)
-    recv &= mask  # now the global row of each position of this block, in curve order
     m = recv.size
+    rows = np.empty(m, dtype=idt)  # global row of each position of this block, curve order
+    for c in range(0, m, STEP):
+        np.bitwise_and(recv[c : c + STEP], mask, out=rows[c : c + STEP], casting="unsafe")
+    del recv
+    trim_heap()
     comm.phase = "cut positions"
     blocks = comm.allgather(np.array([m], dtype=np.int64))[:, 0]
-    bo = int(blocks[:rank].sum())
+    block_start = np.concatenate([[0], np.cumsum(blocks)])
     ptr = np.concatenate([[0], uniform_starts(N, targets), [N]]).astype(np.int64)
     if not allow_empty and N >= int((targets > 0).sum()):
         ptr = _ensure_nonempty(ptr, targets > 0)
+    # reply: this block's positions grouped by input rank (curve order inside each group),
+    # as offsets into the block (the input rank adds the block's start)
+    comm.phase = "group replies"
+    reply, back_counts = _group_by_source(rows, np.concatenate([[0], np.cumsum(counts)]), W, idt)
+    comm.phase = "position exchange"
+    back, _ = comm.alltoallv(reply, back_counts, send_counts)
+    del reply
     owners = part_owners(parts, W)
     first = np.searchsorted(owners, np.arange(W + 1))
     rank_start = ptr[np.minimum(first, parts)]
     rank_start[-1] = N
+    bo = int(block_start[rank])
     cut = np.clip(rank_start, bo, bo + m) - bo
     comm.phase = "order exchange"
-    order, _ = comm.alltoallv(recv, np.diff(cut))
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    src = np.empty(m, dtype=np.int16 if W < 2**15 else np.int64)  # input rank of each row
-    for c in range(0, m, 1 << 20):  # chunked: no int64 temporary of the whole block
-        src[c : c + (1 << 20)] = np.searchsorted(starts, recv[c : c + (1 << 20)], "right") - 1
-    del recv
-    reply = np.argsort(src, kind="stable")  # block positions grouped by input rank, curve order
-    back_counts = np.bincount(src, minlength=W).astype(np.int64)
-    del src
-    reply += bo
-    comm.phase = "position exchange"
-    back, _ = comm.alltoallv(reply, back_counts, send_counts)
-    del reply
-    key &= mask
-    key -= off  # local row of each sent key, in the order the positions come back
-    gpos = np.empty(n, dtype=np.int64)
-    gpos[key] = back
-    del back, key
+    order, _ = comm.alltoallv(rows, np.diff(cut))
+    del rows
+    comm.phase = "positions"
+    gpos = np.empty(n, dtype=idt)  # global stored position of each local row
+    sent_start = np.concatenate([[0], np.cumsum(send_counts)])
+    for r in range(W):  # back piece r: offsets into block r, for the rows sent to rank r
+        for c in range(int(sent_start[r]), int(sent_start[r + 1]), STEP):
+            e = min(c + STEP, int(sent_start[r + 1]))
+            gpos[lrow[c:e]] = back[c:e] + idt(block_start[r])
+    del back, lrow
+    trim_heap()
     dest = _to_part_rows(ptr, gpos)
     params = {"bits": int(bits), "targets": targets.tolist(), "weighted": False}
     return DistributedPartition(
         method=method, rank=rank, world=W, counts=counts, sizes=np.diff(ptr), dest=dest,
         position=gpos, order=order, params=params,
     )  # fmt: skip
+
+
+def _group_by_source(rows: np.ndarray, starts: np.ndarray, W: int, dtype) -> tuple:
+    """Positions ``0..m-1`` of ``rows`` grouped by the input rank holding each global row
+    (``starts``: first global row of each rank), stable inside each group; and the group sizes.
+    int16 source ranks, then per rank a chunked ``flatnonzero``: no int64 temporary of all
+    rows (at 4 ranks 2x faster than a chunked counting sort, at 64 as fast)."""
+    m = rows.size
+    src = np.empty(m, dtype=np.int16 if W < 2**15 else np.int32)
+    for c in range(0, m, STEP):
+        r = np.searchsorted(starts, rows[c : c + STEP], "right")
+        np.subtract(r, 1, out=src[c : c + STEP], casting="unsafe")
+    sizes = np.bincount(src, minlength=W)[:W].astype(np.int64)
+    out = np.empty(m, dtype=dtype)
+    at = 0
+    for r in range(W):
+        for c in range(0, m, STEP):
+            idx = np.flatnonzero(src[c : c + STEP] == r)
+            out[at : at + idx.size] = idx
+            out[at : at + idx.size] += c
+            at += idx.size
+    return out, sizes
 
 
 def _packed_splitters(comm: Comm, key: np.ndarray, n_total: int) -> np.ndarray:
