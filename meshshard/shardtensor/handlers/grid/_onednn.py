@@ -19,6 +19,7 @@ three copies of the window, against the native kernel's 27x column buffer.
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 
 def uses_onednn(shape, wshape, stride, dilation, groups, like: torch.Tensor) -> bool:
@@ -50,6 +51,7 @@ class OneDnnConv(torch.autograd.Function):
                                         int(groups))
 
     @staticmethod
+    @once_differentiable  # double backward raises a clear error instead of guessing
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         padding, stride, dilation, groups, sd = ctx.conf
