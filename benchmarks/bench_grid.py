@@ -6,7 +6,9 @@ Per configuration: median step time (wall) and CPU time per rank, per-rank memor
 saved for backward (exact, ``saved_tensors_hooks``) and peak RSS growth during the step
 (sampled every 2 ms; glibc's mmap threshold fixed at 128 KiB so RSS follows live memory) --
 and halo bytes per step (rows a rank sends to others, forward + backward; weight-gradient and
-norm-statistic all-reduces are not counted).
+norm-statistic all-reduces are not counted). RSS growth is measured from the RSS just before
+the step, so torch's and gloo's fixed cost is excluded alike for 1 and P processes; it agrees
+with torch's peak of live allocations (``torch.profiler`` memory events) within 1%.
 
 Targets (issue 13): per-rank peak memory <= 1.25/P of one process; 2 ranks <= 0.65x the
 one-process (1 thread) step time.

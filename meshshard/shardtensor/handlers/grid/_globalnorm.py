@@ -8,6 +8,7 @@ backward, which needs two global sums (one all-reduce per sharded mesh dim).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -31,7 +32,7 @@ class _GlobalNorm(torch.autograd.Function):
         for d in dims:
             n_loc *= x.shape[d]
         if n_loc:
-            v_loc, m_loc = torch.var_mean(x, dims, correction=0, keepdim=True)
+            v_loc, m_loc = _moments(x, dims)
         else:
             shape = [1 if d in dims else s for d, s in enumerate(x.shape)]
             v_loc = m_loc = x.new_zeros(shape)
@@ -58,7 +59,7 @@ class _GlobalNorm(torch.autograd.Function):
         # weight varies inside a statistic's group, along the channels)
         fine = tuple(d for d in dims if weight is None or weight.shape[d] == 1)
         sg_full = g.sum(fine, keepdim=True) if fine else g
-        sgx_full = (g * x).sum(fine, keepdim=True) if fine else g * x
+        sgx_full = _dot(g, x, fine) if fine else g * x
         # sum(g * x_hat) = rstd * (sum(g x) - mean * sum(g))
         gxhat_full = rstd * (sgx_full - mean * sg_full)
         dw = db = None
@@ -77,8 +78,43 @@ class _GlobalNorm(torch.autograd.Function):
         # dx = rstd * (g w - s1 - x_hat s2) = g * (rstd w) + x * B + C
         coef_b = -(rstd * rstd) * s2
         coef_c = -rstd * s1 - mean * coef_b
-        dx = torch.addcmul(torch.addcmul(coef_c, x, coef_b), g, rstd * w)
+        dx = torch.addcmul(coef_c, x, coef_b).addcmul_(g, rstd * w)  # one full-size buffer
         return dx, dw, db, None, None, None, None
+
+
+def _trailing(x: torch.Tensor, dims: Sequence[int]) -> bool:
+    """``dims`` are the trailing dims of a contiguous, non-empty ``x`` (rows of a matrix)."""
+    return (tuple(dims) == tuple(range(x.dim() - len(dims), x.dim())) and x.is_contiguous()
+            and x.numel() > 0)
+
+
+def _moments(x: torch.Tensor, dims: Sequence[int]):
+    """Biased variance and mean over ``dims`` (keepdim). Over trailing dims of a contiguous
+    tensor (group and instance norm) torch's row-moments kernel (layer norm's) is ~9x faster
+    than ``var_mean`` over several dims on CPU; its output is discarded."""
+    if not _trailing(x, dims):
+        return torch.var_mean(x, dims, correction=0, keepdim=True)
+    k = x.dim() - len(dims)
+    lead = x.shape[:k]
+    rows = x.reshape(math.prod(lead), math.prod(x.shape[k:]))
+    _, mean, rstd = torch.ops.aten.native_layer_norm(rows, [rows.shape[1]], None, None, 0.0)
+    shape = (*lead, *([1] * len(dims)))
+    return rstd.pow(-2).reshape(shape), mean.reshape(shape)  # rstd = inf (constant row) -> 0
+
+
+def _dot(g: torch.Tensor, x: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+    """``(g * x).sum(dims, keepdim=True)`` without the full-size product where ``dims`` are
+    trailing (one ``torch.dot`` per row)."""
+    if not (_trailing(x, dims) and g.is_contiguous() and g.shape == x.shape):
+        return (g * x).sum(dims, keepdim=True)
+    k = x.dim() - len(dims)
+    gr = g.reshape(math.prod(x.shape[:k]), math.prod(x.shape[k:]))
+    xr = x.reshape(gr.shape)
+    if gr.shape[0] > 256:
+        out = torch.linalg.vecdot(gr, xr)
+    else:
+        out = torch.stack([torch.dot(a, b) for a, b in zip(gr, xr)])
+    return out.reshape(*x.shape[:k], *([1] * len(dims)))
 
 
 def global_norm(

@@ -20,6 +20,7 @@ from meshshard.shardtensor._dispatch import (
     wrap,
 )
 from meshshard.shardtensor.api import ShardTensor
+from meshshard.shardtensor.handlers.grid._onednn import OneDnnConv, uses_onednn
 from meshshard.shardtensor.handlers.grid._window import (
     empty_like_out,
     gather_windows,
@@ -55,21 +56,6 @@ def needs_rule(func, x, others, args, kwargs):
         return replicated_apply(func, args, kwargs)
     msg = f"{func.__name__}: only the input may be sharded; replicate the weight and bias"
     raise ValueError(msg)
-
-
-def global_uses_mkldnn(gshape, wshape, stride, dilation, groups, local) -> bool:
-    """Would torch run this conv through oneDNN on the *global* input? (torch 2.x's
-    ``use_mkldnn`` heuristic in ConvUtils.h, for 2-D and 3-D float32 CPU convolutions.)"""
-    if (local.device.type != "cpu" or local.dtype != torch.float32 or len(gshape) < 4
-            or not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled):
-        return False
-    n, c, d2, d3 = (int(v) for v in gshape[:4])
-    kw, kh = int(wshape[-1]), int(wshape[-2])
-    strided = any(v != 1 for v in stride)
-    dilated = any(v != 1 for v in dilation)
-    first = strided or dilated or n >= 16 or kw != 1 or kh != 1 or torch.get_num_threads() > 1
-    second = groups > 1 or (kw > 3 and kh > 3) or n > 1 or n * c * d2 * d3 > 20480
-    return first and second
 
 
 def _conv_padding(padding, k, dl, stride, nd):
@@ -131,11 +117,13 @@ def _conv_rule(nd: int, func):
                 manual[2 * (nd - 1 - a) + 1] = pr
         if any(manual):
             win = F.pad(win, manual)
-        if win.dim() == nd + 2 and global_uses_mkldnn(spec.shape, global_shape(weight), st, dl,
-                                                      groups, win):
-            # torch picks its conv backend from the input's shape; a thin slab can fall to the
-            # slow native kernel (column buffers, ~2x time) where the whole grid would not
-            out = torch.mkldnn_convolution(win, w, b, tuple(local_pad), st, dl, groups)
+        if win.dim() == nd + 2 and uses_onednn(spec.shape, global_shape(weight), st, dl, groups,
+                                               win):
+            # torch picks its conv backend from the input's shape, in forward and again in
+            # backward; a thin slab would fall to the slow native kernel (a column buffer of
+            # C_in * prod(kernel) slabs, several times the time) where the whole grid does not
+            out = OneDnnConv.apply(win, w, b, tuple(local_pad), st, dl, groups,
+                                   min(sharded) if sharded else None)
         else:
             out = func(win, w, b, st, tuple(local_pad), dl, groups)
         return wrap(out, so)

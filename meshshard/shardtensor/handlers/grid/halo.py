@@ -191,6 +191,14 @@ def _plan(sizes: tuple, needs: tuple, me: int, periodic: bool, max_hops: int | N
     mi = np.flatnonzero(mine)
     if mi.size and mi[-1] - mi[0] + 1 == mi.size and np.all(np.diff(src[mi]) == 1):
         run = (int(mi[0]), int(mi[-1]) + 1, int(src[mi[0]]))
+    # does any rank need a row another rank owns? (the same answer on every rank)
+    moves = False
+    for r in range(n):
+        nr = np.asarray(needs[r], dtype=np.int64)
+        nr = nr[nr >= 0]
+        if nr.size and bool((owner_of(nr, sizes) != r).any()):
+            moves = True
+            break
     return (
         tuple(torch.from_numpy(s) for s in send_idx),
         tuple(send_counts),
@@ -198,6 +206,7 @@ def _plan(sizes: tuple, needs: tuple, me: int, periodic: bool, max_hops: int | N
         torch.from_numpy(src),
         run,
         bool((owner < 0).any()),
+        moves,
     )
 
 
@@ -227,10 +236,20 @@ def fetch_rows(
     """
     sizes = tuple(int(s) for s in sizes)
     needs_t = tuple(tuple(int(v) for v in nd) for nd in needs)
-    send_idx, send_counts, recv_counts, src, run, has_fill = _plan(
+    send_idx, send_counts, recv_counts, src, run, has_fill, moves = _plan(
         sizes, needs_t, me, periodic, getattr(_state, "max_hops", None)
     )
     dev = x.device
+    if not moves:
+        # no rank needs another's rows (e.g. pool 2/2 or a 1x1 conv on even slabs): every rank
+        # knows it from the same plan, so all of them skip the all-to-all and its wait
+        if not has_fill and run is not None and run[1] - run[0] == src.numel():
+            return x.narrow(dim, run[2], run[1] - run[0])
+        if has_fill:
+            shape = list(x.shape)
+            shape[dim] = 1
+            x = torch.cat([x, torch.full(shape, fill, dtype=x.dtype, device=dev)], dim)
+        return x.index_select(dim, src.to(dev))
     # rows travel along dim 0 (all-to-all); everything else is indexed along ``dim`` so the
     # window comes out contiguous in x's own layout (no hidden copies in the conv after it)
     core = None
