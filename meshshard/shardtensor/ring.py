@@ -74,15 +74,23 @@ class Ring:
         dtype: torch.dtype,
         device: torch.device,
         tag: int = 0,
+        into: torch.Tensor | None = None,
     ) -> _Pending:
         """Start sending ``send`` (flat; ``None`` or empty: nothing) to the successor and
         receiving ``recv_numel`` elements from the predecessor; ``.wait()`` on the result
         returns the received flat tensor (empty when ``recv_numel`` is 0).
 
+        ``into``: a flat, contiguous buffer of at least ``recv_numel`` elements (not ``send``'s)
+        to receive into, so that callers can reuse two buffers instead of allocating one per
+        shift; its first ``recv_numel`` elements are returned.
+
         Collective over the ring: every rank must call it with matching sizes and ``tag``.
         """
         pending = _Pending()
-        buf = torch.empty(int(recv_numel), dtype=dtype, device=device)
+        if into is None:
+            buf = torch.empty(int(recv_numel), dtype=dtype, device=device)
+        else:
+            buf = into[: int(recv_numel)]
         pending.out = buf
         if self.size == 1:
             if send is not None and send.numel():

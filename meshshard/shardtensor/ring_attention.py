@@ -223,8 +223,44 @@ def _merge_(out, lse, o_b, lse_b) -> None:
 
 
 # ---------------------------------------------------------------------------- passes
-def _pack(*ts: torch.Tensor) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in ts])
+def _pack_into(buf: torch.Tensor, *ts: torch.Tensor) -> torch.Tensor:
+    """Copy ``ts`` one after the other into the flat ``buf``; returns the filled front."""
+    at = 0
+    for t in ts:
+        n = t.numel()
+        buf[at : at + n].view(t.shape).copy_(t)
+        at += n
+    return buf[:at]
+
+
+class _Buffers:
+    """Two flat buffers of ``numel`` elements, reused by every shift of every pass: the block
+    in hand is computed (or sent) from one while the next is received into the other. One
+    allocation per call instead of one per shift keeps the transient memory at two blocks and
+    leaves no freed blocks behind to fragment the heap."""
+
+    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
+        self._bufs = [torch.empty(numel, dtype=dtype, device=device) for _ in range(2)]
+        self._i = 0
+
+    def this(self) -> torch.Tensor:
+        """The buffer to fill (or holding the block in hand)."""
+        return self._bufs[self._i]
+
+    def other(self) -> torch.Tensor:
+        """The buffer to receive into; :meth:`swap` after the shift completes."""
+        return self._bufs[1 - self._i]
+
+    def swap(self) -> None:
+        self._i = 1 - self._i
+
+
+def _ring_buffers(plan: AttnPlan, k, v, dtype) -> _Buffers | None:
+    """Double buffers sized for the largest key block of any pass (``None`` unless ring)."""
+    if plan.mode != "ring" or plan.ring.size == 1:
+        return None
+    rows = max((max(sub, default=0) for *_, sub, _ in _passes(plan, k)), default=0)
+    return _Buffers(_numel(_kv_shapes(k, v, rows)), dtype, k.device)
 
 
 def _kv_shapes(k, v, n):
@@ -290,27 +326,30 @@ def _forward(q, k, v, plan: AttnPlan):
     lse = torch.full((b, h, lq), float("-inf"), dtype=acc, device=q.device)
     ring_mode = plan.mode == "ring"
     owners = _owners(plan)
+    bufs = _ring_buffers(plan, k, v, k.dtype)
     for hs, hk, rows, sub, starts in _passes(plan, k):
         qh, oh, lh = q[:, hs], out[:, hs], lse[:, hs]
         mask = _head_mask(plan, hs)
         kv = (k[:, hk : hk + 1, rows], v[:, hk : hk + 1, rows])
-        cur = _pack(*kv) if ring_mode else None
+        cur = _pack_into(bufs.this(), *kv) if bufs is not None else None
         for s, o in enumerate(owners):
             n = sub[o]
             pend = None
             if ring_mode and s < len(owners) - 1:
                 n_next = sub[owners[s + 1]]
                 pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                       dtype=k.dtype, device=k.device, tag=_TAG_KV)
+                                       dtype=k.dtype, device=k.device, tag=_TAG_KV,
+                                       into=bufs.other())
             m, kc, skip = _block_mask(plan, mask, lq, starts[o], n, q)
             if lq and n and not skip:
-                kb, vb = _unpack(cur, _kv_shapes(k, v, n)) if ring_mode else kv
+                kb, vb = _unpack(cur, _kv_shapes(k, v, n)) if bufs is not None else kv
                 kb, vb = _expand(kb, plan.gqa_groups), _expand(vb, plan.gqa_groups)
                 o_b, lse_b = _block_fwd(qh, kb, vb, m, kc, plan.scale)
                 _merge_(oh, lh, o_b, lse_b)
                 del o_b, lse_b
             if pend is not None:
                 cur = pend.wait()
+                bufs.swap()
                 del pend
     if plan.mode == "merge" and plan.ring.size > 1:
         out, lse = _merge_across(out, lse, plan.ring.group)
@@ -339,60 +378,64 @@ def _backward(do, q, k, v, out, lse, plan: AttnPlan):
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=q.device)
     dv = torch.zeros(v.shape, dtype=acc, device=q.device)
-    ring_mode = plan.mode == "ring"
     owners = _owners(plan)
     g = plan.gqa_groups
+    bufs = _ring_buffers(plan, k, v, k.dtype)  # key/value blocks
+    sums = _ring_buffers(plan, k, v, acc)  # dk/dv partial sums travelling behind them
     for hs, hk, rows, sub, starts in _passes(plan, k):
         qh, doh, outh, lseh, dqh = q[:, hs], do[:, hs], out[:, hs], lse[:, hs], dq[:, hs]
+        dkh, dvh = dk[:, hk : hk + 1, rows], dv[:, hk : hk + 1, rows]
         mask = _head_mask(plan, hs)
         kv = (k[:, hk : hk + 1, rows], v[:, hk : hk + 1, rows])
-        cur = _pack(*kv) if ring_mode else None
+        cur = _pack_into(bufs.this(), *kv) if bufs is not None else None
         acc_pend = None
         for s, o in enumerate(owners):
             n = sub[o]
             shapes = _kv_shapes(k, v, n)
             n_next = sub[owners[(s + 1) % len(owners)]]
             kv_pend = None
-            if ring_mode and s < len(owners) - 1:
+            if bufs is not None and s < len(owners) - 1:
                 kv_pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                          dtype=k.dtype, device=k.device, tag=_TAG_KV)
+                                          dtype=k.dtype, device=k.device, tag=_TAG_KV,
+                                          into=bufs.other())
             m, kc, skip = _block_mask(plan, mask, lq, starts[o], n, q)
             dk_b = dv_b = None
             if lq and n and not skip:
-                kb, vb = _unpack(cur, shapes) if ring_mode else kv
+                kb, vb = _unpack(cur, shapes) if bufs is not None else kv
                 kb, vb = _expand(kb, g), _expand(vb, g)
                 dq_b, dk_b, dv_b = _block_bwd(doh, qh, kb, vb, outh, lseh, m, kc, plan.scale)
                 dqh += dq_b
                 del dq_b
                 dk_b, dv_b = _fold(dk_b, g), _fold(dv_b, g)
-            if ring_mode and s == 0:  # own block: kept here, added to what comes back
-                own = (dk_b, dv_b)
-            elif ring_mode:  # the partial sums start at the next rank and end at the owner
-                buf = (torch.zeros(_numel(shapes), dtype=acc, device=q.device) if s == 1
-                       else acc_pend.wait())
+            if s == 0 or sums is None:  # own block (or no ring): straight into the result
+                if dk_b is not None:
+                    dkh.copy_(dk_b)
+                    dvh.copy_(dv_b)
+            else:  # the partial sums start at the next rank and end at the owner
+                if s == 1:
+                    buf = sums.this()[: _numel(shapes)].zero_()
+                else:
+                    buf = acc_pend.wait()
+                    sums.swap()
                 if dk_b is not None:
                     ak, av = _unpack(buf, shapes)
                     ak += dk_b
                     av += dv_b
                 acc_pend = plan.ring.shift(buf if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                           dtype=acc, device=q.device, tag=_TAG_ACC)
+                                           dtype=acc, device=q.device, tag=_TAG_ACC,
+                                           into=sums.other())
                 del buf
-            elif dk_b is not None:
-                dk[:, hk : hk + 1, rows] = dk_b
-                dv[:, hk : hk + 1, rows] = dv_b
             del dk_b, dv_b
             if kv_pend is not None:
                 cur = kv_pend.wait()
+                bufs.swap()
                 del kv_pend
-        if ring_mode:
-            if own[0] is not None:
-                dk[:, hk : hk + 1, rows] = own[0]
-                dv[:, hk : hk + 1, rows] = own[1]
-            if acc_pend is not None:
-                rk, rv = _unpack(acc_pend.wait(), _kv_shapes(k, v, rows.stop - rows.start))
-                dk[:, hk : hk + 1, rows] += rk
-                dv[:, hk : hk + 1, rows] += rv
-            own = acc_pend = None
+        if acc_pend is not None:
+            rk, rv = _unpack(acc_pend.wait(), _kv_shapes(k, v, rows.stop - rows.start))
+            sums.swap()
+            dkh += rk
+            dvh += rv
+            acc_pend = None
     if plan.mode == "merge" and plan.ring.size > 1:
         dist.all_reduce(dq, group=plan.ring.group)
     return dq, dk, dv
