@@ -39,7 +39,7 @@ _FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _TAG_KV, _TAG_ACC = 11, 12
 _MATH_TILE = 1 << 22  # score elements per tile of the plain-torch fallback
-KV_CHUNK_ROWS = 2048  # key rows per rank per ring pass (bounds the transient buffers)
+KV_CHUNK_ROWS = 1024  # key rows per rank per ring pass (bounds the transient buffers)
 
 
 @dataclass(frozen=True)
