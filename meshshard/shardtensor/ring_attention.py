@@ -40,6 +40,7 @@ _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _TAG_KV, _TAG_ACC = 11, 12
 _MATH_TILE = 1 << 22  # score elements per tile of the plain-torch fallback
 KV_CHUNK_ROWS = 1024  # key rows per rank per ring pass (bounds the transient buffers)
+Q_TILE_ROWS = 2048  # query rows per block call (bounds the block's output and dq)
 
 
 @dataclass(frozen=True)
@@ -113,12 +114,22 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def _block_mask(plan: AttnPlan, mask, q_len: int, k0: int, n: int, like: torch.Tensor):
-    """(additive mask or None, kernel causal flag, skip) for keys ``[k0, k0 + n)``."""
+def _q_tiles(q_len: int):
+    """Slices of at most ``Q_TILE_ROWS`` local query rows: a block's output, ``dq`` and kernel
+    buffers are computed one tile at a time, so they stay a fraction of the local queries."""
+    step = max(1, Q_TILE_ROWS)
+    return [slice(r, min(r + step, q_len)) for r in range(0, q_len, step)]
+
+
+def _block_mask(plan: AttnPlan, mask, r0: int, q_len: int, k0: int, n: int, like: torch.Tensor):
+    """(additive mask or None, kernel causal flag, skip) for local query rows
+    ``[r0, r0 + q_len)`` and keys ``[k0, k0 + n)``."""
     m = None if mask is None else mask[..., k0 : k0 + n]
+    if m is not None and m.shape[-2] != 1:
+        m = m[..., r0 : r0 + q_len, :]
     if not plan.causal:
         return m, False, False
-    q0 = plan.q_offset
+    q0 = plan.q_offset + r0
     if k0 > q0 + q_len - 1:
         return None, False, True  # every key comes after every query
     if k0 + n - 1 <= q0:
@@ -340,13 +351,17 @@ def _forward(q, k, v, plan: AttnPlan):
                 pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
                                        dtype=k.dtype, device=k.device, tag=_TAG_KV,
                                        into=bufs.other())
-            m, kc, skip = _block_mask(plan, mask, lq, starts[o], n, q)
-            if lq and n and not skip:
+            if n:
                 kb, vb = _unpack(cur, _kv_shapes(k, v, n)) if bufs is not None else kv
                 kb, vb = _expand(kb, plan.gqa_groups), _expand(vb, plan.gqa_groups)
-                o_b, lse_b = _block_fwd(qh, kb, vb, m, kc, plan.scale)
-                _merge_(oh, lh, o_b, lse_b)
-                del o_b, lse_b
+                for rs in _q_tiles(lq):
+                    m, kc, skip = _block_mask(plan, mask, rs.start, rs.stop - rs.start,
+                                              starts[o], n, q)
+                    if skip:
+                        continue
+                    o_b, lse_b = _block_fwd(qh[..., rs, :], kb, vb, m, kc, plan.scale)
+                    _merge_(oh[..., rs, :], lh[..., rs], o_b, lse_b)
+                    del o_b, lse_b
             if pend is not None:
                 cur = pend.wait()
                 bufs.swap()
@@ -398,21 +413,32 @@ def _backward(do, q, k, v, out, lse, plan: AttnPlan):
                 kv_pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
                                           dtype=k.dtype, device=k.device, tag=_TAG_KV,
                                           into=bufs.other())
-            m, kc, skip = _block_mask(plan, mask, lq, starts[o], n, q)
-            dk_b = dv_b = None
-            if lq and n and not skip:
+            dk_b = dv_b = None  # this block's dk/dv share, summed over the query tiles
+            if n:
                 kb, vb = _unpack(cur, shapes) if bufs is not None else kv
                 kb, vb = _expand(kb, g), _expand(vb, g)
-                dq_b, dk_b, dv_b = _block_bwd(doh, qh, kb, vb, outh, lseh, m, kc, plan.scale)
-                dqh += dq_b
-                del dq_b
-                dk_b, dv_b = _fold(dk_b, g), _fold(dv_b, g)
-            if s == 0 or sums is None:  # own block (or no ring): straight into the result
-                if dk_b is not None:
-                    dkh.copy_(dk_b)
-                    dvh.copy_(dv_b)
-            else:  # the partial sums start at the next rank and end at the owner
-                if s == 1:
+                for rs in _q_tiles(lq):
+                    m, kc, skip = _block_mask(plan, mask, rs.start, rs.stop - rs.start,
+                                              starts[o], n, q)
+                    if skip:
+                        continue
+                    dq_t, dk_t, dv_t = _block_bwd(doh[..., rs, :], qh[..., rs, :], kb, vb,
+                                                  outh[..., rs, :], lseh[..., rs], m, kc,
+                                                  plan.scale)
+                    dqh[..., rs, :] += dq_t
+                    del dq_t
+                    dk_t, dv_t = _fold(dk_t, g), _fold(dv_t, g)
+                    if s == 0 or sums is None:  # own block (or no ring): into the result
+                        dkh += dk_t
+                        dvh += dv_t
+                    elif dk_b is None:  # summed over tiles in the accumulation dtype
+                        dk_b, dv_b = dk_t.to(acc), dv_t.to(acc)
+                    else:
+                        dk_b += dk_t
+                        dv_b += dv_t
+                    del dk_t, dv_t
+            if s > 0 and sums is not None:  # the partial sums start at the next rank and
+                if s == 1:  # end at the owner
                     buf = sums.this()[: _numel(shapes)].zero_()
                 else:
                     buf = acc_pend.wait()
