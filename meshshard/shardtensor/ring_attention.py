@@ -7,6 +7,14 @@ overlap. Block results are merged exactly with the log-sum-exp (online softmax).
 K/V at full size or a score matrix larger than (local queries) x (one block); with torch's CPU
 flash kernel the block itself is tiled, so not even that.
 
+Memory: besides its results (``out``; ``dq``, ``dk``, ``dv``) a rank holds only transients that
+do not grow with the local queries or keys: a ring pass carries ``KV_CHUNK_ROWS`` key rows of
+one head, in two flat buffers allocated once per call and reused by every shift (the block in
+hand and the one arriving; backward adds two for the dK/dV partial sums), and each block is
+computed in tiles of ``Q_TILE_ROWS`` query rows, so a block's output and ``dq`` are tile-sized.
+Few, reused allocations also leave no freed blocks behind to fragment the heap, which showed as
+resident memory well above the live tensors.
+
 Backward saves only ``q, k, v, out, lse``. It recomputes each block's probabilities from the
 global log-sum-exp, accumulates ``dq`` locally, and sends the ``dk``/``dv`` partial sums round the
 ring behind the blocks (they start at the owner's successor), so that after ``P - 1`` shifts each
