@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from meshshard.shardtensor.ring import Ring
+from meshshard.shardtensor.ring import DoubleBuffer, Ring
 
 __all__ = ["AttnPlan", "attention"]
 
@@ -252,34 +252,12 @@ def _pack_into(buf: torch.Tensor, *ts: torch.Tensor) -> torch.Tensor:
     return buf[:at]
 
 
-class _Buffers:
-    """Two flat buffers of ``numel`` elements, reused by every shift of every pass: the block
-    in hand is computed (or sent) from one while the next is received into the other. One
-    allocation per call instead of one per shift keeps the transient memory at two blocks and
-    leaves no freed blocks behind to fragment the heap."""
-
-    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
-        self._bufs = [torch.empty(numel, dtype=dtype, device=device) for _ in range(2)]
-        self._i = 0
-
-    def this(self) -> torch.Tensor:
-        """The buffer to fill (or holding the block in hand)."""
-        return self._bufs[self._i]
-
-    def other(self) -> torch.Tensor:
-        """The buffer to receive into; :meth:`swap` after the shift completes."""
-        return self._bufs[1 - self._i]
-
-    def swap(self) -> None:
-        self._i = 1 - self._i
-
-
-def _ring_buffers(plan: AttnPlan, k, v, dtype) -> _Buffers | None:
+def _ring_buffers(plan: AttnPlan, k, v, dtype) -> DoubleBuffer | None:
     """Double buffers sized for the largest key block of any pass (``None`` unless ring)."""
     if plan.mode != "ring" or plan.ring.size == 1:
         return None
     rows = max((max(sub, default=0) for *_, sub, _ in _passes(plan, k)), default=0)
-    return _Buffers(_numel(_kv_shapes(k, v, rows)), dtype, k.device)
+    return DoubleBuffer(_numel(_kv_shapes(k, v, rows)), dtype, k.device)
 
 
 def _kv_shapes(k, v, n):
