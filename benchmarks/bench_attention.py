@@ -11,7 +11,12 @@ Reported per configuration:
   machine the wall time is noisy, the CPU time less so;
 - ``peak MiB``: per-rank peak RSS growth during the step over the RSS just before it (inputs
   are allocated before), the largest over the ranks; and ``rss MiB``: the largest total peak RSS;
-- ``sent MiB``: bytes each rank sent through the ring (measured by ``meshshard.shardtensor.ring``).
+- ``sent MiB``: bytes each rank sent through the ring (measured by ``meshshard.shardtensor.ring``);
+- with ``--live``, ``live MiB``: peak bytes of tensor storages allocated during a second, identical
+  step and alive at once, tracked exactly by a dispatch mode (storages an op output does not share
+  with its inputs count from their creation until they are freed). It does not see buffers that a
+  kernel allocates and frees inside itself, nor heap the allocator keeps: RSS growth is the real
+  memory, this column says how much of it is live tensors.
 
 Targets (issue 12): at >= 32k tokens, per-rank peak attention memory <= 1.25/P of one process,
 and 2 ranks <= 0.65x the one-process (1 thread) step time.
@@ -29,6 +34,9 @@ import resource
 import time
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from meshshard.testing import run_ranks
 
@@ -59,6 +67,32 @@ def _inputs(n_local: int, seed: int):
     return [torch.randn(1, HEADS, n_local, HEAD_DIM, generator=g) for _ in range(4)]
 
 
+class _LiveBytes(TorchDispatchMode):
+    """Peak bytes of tensor storages created under the mode and alive at the same time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict = {}
+        self.cur = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for key in [k for k, (ref, _) in self.live.items() if ref.expired()]:
+            self.cur -= self.live.pop(key)[1]
+        seen = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            key = st.data_ptr()
+            if key and key not in seen and key not in self.live:
+                self.live[key] = (StorageWeakRef(st), st.nbytes())
+                self.cur += st.nbytes()
+        self.peak = max(self.peak, self.cur)
+        return out
+
+
 def _one_step(mesh, sizes, rank) -> None:
     import torch.nn.functional as F
 
@@ -74,7 +108,7 @@ def _one_step(mesh, sizes, rank) -> None:
     F.scaled_dot_product_attention(qs, ks, vs).to_local().backward(g)
 
 
-def step(rank, world_size, n, threads):
+def step(rank, world_size, n, threads, live=False):
     """One fwd+bwd step on this rank's share of ``n`` tokens; returns its measurements."""
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -110,15 +144,28 @@ def step(rank, world_size, n, threads):
     if world_size > 1:
         dist.barrier()
     assert q.grad is not None and k.grad is not None and v.grad is not None
-    return {"wall": wall, "cpu": cpu, "peak": _peak_mib() - rss0, "rss": _peak_mib(),
-            "sent": bytes_sent() / 2**20}
+    res = {"wall": wall, "cpu": cpu, "peak": _peak_mib() - rss0, "rss": _peak_mib(),
+           "sent": bytes_sent() / 2**20, "live": float("nan")}
+    if live:  # the same step again, its tensors tracked (after the RSS step: no effect on it)
+        del out
+        for t in (q, k, v):
+            t.grad = None
+        mode = _LiveBytes()
+        with mode:
+            if world_size > 1:
+                out = F.scaled_dot_product_attention(qs, ks, vs).to_local()
+            else:
+                out = F.scaled_dot_product_attention(q, k, v)
+            out.backward(g)
+        res["live"] = mode.peak / 2**20
+    return res
 
 
-def run(n: int, ranks: int, threads: int) -> dict:
-    res = run_ranks(step, ranks, n, threads, threads=threads, timeout=3600)
+def run(n: int, ranks: int, threads: int, live: bool = False) -> dict:
+    res = run_ranks(step, ranks, n, threads, live, threads=threads, timeout=3600)
     return {"wall": max(r["wall"] for r in res), "cpu": sum(r["cpu"] for r in res),
             "peak": max(r["peak"] for r in res), "rss": max(r["rss"] for r in res),
-            "sent": max(r["sent"] for r in res)}
+            "sent": max(r["sent"] for r in res), "live": max(r["live"] for r in res)}
 
 
 def main(argv=None) -> None:
@@ -126,22 +173,27 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", default="8192,32768", help="comma-separated token counts")
     ap.add_argument("--configs", default="1x1,1x2,2x1,4x1",
                     help="ranks x threads per rank, comma-separated")
+    ap.add_argument("--live", action="store_true",
+                    help="add peak live tensor MiB per rank (a second step, tracked)")
     a = ap.parse_args(argv)
     configs = [tuple(int(v) for v in c.split("x")) for c in a.configs.split(",")]
     print(f"torch {torch.__version__}, {os.cpu_count()} cpus; B=1 H={HEADS} E={HEAD_DIM} fp32")
     print(f"{'tokens':>7} {'config':>14} {'wall s':>8} {'cpu s':>8} {'peak MiB':>9} "
-          f"{'rss MiB':>8} {'sent MiB':>9} {'wall/1p1t':>9} {'peak/1p1t':>9}")
+          f"{'rss MiB':>8} {'sent MiB':>9} {'wall/1p1t':>9} {'peak/1p1t':>9}"
+          + (f" {'live MiB':>9} {'live/1p1t':>9}" if a.live else ""))
     for n in (int(float(t)) for t in a.tokens.split(",")):
         base = None
         for ranks, threads in configs:
-            r = run(n, ranks, threads)
+            r = run(n, ranks, threads, a.live)
             if (ranks, threads) == (1, 1):
                 base = r
             name = f"{ranks} rank{'s' if ranks > 1 else ''} x {threads}t"
             rw = f"{r['wall'] / base['wall']:.2f}" if base else "-"
             rp = f"{r['peak'] / base['peak']:.2f}" if base else "-"
+            rl = f"{r['live'] / base['live']:.2f}" if base else "-"
+            tail = f" {r['live']:>9.1f} {rl:>9}" if a.live else ""
             print(f"{n:>7} {name:>14} {r['wall']:>8.2f} {r['cpu']:>8.2f} {r['peak']:>9.1f} "
-                  f"{r['rss']:>8.0f} {r['sent']:>9.1f} {rw:>9} {rp:>9}", flush=True)
+                  f"{r['rss']:>8.0f} {r['sent']:>9.1f} {rw:>9} {rp:>9}{tail}", flush=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-__all__ = ["Ring", "bytes_sent", "reset_bytes_sent"]
+__all__ = ["DoubleBuffer", "Ring", "bytes_sent", "reset_bytes_sent"]
 
 _SENT = [0]
 
@@ -43,6 +43,29 @@ class _Pending:
             w.wait()
         self.works = []
         return self.out
+
+
+class DoubleBuffer:
+    """Two flat buffers of ``numel`` elements, reused by every shift of every pass: the block
+    in hand is computed (or sent) from one while the next is received into the other. One
+    allocation per call instead of one per shift keeps the transient memory at two blocks and
+    leaves no freed blocks behind to fragment the heap."""
+
+    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
+        self._bufs = [torch.empty(numel, dtype=dtype, device=device) for _ in range(2)]
+        self._i = 0
+
+    def this(self) -> torch.Tensor:
+        """The buffer to fill (or holding the block in hand)."""
+        return self._bufs[self._i]
+
+    def other(self) -> torch.Tensor:
+        """The buffer to receive into; :meth:`swap` after the shift completes."""
+        return self._bufs[1 - self._i]
+
+    def swap(self) -> None:
+        """Exchange the roles: the received buffer becomes :meth:`this`."""
+        self._i = 1 - self._i
 
 
 class Ring:
@@ -74,15 +97,23 @@ class Ring:
         dtype: torch.dtype,
         device: torch.device,
         tag: int = 0,
+        into: torch.Tensor | None = None,
     ) -> _Pending:
         """Start sending ``send`` (flat; ``None`` or empty: nothing) to the successor and
         receiving ``recv_numel`` elements from the predecessor; ``.wait()`` on the result
         returns the received flat tensor (empty when ``recv_numel`` is 0).
 
+        ``into``: a flat, contiguous buffer of at least ``recv_numel`` elements (not ``send``'s)
+        to receive into, so that callers can reuse two buffers instead of allocating one per
+        shift; its first ``recv_numel`` elements are returned.
+
         Collective over the ring: every rank must call it with matching sizes and ``tag``.
         """
         pending = _Pending()
-        buf = torch.empty(int(recv_numel), dtype=dtype, device=device)
+        if into is None:
+            buf = torch.empty(int(recv_numel), dtype=dtype, device=device)
+        else:
+            buf = into[: int(recv_numel)]
         pending.out = buf
         if self.size == 1:
             if send is not None and send.numel():

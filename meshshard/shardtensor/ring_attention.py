@@ -7,6 +7,14 @@ overlap. Block results are merged exactly with the log-sum-exp (online softmax).
 K/V at full size or a score matrix larger than (local queries) x (one block); with torch's CPU
 flash kernel the block itself is tiled, so not even that.
 
+Memory: besides its results (``out``; ``dq``, ``dk``, ``dv``) a rank holds only transients that
+do not grow with the local queries or keys: a ring pass carries ``KV_CHUNK_ROWS`` key rows of
+one head, in two flat buffers allocated once per call and reused by every shift (the block in
+hand and the one arriving; backward adds two for the dK/dV partial sums), and each block is
+computed in tiles of ``Q_TILE_ROWS`` query rows, so a block's output and ``dq`` are tile-sized.
+Few, reused allocations also leave no freed blocks behind to fragment the heap, which showed as
+resident memory well above the live tensors.
+
 Backward saves only ``q, k, v, out, lse``. It recomputes each block's probabilities from the
 global log-sum-exp, accumulates ``dq`` locally, and sends the ``dk``/``dv`` partial sums round the
 ring behind the blocks (they start at the owner's successor), so that after ``P - 1`` shifts each
@@ -28,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from meshshard.shardtensor.ring import Ring
+from meshshard.shardtensor.ring import DoubleBuffer, Ring
 
 __all__ = ["AttnPlan", "attention"]
 
@@ -39,7 +47,8 @@ _FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _TAG_KV, _TAG_ACC = 11, 12
 _MATH_TILE = 1 << 22  # score elements per tile of the plain-torch fallback
-KV_CHUNK_ROWS = 2048  # key rows per rank per ring pass (bounds the transient buffers)
+KV_CHUNK_ROWS = 1024  # key rows per rank per ring pass (bounds the transient buffers)
+Q_TILE_ROWS = 2048  # query rows per block call (bounds the block's output and dq)
 
 
 @dataclass(frozen=True)
@@ -113,12 +122,22 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def _block_mask(plan: AttnPlan, mask, q_len: int, k0: int, n: int, like: torch.Tensor):
-    """(additive mask or None, kernel causal flag, skip) for keys ``[k0, k0 + n)``."""
+def _q_tiles(q_len: int):
+    """Slices of at most ``Q_TILE_ROWS`` local query rows: a block's output, ``dq`` and kernel
+    buffers are computed one tile at a time, so they stay a fraction of the local queries."""
+    step = max(1, Q_TILE_ROWS)
+    return [slice(r, min(r + step, q_len)) for r in range(0, q_len, step)]
+
+
+def _block_mask(plan: AttnPlan, mask, r0: int, q_len: int, k0: int, n: int, like: torch.Tensor):
+    """(additive mask or None, kernel causal flag, skip) for local query rows
+    ``[r0, r0 + q_len)`` and keys ``[k0, k0 + n)``."""
     m = None if mask is None else mask[..., k0 : k0 + n]
+    if m is not None and m.shape[-2] != 1:
+        m = m[..., r0 : r0 + q_len, :]
     if not plan.causal:
         return m, False, False
-    q0 = plan.q_offset
+    q0 = plan.q_offset + r0
     if k0 > q0 + q_len - 1:
         return None, False, True  # every key comes after every query
     if k0 + n - 1 <= q0:
@@ -223,8 +242,22 @@ def _merge_(out, lse, o_b, lse_b) -> None:
 
 
 # ---------------------------------------------------------------------------- passes
-def _pack(*ts: torch.Tensor) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in ts])
+def _pack_into(buf: torch.Tensor, *ts: torch.Tensor) -> torch.Tensor:
+    """Copy ``ts`` one after the other into the flat ``buf``; returns the filled front."""
+    at = 0
+    for t in ts:
+        n = t.numel()
+        buf[at : at + n].view(t.shape).copy_(t)
+        at += n
+    return buf[:at]
+
+
+def _ring_buffers(plan: AttnPlan, k, v, dtype) -> DoubleBuffer | None:
+    """Double buffers sized for the largest key block of any pass (``None`` unless ring)."""
+    if plan.mode != "ring" or plan.ring.size == 1:
+        return None
+    rows = max((max(sub, default=0) for *_, sub, _ in _passes(plan, k)), default=0)
+    return DoubleBuffer(_numel(_kv_shapes(k, v, rows)), dtype, k.device)
 
 
 def _kv_shapes(k, v, n):
@@ -290,27 +323,34 @@ def _forward(q, k, v, plan: AttnPlan):
     lse = torch.full((b, h, lq), float("-inf"), dtype=acc, device=q.device)
     ring_mode = plan.mode == "ring"
     owners = _owners(plan)
+    bufs = _ring_buffers(plan, k, v, k.dtype)
     for hs, hk, rows, sub, starts in _passes(plan, k):
         qh, oh, lh = q[:, hs], out[:, hs], lse[:, hs]
         mask = _head_mask(plan, hs)
         kv = (k[:, hk : hk + 1, rows], v[:, hk : hk + 1, rows])
-        cur = _pack(*kv) if ring_mode else None
+        cur = _pack_into(bufs.this(), *kv) if bufs is not None else None
         for s, o in enumerate(owners):
             n = sub[o]
             pend = None
             if ring_mode and s < len(owners) - 1:
                 n_next = sub[owners[s + 1]]
                 pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                       dtype=k.dtype, device=k.device, tag=_TAG_KV)
-            m, kc, skip = _block_mask(plan, mask, lq, starts[o], n, q)
-            if lq and n and not skip:
-                kb, vb = _unpack(cur, _kv_shapes(k, v, n)) if ring_mode else kv
+                                       dtype=k.dtype, device=k.device, tag=_TAG_KV,
+                                       into=bufs.other())
+            if n:
+                kb, vb = _unpack(cur, _kv_shapes(k, v, n)) if bufs is not None else kv
                 kb, vb = _expand(kb, plan.gqa_groups), _expand(vb, plan.gqa_groups)
-                o_b, lse_b = _block_fwd(qh, kb, vb, m, kc, plan.scale)
-                _merge_(oh, lh, o_b, lse_b)
-                del o_b, lse_b
+                for rs in _q_tiles(lq):
+                    m, kc, skip = _block_mask(plan, mask, rs.start, rs.stop - rs.start,
+                                              starts[o], n, q)
+                    if skip:
+                        continue
+                    o_b, lse_b = _block_fwd(qh[..., rs, :], kb, vb, m, kc, plan.scale)
+                    _merge_(oh[..., rs, :], lh[..., rs], o_b, lse_b)
+                    del o_b, lse_b
             if pend is not None:
                 cur = pend.wait()
+                bufs.swap()
                 del pend
     if plan.mode == "merge" and plan.ring.size > 1:
         out, lse = _merge_across(out, lse, plan.ring.group)
@@ -339,60 +379,75 @@ def _backward(do, q, k, v, out, lse, plan: AttnPlan):
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=q.device)
     dv = torch.zeros(v.shape, dtype=acc, device=q.device)
-    ring_mode = plan.mode == "ring"
     owners = _owners(plan)
     g = plan.gqa_groups
+    bufs = _ring_buffers(plan, k, v, k.dtype)  # key/value blocks
+    sums = _ring_buffers(plan, k, v, acc)  # dk/dv partial sums travelling behind them
     for hs, hk, rows, sub, starts in _passes(plan, k):
         qh, doh, outh, lseh, dqh = q[:, hs], do[:, hs], out[:, hs], lse[:, hs], dq[:, hs]
+        dkh, dvh = dk[:, hk : hk + 1, rows], dv[:, hk : hk + 1, rows]
         mask = _head_mask(plan, hs)
         kv = (k[:, hk : hk + 1, rows], v[:, hk : hk + 1, rows])
-        cur = _pack(*kv) if ring_mode else None
+        cur = _pack_into(bufs.this(), *kv) if bufs is not None else None
         acc_pend = None
         for s, o in enumerate(owners):
             n = sub[o]
             shapes = _kv_shapes(k, v, n)
             n_next = sub[owners[(s + 1) % len(owners)]]
             kv_pend = None
-            if ring_mode and s < len(owners) - 1:
+            if bufs is not None and s < len(owners) - 1:
                 kv_pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                          dtype=k.dtype, device=k.device, tag=_TAG_KV)
-            m, kc, skip = _block_mask(plan, mask, lq, starts[o], n, q)
-            dk_b = dv_b = None
-            if lq and n and not skip:
-                kb, vb = _unpack(cur, shapes) if ring_mode else kv
+                                          dtype=k.dtype, device=k.device, tag=_TAG_KV,
+                                          into=bufs.other())
+            dk_b = dv_b = None  # this block's dk/dv share, summed over the query tiles
+            if n:
+                kb, vb = _unpack(cur, shapes) if bufs is not None else kv
                 kb, vb = _expand(kb, g), _expand(vb, g)
-                dq_b, dk_b, dv_b = _block_bwd(doh, qh, kb, vb, outh, lseh, m, kc, plan.scale)
-                dqh += dq_b
-                del dq_b
-                dk_b, dv_b = _fold(dk_b, g), _fold(dv_b, g)
-            if ring_mode and s == 0:  # own block: kept here, added to what comes back
-                own = (dk_b, dv_b)
-            elif ring_mode:  # the partial sums start at the next rank and end at the owner
-                buf = (torch.zeros(_numel(shapes), dtype=acc, device=q.device) if s == 1
-                       else acc_pend.wait())
+                for rs in _q_tiles(lq):
+                    m, kc, skip = _block_mask(plan, mask, rs.start, rs.stop - rs.start,
+                                              starts[o], n, q)
+                    if skip:
+                        continue
+                    dq_t, dk_t, dv_t = _block_bwd(doh[..., rs, :], qh[..., rs, :], kb, vb,
+                                                  outh[..., rs, :], lseh[..., rs], m, kc,
+                                                  plan.scale)
+                    dqh[..., rs, :] += dq_t
+                    del dq_t
+                    dk_t, dv_t = _fold(dk_t, g), _fold(dv_t, g)
+                    if s == 0 or sums is None:  # own block (or no ring): into the result
+                        dkh += dk_t
+                        dvh += dv_t
+                    elif dk_b is None:  # summed over tiles in the accumulation dtype
+                        dk_b, dv_b = dk_t.to(acc), dv_t.to(acc)
+                    else:
+                        dk_b += dk_t
+                        dv_b += dv_t
+                    del dk_t, dv_t
+            if s > 0 and sums is not None:  # the partial sums start at the next rank and
+                if s == 1:  # end at the owner
+                    buf = sums.this()[: _numel(shapes)].zero_()
+                else:
+                    buf = acc_pend.wait()
+                    sums.swap()
                 if dk_b is not None:
                     ak, av = _unpack(buf, shapes)
                     ak += dk_b
                     av += dv_b
                 acc_pend = plan.ring.shift(buf if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                           dtype=acc, device=q.device, tag=_TAG_ACC)
+                                           dtype=acc, device=q.device, tag=_TAG_ACC,
+                                           into=sums.other())
                 del buf
-            elif dk_b is not None:
-                dk[:, hk : hk + 1, rows] = dk_b
-                dv[:, hk : hk + 1, rows] = dv_b
             del dk_b, dv_b
             if kv_pend is not None:
                 cur = kv_pend.wait()
+                bufs.swap()
                 del kv_pend
-        if ring_mode:
-            if own[0] is not None:
-                dk[:, hk : hk + 1, rows] = own[0]
-                dv[:, hk : hk + 1, rows] = own[1]
-            if acc_pend is not None:
-                rk, rv = _unpack(acc_pend.wait(), _kv_shapes(k, v, rows.stop - rows.start))
-                dk[:, hk : hk + 1, rows] += rk
-                dv[:, hk : hk + 1, rows] += rv
-            own = acc_pend = None
+        if acc_pend is not None:
+            rk, rv = _unpack(acc_pend.wait(), _kv_shapes(k, v, rows.stop - rows.start))
+            sums.swap()
+            dkh += rk
+            dvh += rv
+            acc_pend = None
     if plan.mode == "merge" and plan.ring.size > 1:
         dist.all_reduce(dq, group=plan.ring.group)
     return dq, dk, dv

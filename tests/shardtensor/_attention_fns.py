@@ -77,12 +77,13 @@ def _mask_st(mask, c, rank, mesh):
 def _run_case(c, rank, mesh):
     from meshshard.shardtensor import ring_attention
 
-    default = ring_attention.KV_CHUNK_ROWS
+    default, default_q = ring_attention.KV_CHUNK_ROWS, ring_attention.Q_TILE_ROWS
     ring_attention.KV_CHUNK_ROWS = c.get("chunk", default)  # several passes per head
+    ring_attention.Q_TILE_ROWS = c.get("qtile", default_q)  # several query tiles per block
     try:
         _check_case(c, rank, mesh)
     finally:
-        ring_attention.KV_CHUNK_ROWS = default
+        ring_attention.KV_CHUNK_ROWS, ring_attention.Q_TILE_ROWS = default, default_q
 
 
 def _check_case(c, rank, mesh):

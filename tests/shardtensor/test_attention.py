@@ -41,6 +41,13 @@ CASES = {
         {"q": None, "Lq": 4, "kv": [3, 6], "chunk": 2, "mask": "kpm"},
         {"q": [3, 5], "kv": None, "Lk": 7, "chunk": 3, "mask": "add_rep"},
         {"q": [4, 4], "kv": [2, 6], "chunk": 2, "mask": "bool_heads", "H": 4, "Hk": 2},
+        # query tiles of 2 rows: a block's output, dq and dk/dv shares are summed over tiles
+        {"q": [3, 5], "kv": [4, 5], "qtile": 2, "chunk": 3, "causal": True},
+        {"q": [3, 5], "kv": [3, 5], "qtile": 2, "mask": "dead_rows"},
+        {"q": [0, 8], "kv": [6, 2], "qtile": 3, "mask": "bool_rows", "H": 4, "Hk": 2},
+        {"q": [3, 5], "kv": [3, 5], "qtile": 2, "dtype": F32, "Ev": 4, "mask": "add_rep"},
+        {"q": None, "Lq": 5, "kv": [3, 6], "qtile": 2, "mask": "kpm"},
+        {"q": [3, 5], "kv": None, "Lk": 7, "qtile": 2, "causal": True},
     ],
     3: [
         {"q": [1, 1, 6], "kv": [1, 1, 6], "causal": True},
@@ -55,6 +62,9 @@ CASES = {
         {"q": [2, 2, 2, 2], "kv": None, "Lk": 5, "mask": "add_rep"},
         {"q": [1, 1, 6, 0], "kv": [3, 3, 1, 1], "dtype": F32, "mask": "bool_rows"},
         {"q": [2, 0, 5, 1], "kv": [1, 5, 0, 3], "chunk": 2, "causal": True, "layout": "bnhe"},
+        {"q": [1, 1, 6, 0], "kv": [2, 0, 5, 1], "chunk": 2, "qtile": 2, "causal": True},
+        {"q": [3, 5, 0, 2], "kv": [2, 0, 5, 1], "qtile": 2, "mask": "bool_rows", "H": 4,
+         "Hk": 2},
     ],
 }
 
