@@ -63,6 +63,9 @@ def test_valid_tet_mesh(mesh):
     assert (car.min(axis=0) > [-2.31, -0.96, 0.11]).all()
     assert (car.max(axis=0) < [2.31, 0.96, 1.66]).all()
     assert vol.sum() < np.prod(ext) - 2.0  # the car (several m^3) is cut out
+    # graded: faces on the car (size h) are much smaller than on the tunnel walls (up to 4 h)
+    areas = np.linalg.norm(area_vec, axis=1)
+    assert areas[~on_wall].mean() < 0.5 * areas[on_wall].mean()
 
 
 def _rows(a):
