@@ -114,8 +114,8 @@ def tet_volume(
 
     The mesh size is calibrated on a coarse mesh (1.6 times the size, ~1/4 of the cells),
     then the full mesh is built: the count is within ~25% of ``cells`` (below it on small
-    meshes, where it grows more slowly than ``h^-2.85``; 1,072,431 for ``cells=10**6``). gmsh runs on
-    one thread; ~1M tets take two to three minutes.
+    meshes, where it grows more slowly than ``h^-2.85``; 1,072,431 for ``cells=10**6``).
+    gmsh runs on one thread; ~1M tets take two to three minutes.
 
     Parameters
     ----------
