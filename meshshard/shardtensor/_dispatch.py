@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import _name, get_handler
-from meshshard.shardtensor.spec import ShardSpec
+from meshshard.shardtensor.spec import ShardSpec, mesh_group
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,8 @@ _TRACE_CACHE: dict = {}
 
 
 def _leaf_key(v: Any) -> Any:
+    if isinstance(v, ShardTensor):  # read the spec and local piece: `v.ndim` would dispatch
+        return ("T", len(v._spec.shape), v._local.dtype)
     if isinstance(v, torch.Tensor):
         return ("T", v.ndim, v.dtype)
     if isinstance(v, (int, float, bool, str, type(None))):
@@ -260,7 +262,7 @@ def reduce_partials(st: ShardTensor, mesh_dims: Sequence[int] | None = None) -> 
     placements = list(spec.placements)
     for i, p in enumerate(spec.placements):
         if isinstance(p, Partial) and (mesh_dims is None or i in mesh_dims):
-            local = C.all_reduce(local, p.reduce_op, spec.mesh.get_group(i))
+            local = C.all_reduce(local, p.reduce_op, mesh_group(spec.mesh, i))
             placements[i] = Replicate()
     if placements == list(spec.placements):
         return st
@@ -317,9 +319,9 @@ def replicated_local(
             continue
         d = None if aligned_dims is None else aligned_dims.get(i)
         if isinstance(p, Shard) and d is not None and local.shape[d] != 1:
-            local = C.split_local(local, d, spec_out.sizes[i], mesh.get_group(i))
+            local = C.split_local(local, d, spec_out.sizes[i], mesh_group(mesh, i))
         else:
-            groups.append(mesh.get_group(i))
+            groups.append(mesh_group(mesh, i))
     if groups:
         local = C.grad_all_reduce(local, groups)
     return local
@@ -412,6 +414,9 @@ def pointwise_apply(func, args, kwargs):
     Partial inputs pass through linear ops and are reduced before anything else."""
     simple = not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args)
     if simple:
+        out = _same_layout_pointwise(func, args)
+        if out is not _MISS:
+            return out
         flat, tspec = list(args), None
     else:
         flat, tspec = tree_flatten((args, kwargs))
@@ -447,8 +452,8 @@ def pointwise_apply(func, args, kwargs):
                     flat[j] = reduce_partials(flat[j], [i])
     tensors = [flat[i] for i in tensor_pos]
     shapes = [t._spec.shape if isinstance(t, ShardTensor) else t.shape for t in tensors]
-    out_shape = shapes[0] if all(sh == shapes[0] for sh in shapes) else torch.broadcast_shapes(
-        *shapes
+    out_shape = shapes[0] if all(sh == shapes[0] for sh in shapes) else _broadcast_shapes(
+        func, shapes
     )
     nd = len(out_shape)
     # same sharded dim, different sizes: move the later operands' rows to the first's layout
@@ -551,6 +556,76 @@ def pointwise_apply(func, args, kwargs):
             raise LayoutError(msg)
         return inplace_target
     return wrap_outputs(out, lambda o: _checked(spec_out, o))
+
+
+def _broadcast_shapes(func, shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """``torch.broadcast_shapes`` on concrete sizes, in plain Python (the torch one goes through
+    symbolic-shape guards, ~0.5 ms a call)."""
+    nd = max(len(s) for s in shapes)
+    out = [1] * nd
+    for s in shapes:
+        off = nd - len(s)
+        for k, v in enumerate(s):
+            v = int(v)
+            cur = out[off + k]
+            if v == cur or v == 1:
+                continue
+            if cur == 1:
+                out[off + k] = v
+            else:
+                msg = (
+                    f"{_name(func)}: shapes {[tuple(x) for x in shapes]} cannot be broadcast "
+                    f"together (dim {off + k - nd}: {cur} vs {v})"
+                )
+                raise RuntimeError(msg)
+    return tuple(out)
+
+
+_MISS = object()
+_SCALARS = (int, float, bool, complex)
+
+
+def _same_layout(a: ShardSpec, b: ShardSpec) -> bool:
+    return a is b or (
+        a.mesh is b.mesh
+        and a.shape == b.shape
+        and a.sizes == b.sizes
+        and a.placements == b.placements
+    )
+
+
+def _is_inplace_name(name: str) -> bool:
+    return (name.endswith("_") and not name.endswith("__")) or (
+        name.startswith("__i") and name != "__invert__"
+    )
+
+
+def _same_layout_pointwise(func, args: tuple) -> Any:
+    """Fast path of :func:`pointwise_apply`: every tensor operand is a ShardTensor of one and
+    the same layout (mesh, placements, sizes, global shape) without Partial, the rest are Python
+    numbers. Then nothing is cut, aligned, reduced or broadcast across shards: the op runs on the
+    local pieces and the result keeps that layout. Anything else returns ``_MISS`` and takes the
+    general rule."""
+    spec = None
+    for a in args:
+        if isinstance(a, ShardTensor):
+            if spec is None:
+                spec = a._spec
+            elif not _same_layout(a._spec, spec):
+                return _MISS
+        elif not isinstance(a, _SCALARS):
+            return _MISS
+    if spec is None or spec.has_partial():
+        return _MISS
+    name = getattr(func, "__name__", "")
+    inplace = _is_inplace_name(name) and isinstance(args[0], ShardTensor)
+    out = func(*[a._local if isinstance(a, ShardTensor) else a for a in args])
+    if inplace:
+        args[0].__dict__.pop("_reduced_cache", None)
+        return args[0]
+    if isinstance(out, torch.Tensor):
+        return wrap(out, _checked(spec, out))
+    return wrap_outputs(out, lambda o: _checked(spec, o))
 
 
 def _checked(spec: ShardSpec, o: torch.Tensor) -> ShardSpec:

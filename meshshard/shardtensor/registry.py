@@ -91,6 +91,9 @@ def unregister_handler(*ops: Any) -> None:
 
 
 def get_handler(op: Any) -> Callable | None:
+    h = _FUNCTION_HANDLERS.get(op)  # the common case first: no isinstance checks
+    if h is not None:
+        return h
     if _is_aten(op):
         h = _ATEN_HANDLERS.get(op)
         if h is None and isinstance(op, torch._ops.OpOverload):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
-__all__ = ["ShardSpec", "normalize_placements"]
+__all__ = ["ShardSpec", "mesh_group", "normalize_placements"]
 
 
 def normalize_placements(placements: Sequence[Placement], mesh: DeviceMesh, ndim: int) -> tuple:
@@ -72,11 +73,21 @@ class ShardSpec:
     def mesh_dim_of(self, tensor_dim: int) -> int | None:
         return self.shard_dims().get(tensor_dim)
 
+    # The answers below are asked on every op; a spec is immutable, so each is computed once
+    # and kept in the instance __dict__ (not a dataclass field: equality and hash ignore it).
     def is_replicated(self) -> bool:
-        return all(isinstance(p, Replicate) for p in self.placements)
+        v = self.__dict__.get("_is_replicated")
+        if v is None:
+            v = all(isinstance(p, Replicate) for p in self.placements)
+            self.__dict__["_is_replicated"] = v
+        return v
 
     def has_partial(self) -> bool:
-        return any(isinstance(p, Partial) for p in self.placements)
+        v = self.__dict__.get("_has_partial")
+        if v is None:
+            v = any(isinstance(p, Partial) for p in self.placements)
+            self.__dict__["_has_partial"] = v
+        return v
 
     def nonreplicated_mesh_dims(self) -> tuple[int, ...]:
         return tuple(i for i, p in enumerate(self.placements) if not isinstance(p, Replicate))
@@ -89,7 +100,15 @@ class ShardSpec:
         return list(coord)
 
     def local_shape(self, coord: Sequence[int] | None = None) -> torch.Size:
-        coord = self.coordinate() if coord is None else coord
+        if coord is None:  # this rank's shape: fixed for the spec's life
+            v = self.__dict__.get("_local_shape")
+            if v is None:
+                v = self._local_shape(self.coordinate())
+                self.__dict__["_local_shape"] = v
+            return v
+        return self._local_shape(coord)
+
+    def _local_shape(self, coord: Sequence[int]) -> torch.Size:
         shape = list(self.shape)
         for i, p in enumerate(self.placements):
             if isinstance(p, Shard):
@@ -169,3 +188,27 @@ def even_sizes(n: int, parts: int) -> tuple[int, ...]:
     """Balanced sizes differing by at most one (the first ``n % parts`` get one more)."""
     base, extra = divmod(n, parts)
     return tuple(base + (1 if r < extra else 0) for r in range(parts))
+
+
+_GROUPS: dict[int, tuple] = {}
+
+
+def mesh_group(mesh: DeviceMesh, mesh_dim: int):
+    """``mesh.get_group(mesh_dim)``, memoised per mesh object.
+
+    ``DeviceMesh.get_group`` looks the group up by name in torch.distributed's registry on every
+    call (~20 us) and sharding rules ask for it on every op. A mesh's groups never change, so
+    they are kept here, keyed by the mesh's id and checked through a weak reference (an entry
+    is dropped when its mesh dies, so a new mesh at a reused id is never confused with it).
+    """
+    entry = _GROUPS.get(id(mesh))
+    if entry is None or entry[0]() is not mesh:
+        key = id(mesh)
+        entry = (weakref.ref(mesh, lambda _r, key=key: _GROUPS.pop(key, None)), {})
+        _GROUPS[key] = entry
+    groups = entry[1]
+    g = groups.get(mesh_dim)
+    if g is None:
+        g = mesh.get_group(mesh_dim)
+        groups[mesh_dim] = g
+    return g

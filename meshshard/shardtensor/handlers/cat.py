@@ -20,7 +20,7 @@ from meshshard.shardtensor._dispatch import (
 )
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler
-from meshshard.shardtensor.spec import ShardSpec, even_sizes
+from meshshard.shardtensor.spec import ShardSpec, even_sizes, mesh_group
 
 
 def _gshape(t):
@@ -94,7 +94,7 @@ def _cat(tensors, dim=0, *, out=None):
 def _cat_sharded(tensors, d, i, mesh, placements, sizes, shape):
     """cat along the sharded dim: result rank r holds sum_k sizes_k[r] rows; only rows whose
     owner changes move (one uneven all-to-all)."""
-    group = mesh.get_group(i)
+    group = mesh_group(mesh, i)
     n = mesh.size(i)
     me = mesh.get_local_rank(i)
     pieces, psizes = [], []
@@ -226,7 +226,7 @@ def _select_rows(x, d, i, index):
     they are (no data moves); otherwise the result is split evenly and rows are fetched."""
     spec = x._spec
     mesh = spec.mesh
-    group = mesh.get_group(i)
+    group = mesh_group(mesh, i)
     me = mesh.get_local_rank(i)
     n = mesh.size(i)
     N = spec.shape[d]

@@ -26,7 +26,7 @@ from meshshard.shardtensor._dispatch import (
 )
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler
-from meshshard.shardtensor.spec import ShardSpec
+from meshshard.shardtensor.spec import ShardSpec, mesh_group
 
 
 def _placement(t, i):
@@ -108,9 +108,9 @@ def contract(
             c = shard_letter[i]
             if c is not None and c in L and local.shape[L.index(c)] != 1:
                 local = C.split_local(local, L.index(c), sizes_of_mesh(operands, letters, i, c),
-                                      mesh.get_group(i))
+                                      mesh_group(mesh, i))
             else:
-                groups.append(mesh.get_group(i))
+                groups.append(mesh_group(mesh, i))
         if groups:
             local = C.grad_all_reduce(local, groups)
         locals_.append(local)

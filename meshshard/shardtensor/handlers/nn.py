@@ -19,7 +19,7 @@ from meshshard.shardtensor._dispatch import (
 from meshshard.shardtensor.handlers.grid._globalnorm import global_norm
 from meshshard.shardtensor.handlers.reductions import _extreme_local
 from meshshard.shardtensor.registry import register_handler
-from meshshard.shardtensor.spec import ShardSpec
+from meshshard.shardtensor.spec import ShardSpec, mesh_group
 
 
 def _dim(dim: int, ndim: int) -> int:
@@ -39,7 +39,7 @@ def _softmax_impl(x, dim, log: bool, dtype=None):
     if i is None:
         f = F.log_softmax if log else F.softmax
         return wrap(f(local, dim=d), spec)
-    group = spec.mesh.get_group(i)
+    group = mesh_group(spec.mesh, i)
     m = _extreme_local(local.detach(), (d,), True, "max")
     m = C.all_reduce(m, "max", group)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -71,7 +71,7 @@ def _global_stats(local, dims, spec, mesh_dims):
     """Mean and biased variance over ``dims`` with global counts (differentiable). Both meet
     local rows afterwards, so their gradients are summed over the ranks."""
     n = math.prod(spec.shape[d] for d in dims)
-    groups = [spec.mesh.get_group(i) for i in mesh_dims]
+    groups = [mesh_group(spec.mesh, i) for i in mesh_dims]
     s = local.sum(dim=dims, keepdim=True)
     for g in groups:
         s = C.all_reduce(s, "sum", g)
@@ -126,7 +126,7 @@ def _group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     n = (c // num_groups) * math.prod(spec.shape[2:])
     gshape = [1] * g.ndim
     gshape[1], gshape[2] = num_groups, c // num_groups
-    groups = [spec.mesh.get_group(i) for i in mesh_dims]
+    groups = [mesh_group(spec.mesh, i) for i in mesh_dims]
     y, _, _ = global_norm(g, dims, groups, n, eps, None if w is None else w.reshape(gshape),
                           None if b is None else b.reshape(gshape))
     y = y.reshape(local.shape)
