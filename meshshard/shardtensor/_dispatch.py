@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor.api import ShardTensor
-from meshshard.shardtensor.registry import _name, get_handler
+from meshshard.shardtensor.registry import _name, get_handler, on_registry_change
 from meshshard.shardtensor.spec import ShardSpec, mesh_group
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,16 @@ def dispatch_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
     handler = get_handler(func)
     if handler is not None:
         return handler(*args, **kwargs)
+    route_key = None
+    if not kwargs:
+        route_key = _route_key(func, args)
+        pointwise = _ROUTES.get(route_key) if route_key is not None else None
+        if pointwise is not None:
+            # classified before, with no aten-level handler: skip the classification
+            if all(t._spec.is_replicated() for t in args if isinstance(t, ShardTensor)):
+                return replicated_apply(func, args, kwargs)
+            if pointwise:
+                return pointwise_apply(func, args, kwargs)
     # classify by the aten ops the function decomposes into (cached)
     ops, single_call = _trace(func, args, kwargs)
     if single_call is not None:
@@ -87,9 +97,12 @@ def dispatch_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
     else:
         flat, _ = tree_flatten((args, kwargs))
     sts = [t for t in flat if isinstance(t, ShardTensor)]
+    pointwise = ops is not None and bool(ops) and all(_is_pointwise(op) for op in ops)
+    if route_key is not None and ops is not None and single_call is None:
+        _ROUTES[route_key] = pointwise
     if sts and all(t._spec.is_replicated() for t in sts):
         return replicated_apply(func, args, kwargs)
-    if ops is not None and ops and all(_is_pointwise(op) for op in ops):
+    if pointwise:
         return pointwise_apply(func, args, kwargs)
     if getattr(_state, "fallback", False):
         return _gather_fallback(func, args, kwargs, ops)
@@ -108,6 +121,25 @@ def dispatch_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
         f"or opt in to gathering: `with meshshard.shardtensor.allow_gather_fallback(): ...`"
     )
     raise NoShardingRuleError(msg)
+
+
+# (func, per-argument kind/ndim/dtype) of keyword-free calls already classified, with no
+# function- or aten-level handler -> whether every aten op they run is pointwise. Emptied
+# whenever a handler is (un)registered (the classification depends on which ops have one).
+_ROUTES: dict = {}
+on_registry_change(_ROUTES.clear)
+
+
+def _route_key(func, args: tuple) -> Any:
+    for a in args:
+        if isinstance(a, (list, tuple, dict)):
+            return None
+    key = (func, tuple(_leaf_key(v) for v in args))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _first(ops) -> str:
@@ -345,12 +377,18 @@ def wrap_outputs(out: Any, spec_of: Callable[[torch.Tensor], ShardSpec]) -> Any:
 def replicated_apply(func, args, kwargs):
     """Every ShardTensor input is Replicate on every mesh dim: compute locally, result
     Replicate (every rank computes the same values)."""
-    flat, tspec = tree_flatten((args, kwargs))
+    if not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args):
+        flat, tspec = args, None
+    else:
+        flat, tspec = tree_flatten((args, kwargs))
     sts = [t for t in flat if isinstance(t, ShardTensor)]
     mesh = check_same_mesh(sts)
     loc = [t._local if isinstance(t, ShardTensor) else t for t in flat]
-    a, k = tree_unflatten(loc, tspec)
-    out = func(*a, **k)
+    if tspec is None:
+        out = func(*loc)
+    else:
+        a, k = tree_unflatten(loc, tspec)
+        out = func(*a, **k)
     rep = tuple(Replicate() for _ in range(mesh.ndim))
     none = tuple(None for _ in range(mesh.ndim))
     return wrap_outputs(out, lambda o: ShardSpec(mesh, rep, none, o.shape))
