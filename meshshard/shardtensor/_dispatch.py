@@ -645,25 +645,64 @@ def _same_layout_pointwise(func, args: tuple) -> Any:
     local pieces and the result keeps that layout. Anything else returns ``_MISS`` and takes the
     general rule."""
     spec = None
+    plain = None
     for a in args:
         if isinstance(a, ShardTensor):
             if spec is None:
                 spec = a._spec
             elif not _same_layout(a._spec, spec):
                 return _MISS
+        elif isinstance(a, torch.Tensor):
+            plain = (*plain, tuple(a.shape)) if plain else (tuple(a.shape),)
         elif not isinstance(a, _SCALARS):
             return _MISS
     if spec is None or spec.has_partial():
         return _MISS
     name = getattr(func, "__name__", "")
     inplace = _is_inplace_name(name) and isinstance(args[0], ShardTensor)
-    out = func(*[a._local if isinstance(a, ShardTensor) else a for a in args])
+    if plain:
+        groups = spec.derived(
+            ("pointwise-plain", plain), lambda: _plain_operand_groups(spec, plain)
+        )
+        if groups is False:
+            return _MISS
+        local_args = [
+            a._local if isinstance(a, ShardTensor)
+            else C.grad_all_reduce(a, groups) if isinstance(a, torch.Tensor) and groups
+            else a
+            for a in args
+        ]
+        out = func(*local_args)
+    else:
+        out = func(*[a._local if isinstance(a, ShardTensor) else a for a in args])
     if inplace:
         args[0].__dict__.pop("_reduced_cache", None)
         return args[0]
     if isinstance(out, torch.Tensor):
         return wrap(out, _checked(spec, out))
     return wrap_outputs(out, lambda o: _checked(spec, o))
+
+
+def _plain_operand_groups(spec: ShardSpec, plain: tuple) -> Any:
+    """For :func:`_same_layout_pointwise` with plain (replicated) tensors of shapes ``plain``
+    beside ShardTensors of ``spec`` (no Partial): ``False`` unless the plain tensors broadcast
+    into the global shape without reaching a sharded dim (absent or of size 1 there: nothing to
+    cut); then the groups their gradients are summed over, as :func:`replicated_local`
+    decides for that case."""
+    nd = len(spec.shape)
+    try:
+        if _broadcast_shapes("pointwise", (tuple(spec.shape), *plain)) != tuple(spec.shape):
+            return False
+    except RuntimeError:  # the general rule reports it
+        return False
+    for p in spec.placements:
+        if isinstance(p, Shard):
+            for shp in plain:
+                d = p.dim - (nd - len(shp))
+                if d >= 0 and shp[d] != 1:
+                    return False
+    return [mesh_group(spec.mesh, i) for i, p in enumerate(spec.placements)
+            if not isinstance(p, Replicate)]
 
 
 def _checked(spec: ShardSpec, o: torch.Tensor) -> ShardSpec:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -124,6 +125,21 @@ class ShardSpec:
         return int(sum(self.sizes[i][: coord[i]]))
 
     # -------------------------------------------------------------- derivations
+    def derived(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, remembered on this spec under ``key`` (a hashable description of the
+        transformation, e.g. ``("reshape", (2, 8))``): a spec is immutable, so a rule that
+        derives its output layout from its input layout alone computes it once per input spec,
+        and repeated layers share spec objects. Errors raised by ``make`` are not remembered."""
+        d = self.__dict__.get("_derived")
+        if d is None:
+            d = self.__dict__["_derived"] = {}
+        v = d.get(key)
+        if v is None:
+            v = make()
+            if len(d) < 256:
+                d[key] = v
+        return v
+
     def with_changes(self, **kw) -> ShardSpec:
         d = {"mesh": self.mesh, "placements": self.placements, "sizes": self.sizes}
         d["shape"] = self.shape

@@ -261,8 +261,49 @@ register_handler(torch.mm, torch.Tensor.mm)(_matmul_like(torch.mm, "mm"))
 register_handler(torch.bmm, torch.Tensor.bmm)(_matmul_like(torch.bmm, "bmm"))
 
 
+def _linear_rowlocal(spec: ShardSpec, out_features: int):
+    """Layout of ``F.linear`` on an input with ``spec`` that has no Partial and no Shard on its
+    last dim, with a plain 2-d weight: the output keeps the input's placements and sizes; the
+    weight and bias get their gradients summed over every non-replicated mesh dim (what
+    :func:`contract` decides for this case). Remembered on the input spec."""
+    def make():
+        shape = torch.Size((*spec.shape[:-1], out_features))
+        dims = tuple(i for i, p in enumerate(spec.placements) if not isinstance(p, Replicate))
+        out = ShardSpec(spec.mesh, spec.placements, spec.sizes, shape)
+        return out, [mesh_group(spec.mesh, i) for i in dims]
+
+    return spec.derived(("linear", out_features), make)
+
+
+def _linear_fast(x, weight, bias):
+    spec = x._spec
+    nx = len(spec.shape)
+    if nx < 2 or spec.has_partial():
+        return None
+    for p in spec.placements:
+        if isinstance(p, Shard) and p.dim == nx - 1:
+            return None
+    spec_out, groups = _linear_rowlocal(spec, weight.shape[0])
+    if groups:
+        weight = C.grad_all_reduce(weight, groups)
+        if bias is not None:
+            bias = C.grad_all_reduce(bias, groups)
+    return wrap(F.linear(x._local, weight, bias), spec_out)
+
+
 @register_handler(F.linear)
 def _linear(x, weight, bias=None):
+    if (
+        type(x) is ShardTensor
+        and not isinstance(weight, ShardTensor)
+        and isinstance(weight, torch.Tensor)
+        and weight.ndim == 2
+        and (bias is None or (isinstance(bias, torch.Tensor)
+                              and not isinstance(bias, ShardTensor) and bias.ndim == 1))
+    ):
+        out = _linear_fast(x, weight, bias)
+        if out is not None:
+            return out
     nx = len(_gshape(x))
     lx = "abcdefgh"[: nx - 1] + "i"
     lo = "abcdefgh"[: nx - 1] + "o"
