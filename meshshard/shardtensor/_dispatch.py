@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import _name, get_handler, on_registry_change
-from meshshard.shardtensor.spec import ShardSpec, mesh_group
+from meshshard.shardtensor.spec import ShardSpec, intern_spec, mesh_group
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ def reduce_partials(st: ShardTensor, mesh_dims: Sequence[int] | None = None) -> 
             placements[i] = Replicate()
     if placements == list(spec.placements):
         return st
-    out = wrap(local, spec.with_changes(placements=tuple(placements)))
+    out = wrap(local, intern_spec(spec.with_changes(placements=tuple(placements))))
     cache[key] = out  # one reduction per Partial tensor, however many consumers it has
     return out
 
@@ -536,7 +536,7 @@ def pointwise_apply(func, args, kwargs):
         else:
             placements.append(Replicate())
             sizes.append(None)
-    spec_out = ShardSpec(mesh, tuple(placements), tuple(sizes), torch.Size(out_shape))
+    spec_out = intern_spec(ShardSpec(mesh, tuple(placements), tuple(sizes), torch.Size(out_shape)))
     local_flat = list(flat)
     for j in tensor_pos:
         t = flat[j]

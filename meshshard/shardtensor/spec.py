@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
-__all__ = ["ShardSpec", "mesh_group", "normalize_placements"]
+__all__ = ["ShardSpec", "intern_spec", "mesh_group", "normalize_placements"]
 
 
 def normalize_placements(placements: Sequence[Placement], mesh: DeviceMesh, ndim: int) -> tuple:
@@ -228,3 +228,27 @@ def mesh_group(mesh: DeviceMesh, mesh_dim: int):
         g = mesh.get_group(mesh_dim)
         groups[mesh_dim] = g
     return g
+
+
+_INTERNED: dict = {}
+
+
+def intern_spec(spec: ShardSpec) -> ShardSpec:
+    """The one spec object of this layout (mesh object, placements, sizes, global shape).
+
+    Rules that build a fresh spec per call (cat, reductions, the general pointwise rule) pass it
+    through here, so the layouts that later rules derive from it (:meth:`ShardSpec.derived`)
+    are computed once, not once per step. Bounded; entries of dead meshes are never returned
+    (the mesh object itself is compared).
+    """
+    key = (id(spec.mesh), spec.placements, spec.sizes, tuple(spec.shape))
+    try:
+        hit = _INTERNED.get(key)
+    except TypeError:  # unhashable placement: nothing to share
+        return spec
+    if hit is not None and hit.mesh is spec.mesh:
+        return hit
+    if len(_INTERNED) >= 4096:
+        _INTERNED.clear()
+    _INTERNED[key] = spec
+    return spec

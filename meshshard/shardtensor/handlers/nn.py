@@ -16,6 +16,7 @@ from meshshard.shardtensor._dispatch import (
     replicated_local,
     wrap,
 )
+from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.handlers.grid._globalnorm import global_norm
 from meshshard.shardtensor.handlers.reductions import _extreme_local
 from meshshard.shardtensor.registry import register_handler
@@ -82,10 +83,30 @@ def _global_stats(local, dims, spec, mesh_dims):
     return mean, C.grad_all_reduce(v / n, groups)
 
 
+def _rowlocal_groups(spec: ShardSpec, k: int):
+    """Groups over the non-replicated mesh dims of ``spec`` (no Partial), or None if one of the
+    last ``k`` dims is sharded."""
+    nd = spec.ndim
+    for p in spec.placements:
+        if isinstance(p, Shard) and p.dim >= nd - k:
+            return None
+    return [mesh_group(spec.mesh, i) for i, p in enumerate(spec.placements)
+            if isinstance(p, Shard)]
+
+
 @register_handler(F.layer_norm)
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     x = reduce_partials(x)
     spec = x._spec
+    if not isinstance(weight, ShardTensor) and not isinstance(bias, ShardTensor):
+        # the common case, decided once per input layout: no normalized dim is sharded, so
+        # it runs locally; weight and bias get their gradients summed over the sharded mesh dims
+        k = len(normalized_shape)
+        groups = spec.derived(("layer_norm", k), lambda: _rowlocal_groups(spec, k))
+        if groups is not None:
+            w = weight if weight is None or not groups else C.grad_all_reduce(weight, groups)
+            b = bias if bias is None or not groups else C.grad_all_reduce(bias, groups)
+            return wrap(F.layer_norm(x._local, normalized_shape, w, b, eps), spec)
     k = len(normalized_shape)
     dims = tuple(range(spec.ndim - k, spec.ndim))
     mesh_dims = [i for i, p in enumerate(spec.placements) if isinstance(p, Shard) and p.dim in dims]

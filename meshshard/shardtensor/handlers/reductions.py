@@ -17,7 +17,7 @@ from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor._dispatch import pointwise_apply, reduce_partials, wrap
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler
-from meshshard.shardtensor.spec import ShardSpec, mesh_group
+from meshshard.shardtensor.spec import ShardSpec, intern_spec, mesh_group
 
 
 def _norm_dims(dim, ndim: int) -> tuple[int, ...]:
@@ -54,7 +54,7 @@ def _out_spec(spec: ShardSpec, dims, keepdim: bool, sharded_reduced) -> ShardSpe
             placements.append(p)
             sizes.append(None)
     del nd
-    return ShardSpec(spec.mesh, tuple(placements), tuple(sizes), torch.Size(shape))
+    return intern_spec(ShardSpec(spec.mesh, tuple(placements), tuple(sizes), torch.Size(shape)))
 
 
 def _sharded_mesh_dims(spec: ShardSpec, dims) -> list[int]:
