@@ -180,6 +180,19 @@ def sizes_of_mesh(operands, letters, i, c):
 
 
 def _parse_einsum(eq: str, ndims: Sequence[int]) -> tuple[list[str], str]:
+    key = (eq, tuple(ndims))
+    hit = _EINSUM_PARSED.get(key)
+    if hit is None:
+        hit = _parse_einsum_uncached(eq, ndims)
+        if len(_EINSUM_PARSED) < 1024:
+            _EINSUM_PARSED[key] = hit
+    return list(hit[0]), hit[1]
+
+
+_EINSUM_PARSED: dict = {}
+
+
+def _parse_einsum_uncached(eq: str, ndims: Sequence[int]) -> tuple[list[str], str]:
     eq = eq.replace(" ", "")
     if "->" in eq:
         lhs, out = eq.split("->")
