@@ -15,9 +15,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from meshshard.shardtensor import collectives as C
+from meshshard.shardtensor._pointwise_fast import (
+    _MISS,
+    _broadcast_shapes,
+    _checked,
+    _same_layout_pointwise,
+    wrap,
+)
 from meshshard.shardtensor.api import ShardTensor
-from meshshard.shardtensor.registry import _name, get_handler
-from meshshard.shardtensor.spec import ShardSpec
+from meshshard.shardtensor.registry import _name, get_handler, on_registry_change
+from meshshard.shardtensor.spec import ShardSpec, intern_spec, mesh_group
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +83,16 @@ def dispatch_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
     handler = get_handler(func)
     if handler is not None:
         return handler(*args, **kwargs)
+    route_key = None
+    if not kwargs:
+        route_key = _route_key(func, args)
+        pointwise = _ROUTES.get(route_key) if route_key is not None else None
+        if pointwise is not None:
+            # classified before, with no aten-level handler: skip the classification
+            if all(t._spec.is_replicated() for t in args if isinstance(t, ShardTensor)):
+                return replicated_apply(func, args, kwargs)
+            if pointwise:
+                return pointwise_apply(func, args, kwargs)
     # classify by the aten ops the function decomposes into (cached)
     ops, single_call = _trace(func, args, kwargs)
     if single_call is not None:
@@ -87,9 +104,12 @@ def dispatch_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
     else:
         flat, _ = tree_flatten((args, kwargs))
     sts = [t for t in flat if isinstance(t, ShardTensor)]
+    pointwise = ops is not None and bool(ops) and all(_is_pointwise(op) for op in ops)
+    if route_key is not None and ops is not None and single_call is None:
+        _ROUTES[route_key] = pointwise
     if sts and all(t._spec.is_replicated() for t in sts):
         return replicated_apply(func, args, kwargs)
-    if ops is not None and ops and all(_is_pointwise(op) for op in ops):
+    if pointwise:
         return pointwise_apply(func, args, kwargs)
     if getattr(_state, "fallback", False):
         return _gather_fallback(func, args, kwargs, ops)
@@ -108,6 +128,25 @@ def dispatch_function(func: Callable, types, args: tuple, kwargs: dict) -> Any:
         f"or opt in to gathering: `with meshshard.shardtensor.allow_gather_fallback(): ...`"
     )
     raise NoShardingRuleError(msg)
+
+
+# (func, per-argument kind/ndim/dtype) of keyword-free calls already classified, with no
+# function- or aten-level handler -> whether every aten op they run is pointwise. Emptied
+# whenever a handler is (un)registered (the classification depends on which ops have one).
+_ROUTES: dict = {}
+on_registry_change(_ROUTES.clear)
+
+
+def _route_key(func, args: tuple) -> Any:
+    for a in args:
+        if isinstance(a, (list, tuple, dict)):
+            return None
+    key = (func, tuple(_leaf_key(v) for v in args))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _first(ops) -> str:
@@ -149,6 +188,8 @@ _TRACE_CACHE: dict = {}
 
 
 def _leaf_key(v: Any) -> Any:
+    if isinstance(v, ShardTensor):  # read the spec and local piece: `v.ndim` would dispatch
+        return ("T", len(v._spec.shape), v._local.dtype)
     if isinstance(v, torch.Tensor):
         return ("T", v.ndim, v.dtype)
     if isinstance(v, (int, float, bool, str, type(None))):
@@ -243,10 +284,6 @@ def check_same_mesh(sts: Sequence[ShardTensor]) -> Any:
     return mesh
 
 
-def wrap(local: torch.Tensor, spec: ShardSpec) -> ShardTensor:
-    return ShardTensor(local, spec)
-
-
 def reduce_partials(st: ShardTensor, mesh_dims: Sequence[int] | None = None) -> ShardTensor:
     """All-reduce Partial placements (on ``mesh_dims`` or all) -> Replicate (differentiable)."""
     spec = st._spec
@@ -260,11 +297,11 @@ def reduce_partials(st: ShardTensor, mesh_dims: Sequence[int] | None = None) -> 
     placements = list(spec.placements)
     for i, p in enumerate(spec.placements):
         if isinstance(p, Partial) and (mesh_dims is None or i in mesh_dims):
-            local = C.all_reduce(local, p.reduce_op, spec.mesh.get_group(i))
+            local = C.all_reduce(local, p.reduce_op, mesh_group(spec.mesh, i))
             placements[i] = Replicate()
     if placements == list(spec.placements):
         return st
-    out = wrap(local, spec.with_changes(placements=tuple(placements)))
+    out = wrap(local, intern_spec(spec.with_changes(placements=tuple(placements))))
     cache[key] = out  # one reduction per Partial tensor, however many consumers it has
     return out
 
@@ -317,9 +354,9 @@ def replicated_local(
             continue
         d = None if aligned_dims is None else aligned_dims.get(i)
         if isinstance(p, Shard) and d is not None and local.shape[d] != 1:
-            local = C.split_local(local, d, spec_out.sizes[i], mesh.get_group(i))
+            local = C.split_local(local, d, spec_out.sizes[i], mesh_group(mesh, i))
         else:
-            groups.append(mesh.get_group(i))
+            groups.append(mesh_group(mesh, i))
     if groups:
         local = C.grad_all_reduce(local, groups)
     return local
@@ -343,12 +380,18 @@ def wrap_outputs(out: Any, spec_of: Callable[[torch.Tensor], ShardSpec]) -> Any:
 def replicated_apply(func, args, kwargs):
     """Every ShardTensor input is Replicate on every mesh dim: compute locally, result
     Replicate (every rank computes the same values)."""
-    flat, tspec = tree_flatten((args, kwargs))
+    if not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args):
+        flat, tspec = args, None
+    else:
+        flat, tspec = tree_flatten((args, kwargs))
     sts = [t for t in flat if isinstance(t, ShardTensor)]
     mesh = check_same_mesh(sts)
     loc = [t._local if isinstance(t, ShardTensor) else t for t in flat]
-    a, k = tree_unflatten(loc, tspec)
-    out = func(*a, **k)
+    if tspec is None:
+        out = func(*loc)
+    else:
+        a, k = tree_unflatten(loc, tspec)
+        out = func(*a, **k)
     rep = tuple(Replicate() for _ in range(mesh.ndim))
     none = tuple(None for _ in range(mesh.ndim))
     return wrap_outputs(out, lambda o: ShardSpec(mesh, rep, none, o.shape))
@@ -412,6 +455,9 @@ def pointwise_apply(func, args, kwargs):
     Partial inputs pass through linear ops and are reduced before anything else."""
     simple = not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args)
     if simple:
+        out = _same_layout_pointwise(func, args)
+        if out is not _MISS:
+            return out
         flat, tspec = list(args), None
     else:
         flat, tspec = tree_flatten((args, kwargs))
@@ -447,8 +493,8 @@ def pointwise_apply(func, args, kwargs):
                     flat[j] = reduce_partials(flat[j], [i])
     tensors = [flat[i] for i in tensor_pos]
     shapes = [t._spec.shape if isinstance(t, ShardTensor) else t.shape for t in tensors]
-    out_shape = shapes[0] if all(sh == shapes[0] for sh in shapes) else torch.broadcast_shapes(
-        *shapes
+    out_shape = shapes[0] if all(sh == shapes[0] for sh in shapes) else _broadcast_shapes(
+        func, shapes
     )
     nd = len(out_shape)
     # same sharded dim, different sizes: move the later operands' rows to the first's layout
@@ -493,7 +539,7 @@ def pointwise_apply(func, args, kwargs):
         else:
             placements.append(Replicate())
             sizes.append(None)
-    spec_out = ShardSpec(mesh, tuple(placements), tuple(sizes), torch.Size(out_shape))
+    spec_out = intern_spec(ShardSpec(mesh, tuple(placements), tuple(sizes), torch.Size(out_shape)))
     local_flat = list(flat)
     for j in tensor_pos:
         t = flat[j]
@@ -551,17 +597,6 @@ def pointwise_apply(func, args, kwargs):
             raise LayoutError(msg)
         return inplace_target
     return wrap_outputs(out, lambda o: _checked(spec_out, o))
-
-
-def _checked(spec: ShardSpec, o: torch.Tensor) -> ShardSpec:
-    """The output spec, after checking the local result has the shape it promises."""
-    if o.shape != spec.local_shape():
-        msg = (
-            f"internal: local result shape {tuple(o.shape)} does not match the layout "
-            f"{spec.describe()}"
-        )
-        raise RuntimeError(msg)
-    return spec
 
 
 def _gather_fallback(func, args, kwargs, ops):

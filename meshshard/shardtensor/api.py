@@ -37,13 +37,19 @@ def _torch_function(cls, func, types, args=(), kwargs=None):
     and runs exactly as in eager mode; compile the local work between collectives with
     :func:`meshshard.shardtensor.compile.compile_local`.
     """
-    from meshshard.shardtensor._dispatch import dispatch_function
+    dispatch = _DISPATCH[0]
+    if dispatch is None:  # imported once, not per op (an import statement costs ~1 us a call)
+        from meshshard.shardtensor import _dispatch
 
+        dispatch = _DISPATCH[0] = _dispatch.dispatch_function
     prior = _set_eval_frame(None)
     try:
-        return dispatch_function(func, types, args, kwargs or {})
+        return dispatch(func, types, args, kwargs or {})
     finally:
         _set_eval_frame(prior)
+
+
+_DISPATCH: list = [None]
 
 
 def _make_dynamo_opaque(fn: Any) -> None:

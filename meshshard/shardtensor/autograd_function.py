@@ -155,10 +155,12 @@ class _Bridge(torch.autograd.Function):
 
 
 def _apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
-    if not any(isinstance(a, ShardTensor) for a in args) and not any(
-        isinstance(v, ShardTensor) for v in kwargs.values()
-    ):
-        return _ORIG_APPLY(cls, *args, **kwargs)
+    for a in args:  # a plain loop: every autograd Function in the process comes through here
+        if isinstance(a, ShardTensor):
+            break
+    else:
+        if not kwargs or not any(isinstance(v, ShardTensor) for v in kwargs.values()):
+            return _ORIG_APPLY(cls, *args, **kwargs)
     setup_ctx = _is_setup_context_defined(cls.setup_context)
     if kwargs:
         if not setup_ctx:

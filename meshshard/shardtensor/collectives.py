@@ -31,8 +31,18 @@ _OPS = {
 }
 
 
+_SIZES: dict[int, tuple] = {}
+
+
 def _group_size(group) -> int:
-    return dist.get_world_size(group)
+    """``dist.get_world_size(group)``, remembered per group object (asked on every op)."""
+    hit = _SIZES.get(id(group))
+    if hit is not None and hit[0] is group:
+        return hit[1]
+    n = dist.get_world_size(group)
+    if group is not None:
+        _SIZES[id(group)] = (group, n)  # holds the group: a new one never reuses this id
+    return n
 
 
 class _AllReduce(torch.autograd.Function):

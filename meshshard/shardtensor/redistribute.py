@@ -11,7 +11,7 @@ import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.shardtensor import collectives as C
-from meshshard.shardtensor.spec import ShardSpec, even_sizes, normalize_placements
+from meshshard.shardtensor.spec import ShardSpec, even_sizes, mesh_group, normalize_placements
 
 __all__ = ["move_rows", "rebalance_counts", "redistribute", "redistribute_local"]
 
@@ -79,7 +79,7 @@ def _redistribute(local, spec: ShardSpec, placements, sizes=None):
     # pass 1: everything that leaves Partial or Shard -> Replicate/other (gathers & reductions)
     for i in range(mesh.ndim):
         src, dst = cur_p[i], placements[i]
-        group = mesh.get_group(i)
+        group = mesh_group(mesh, i)
         if src == dst and not isinstance(src, Shard):
             continue
         if isinstance(src, Partial):
@@ -106,7 +106,7 @@ def _redistribute(local, spec: ShardSpec, placements, sizes=None):
         src, dst = cur_p[i], placements[i]
         if src == dst:
             continue
-        group = mesh.get_group(i)
+        group = mesh_group(mesh, i)
         if isinstance(dst, Shard):
             want = target_sizes[i]
             if want is None:

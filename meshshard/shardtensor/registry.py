@@ -79,6 +79,7 @@ def register_handler(*ops: Any, override: bool = False) -> Callable[[Callable], 
                 )
                 raise ValueError(msg)
             table[op] = fn
+        _changed()
         return fn
 
     return deco
@@ -88,9 +89,27 @@ def unregister_handler(*ops: Any) -> None:
     """Remove handlers (missing ones are ignored)."""
     for op in ops:
         (_ATEN_HANDLERS if _is_aten(op) else _FUNCTION_HANDLERS).pop(op, None)
+    _changed()
+
+
+_LISTENERS: list[Callable[[], None]] = []
+
+
+def on_registry_change(fn: Callable[[], None]) -> None:
+    """Call ``fn`` whenever a handler is registered or removed (dispatch caches that depend on
+    which ops have handlers are emptied this way)."""
+    _LISTENERS.append(fn)
+
+
+def _changed() -> None:
+    for fn in _LISTENERS:
+        fn()
 
 
 def get_handler(op: Any) -> Callable | None:
+    h = _FUNCTION_HANDLERS.get(op)  # the common case first: no isinstance checks
+    if h is not None:
+        return h
     if _is_aten(op):
         h = _ATEN_HANDLERS.get(op)
         if h is None and isinstance(op, torch._ops.OpOverload):

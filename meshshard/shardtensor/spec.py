@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
-__all__ = ["ShardSpec", "normalize_placements"]
+__all__ = ["ShardSpec", "intern_spec", "mesh_group", "normalize_placements"]
 
 
 def normalize_placements(placements: Sequence[Placement], mesh: DeviceMesh, ndim: int) -> tuple:
@@ -72,11 +74,21 @@ class ShardSpec:
     def mesh_dim_of(self, tensor_dim: int) -> int | None:
         return self.shard_dims().get(tensor_dim)
 
+    # The answers below are asked on every op; a spec is immutable, so each is computed once
+    # and kept in the instance __dict__ (not a dataclass field: equality and hash ignore it).
     def is_replicated(self) -> bool:
-        return all(isinstance(p, Replicate) for p in self.placements)
+        v = self.__dict__.get("_is_replicated")
+        if v is None:
+            v = all(isinstance(p, Replicate) for p in self.placements)
+            self.__dict__["_is_replicated"] = v
+        return v
 
     def has_partial(self) -> bool:
-        return any(isinstance(p, Partial) for p in self.placements)
+        v = self.__dict__.get("_has_partial")
+        if v is None:
+            v = any(isinstance(p, Partial) for p in self.placements)
+            self.__dict__["_has_partial"] = v
+        return v
 
     def nonreplicated_mesh_dims(self) -> tuple[int, ...]:
         return tuple(i for i, p in enumerate(self.placements) if not isinstance(p, Replicate))
@@ -89,7 +101,15 @@ class ShardSpec:
         return list(coord)
 
     def local_shape(self, coord: Sequence[int] | None = None) -> torch.Size:
-        coord = self.coordinate() if coord is None else coord
+        if coord is None:  # this rank's shape: fixed for the spec's life
+            v = self.__dict__.get("_local_shape")
+            if v is None:
+                v = self._local_shape(self.coordinate())
+                self.__dict__["_local_shape"] = v
+            return v
+        return self._local_shape(coord)
+
+    def _local_shape(self, coord: Sequence[int]) -> torch.Size:
         shape = list(self.shape)
         for i, p in enumerate(self.placements):
             if isinstance(p, Shard):
@@ -105,6 +125,21 @@ class ShardSpec:
         return int(sum(self.sizes[i][: coord[i]]))
 
     # -------------------------------------------------------------- derivations
+    def derived(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, remembered on this spec under ``key`` (a hashable description of the
+        transformation, e.g. ``("reshape", (2, 8))``): a spec is immutable, so a rule that
+        derives its output layout from its input layout alone computes it once per input spec,
+        and repeated layers share spec objects. Errors raised by ``make`` are not remembered."""
+        d = self.__dict__.get("_derived")
+        if d is None:
+            d = self.__dict__["_derived"] = {}
+        v = d.get(key)
+        if v is None:
+            v = make()
+            if len(d) < 256:
+                d[key] = v
+        return v
+
     def with_changes(self, **kw) -> ShardSpec:
         d = {"mesh": self.mesh, "placements": self.placements, "sizes": self.sizes}
         d["shape"] = self.shape
@@ -169,3 +204,51 @@ def even_sizes(n: int, parts: int) -> tuple[int, ...]:
     """Balanced sizes differing by at most one (the first ``n % parts`` get one more)."""
     base, extra = divmod(n, parts)
     return tuple(base + (1 if r < extra else 0) for r in range(parts))
+
+
+_GROUPS: dict[int, tuple] = {}
+
+
+def mesh_group(mesh: DeviceMesh, mesh_dim: int):
+    """``mesh.get_group(mesh_dim)``, memoised per mesh object.
+
+    ``DeviceMesh.get_group`` looks the group up by name in torch.distributed's registry on every
+    call (~20 us) and sharding rules ask for it on every op. A mesh's groups never change, so
+    they are kept here, keyed by the mesh's id and checked through a weak reference (an entry
+    is dropped when its mesh dies, so a new mesh at a reused id is never confused with it).
+    """
+    entry = _GROUPS.get(id(mesh))
+    if entry is None or entry[0]() is not mesh:
+        key = id(mesh)
+        entry = (weakref.ref(mesh, lambda _r, key=key: _GROUPS.pop(key, None)), {})
+        _GROUPS[key] = entry
+    groups = entry[1]
+    g = groups.get(mesh_dim)
+    if g is None:
+        g = mesh.get_group(mesh_dim)
+        groups[mesh_dim] = g
+    return g
+
+
+_INTERNED: dict = {}
+
+
+def intern_spec(spec: ShardSpec) -> ShardSpec:
+    """The one spec object of this layout (mesh object, placements, sizes, global shape).
+
+    Rules that build a fresh spec per call (cat, reductions, the general pointwise rule) pass it
+    through here, so the layouts that later rules derive from it (:meth:`ShardSpec.derived`)
+    are computed once, not once per step. Bounded; entries of dead meshes are never returned
+    (the mesh object itself is compared).
+    """
+    key = (id(spec.mesh), spec.placements, spec.sizes, tuple(spec.shape))
+    try:
+        hit = _INTERNED.get(key)
+    except TypeError:  # unhashable placement: nothing to share
+        return spec
+    if hit is not None and hit.mesh is spec.mesh:
+        return hit
+    if len(_INTERNED) >= 4096:
+        _INTERNED.clear()
+    _INTERNED[key] = spec
+    return spec

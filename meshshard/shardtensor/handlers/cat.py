@@ -20,7 +20,7 @@ from meshshard.shardtensor._dispatch import (
 )
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler
-from meshshard.shardtensor.spec import ShardSpec, even_sizes
+from meshshard.shardtensor.spec import ShardSpec, even_sizes, intern_spec, mesh_group
 
 
 def _gshape(t):
@@ -80,7 +80,7 @@ def _cat(tensors, dim=0, *, out=None):
     sharded_here = [i for i, p in enumerate(placements) if isinstance(p, Shard) and p.dim == d]
     if sharded_here:
         return _cat_sharded(tensors, d, sharded_here[0], mesh, placements, sizes, shape)
-    spec = ShardSpec(mesh, tuple(placements), tuple(sizes), torch.Size(shape))
+    spec = intern_spec(ShardSpec(mesh, tuple(placements), tuple(sizes), torch.Size(shape)))
     aligned = {i: p.dim for i, p in enumerate(placements) if isinstance(p, Shard)}
     locs = []
     for t in tensors:
@@ -94,7 +94,7 @@ def _cat(tensors, dim=0, *, out=None):
 def _cat_sharded(tensors, d, i, mesh, placements, sizes, shape):
     """cat along the sharded dim: result rank r holds sum_k sizes_k[r] rows; only rows whose
     owner changes move (one uneven all-to-all)."""
-    group = mesh.get_group(i)
+    group = mesh_group(mesh, i)
     n = mesh.size(i)
     me = mesh.get_local_rank(i)
     pieces, psizes = [], []
@@ -142,7 +142,7 @@ def _cat_sharded(tensors, d, i, mesh, placements, sizes, shape):
     local = (torch.cat(parts, 0) if parts else got[:0]).movedim(0, d)
     new_sizes = list(sizes)
     new_sizes[i] = target
-    spec = ShardSpec(mesh, tuple(placements), tuple(new_sizes), torch.Size(shape))
+    spec = intern_spec(ShardSpec(mesh, tuple(placements), tuple(new_sizes), torch.Size(shape)))
     return wrap(local, spec)
 
 
@@ -156,7 +156,7 @@ def _stack(tensors, dim=0, *, out=None):
                   for p in placements]
     shape = list(_gshape(tensors[0]))
     shape.insert(d, len(tensors))
-    spec = ShardSpec(mesh, tuple(placements), tuple(sizes), torch.Size(shape))
+    spec = intern_spec(ShardSpec(mesh, tuple(placements), tuple(sizes), torch.Size(shape)))
     aligned = {i: (p.dim if p.dim < d else p.dim - 1) for i, p in enumerate(placements)
                if isinstance(p, Shard)}
     locs = [t._local if isinstance(t, ShardTensor) and not t._spec.is_replicated()
@@ -226,7 +226,7 @@ def _select_rows(x, d, i, index):
     they are (no data moves); otherwise the result is split evenly and rows are fetched."""
     spec = x._spec
     mesh = spec.mesh
-    group = mesh.get_group(i)
+    group = mesh_group(mesh, i)
     me = mesh.get_local_rank(i)
     n = mesh.size(i)
     N = spec.shape[d]

@@ -26,7 +26,7 @@ from meshshard.shardtensor._dispatch import (
 )
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler
-from meshshard.shardtensor.spec import ShardSpec
+from meshshard.shardtensor.spec import ShardSpec, mesh_group
 
 
 def _placement(t, i):
@@ -52,7 +52,7 @@ def contract(
     # so a Partial feeding several projections costs one all-reduce, not one per result.
     operands = [reduce_partials(o) if isinstance(o, ShardTensor) else o for o in operands]
     # a letter sharded with different sizes in two operands: move rows to the first's layout
-    for i in range(mesh.ndim):
+    for i in range(mesh.ndim if len(sts) > 1 else 0):
         first = {}
         for k, (o, L) in enumerate(zip(operands, letters)):
             p = _placement(o, i)
@@ -65,6 +65,31 @@ def contract(
                 tgt = list(o._spec.sizes)
                 tgt[i] = first[c]
                 operands[k] = o.redistribute(o._spec.placements, tgt)
+    key = _plan_key(operands, letters, out_letters)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None or plan[0].mesh is not mesh:
+        plan = _plan(mesh, operands, letters, out_letters, name)
+        if key is not None:
+            if len(_PLANS) > _PLANS_MAX:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    spec_out, actions = plan
+    locals_ = []
+    for o, act in zip(operands, actions):
+        local = o._local if isinstance(o, ShardTensor) else o
+        for kind, i, d, sizes in act:
+            if kind == "split":
+                local = C.split_local(local, d, sizes, mesh_group(mesh, i))
+            else:
+                local = C.grad_all_reduce(local, [mesh_group(mesh, j) for j in i])
+        locals_.append(local)
+    out = local_fn(*locals_)
+    return wrap(out, spec_out)
+
+
+def _plan(mesh, operands, letters, out_letters, name):
+    """The layout decision of :func:`contract` (output spec and what to do to each operand),
+    from the operands' layouts alone: cached by :func:`_plan_key`."""
     sizes_of: dict[str, int] = {}
     for o, L in zip(operands, letters):
         for c, s in zip(L, _gshape(o)):
@@ -98,24 +123,51 @@ def contract(
         else:
             placements.append(Replicate())
             sizes.append(None)
-    locals_ = []
+    actions = []
     for o, L in zip(operands, letters):
-        local = o._local if isinstance(o, ShardTensor) else o
+        lshape = _lshape(o)
+        act: list = []
         groups = []
         for i in range(mesh.ndim):
             if isinstance(placements[i], Replicate) or not isinstance(_placement(o, i), Replicate):
                 continue
             c = shard_letter[i]
-            if c is not None and c in L and local.shape[L.index(c)] != 1:
-                local = C.split_local(local, L.index(c), sizes_of_mesh(operands, letters, i, c),
-                                      mesh.get_group(i))
+            if c is not None and c in L and lshape[L.index(c)] != 1:
+                act.append(("split", i, L.index(c), sizes_of_mesh(operands, letters, i, c)))
             else:
-                groups.append(mesh.get_group(i))
+                groups.append(i)
         if groups:
-            local = C.grad_all_reduce(local, groups)
-        locals_.append(local)
-    out = local_fn(*locals_)
-    return wrap(out, ShardSpec(mesh, tuple(placements), tuple(sizes), out_shape))
+            act.append(("grad", tuple(groups), None, None))
+        actions.append(tuple(act))
+    return ShardSpec(mesh, tuple(placements), tuple(sizes), out_shape), tuple(actions)
+
+
+_PLANS: dict = {}
+_PLANS_MAX = 4096
+
+
+def _lshape(o) -> tuple:
+    return tuple(o._spec.local_shape()) if isinstance(o, ShardTensor) else tuple(o.shape)
+
+
+def _plan_key(operands, letters, out_letters):
+    """Everything :func:`_plan` reads: the letters and, per operand, its layout (mesh,
+    placements, every rank's sizes, global shape) or its plain shape. ``None`` if unhashable."""
+    parts = []
+    for o in operands:
+        if isinstance(o, ShardTensor):
+            sp = o._spec
+            parts.append((id(sp.mesh), sp.placements, sp.sizes, tuple(sp.shape)))
+        elif isinstance(o, torch.Tensor):
+            parts.append(("T", tuple(o.shape)))
+        else:
+            return None
+    key = (tuple(letters), out_letters, tuple(parts))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def sizes_of_mesh(operands, letters, i, c):
@@ -128,6 +180,19 @@ def sizes_of_mesh(operands, letters, i, c):
 
 
 def _parse_einsum(eq: str, ndims: Sequence[int]) -> tuple[list[str], str]:
+    key = (eq, tuple(ndims))
+    hit = _EINSUM_PARSED.get(key)
+    if hit is None:
+        hit = _parse_einsum_uncached(eq, ndims)
+        if len(_EINSUM_PARSED) < 1024:
+            _EINSUM_PARSED[key] = hit
+    return list(hit[0]), hit[1]
+
+
+_EINSUM_PARSED: dict = {}
+
+
+def _parse_einsum_uncached(eq: str, ndims: Sequence[int]) -> tuple[list[str], str]:
     eq = eq.replace(" ", "")
     if "->" in eq:
         lhs, out = eq.split("->")
@@ -209,8 +274,49 @@ register_handler(torch.mm, torch.Tensor.mm)(_matmul_like(torch.mm, "mm"))
 register_handler(torch.bmm, torch.Tensor.bmm)(_matmul_like(torch.bmm, "bmm"))
 
 
+def _linear_rowlocal(spec: ShardSpec, out_features: int):
+    """Layout of ``F.linear`` on an input with ``spec`` that has no Partial and no Shard on its
+    last dim, with a plain 2-d weight: the output keeps the input's placements and sizes; the
+    weight and bias get their gradients summed over every non-replicated mesh dim (what
+    :func:`contract` decides for this case). Remembered on the input spec."""
+    def make():
+        shape = torch.Size((*spec.shape[:-1], out_features))
+        dims = tuple(i for i, p in enumerate(spec.placements) if not isinstance(p, Replicate))
+        out = ShardSpec(spec.mesh, spec.placements, spec.sizes, shape)
+        return out, [mesh_group(spec.mesh, i) for i in dims]
+
+    return spec.derived(("linear", out_features), make)
+
+
+def _linear_fast(x, weight, bias):
+    spec = x._spec
+    nx = len(spec.shape)
+    if nx < 2 or spec.has_partial():
+        return None
+    for p in spec.placements:
+        if isinstance(p, Shard) and p.dim == nx - 1:
+            return None
+    spec_out, groups = _linear_rowlocal(spec, weight.shape[0])
+    if groups:
+        weight = C.grad_all_reduce(weight, groups)
+        if bias is not None:
+            bias = C.grad_all_reduce(bias, groups)
+    return wrap(F.linear(x._local, weight, bias), spec_out)
+
+
 @register_handler(F.linear)
 def _linear(x, weight, bias=None):
+    if (
+        type(x) is ShardTensor
+        and not isinstance(weight, ShardTensor)
+        and isinstance(weight, torch.Tensor)
+        and weight.ndim == 2
+        and (bias is None or (isinstance(bias, torch.Tensor)
+                              and not isinstance(bias, ShardTensor) and bias.ndim == 1))
+    ):
+        out = _linear_fast(x, weight, bias)
+        if out is not None:
+            return out
     nx = len(_gshape(x))
     lx = "abcdefgh"[: nx - 1] + "i"
     lo = "abcdefgh"[: nx - 1] + "o"

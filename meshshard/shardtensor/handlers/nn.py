@@ -16,10 +16,11 @@ from meshshard.shardtensor._dispatch import (
     replicated_local,
     wrap,
 )
+from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.handlers.grid._globalnorm import global_norm
 from meshshard.shardtensor.handlers.reductions import _extreme_local
 from meshshard.shardtensor.registry import register_handler
-from meshshard.shardtensor.spec import ShardSpec
+from meshshard.shardtensor.spec import ShardSpec, mesh_group
 
 
 def _dim(dim: int, ndim: int) -> int:
@@ -39,7 +40,7 @@ def _softmax_impl(x, dim, log: bool, dtype=None):
     if i is None:
         f = F.log_softmax if log else F.softmax
         return wrap(f(local, dim=d), spec)
-    group = spec.mesh.get_group(i)
+    group = mesh_group(spec.mesh, i)
     m = _extreme_local(local.detach(), (d,), True, "max")
     m = C.all_reduce(m, "max", group)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -71,7 +72,7 @@ def _global_stats(local, dims, spec, mesh_dims):
     """Mean and biased variance over ``dims`` with global counts (differentiable). Both meet
     local rows afterwards, so their gradients are summed over the ranks."""
     n = math.prod(spec.shape[d] for d in dims)
-    groups = [spec.mesh.get_group(i) for i in mesh_dims]
+    groups = [mesh_group(spec.mesh, i) for i in mesh_dims]
     s = local.sum(dim=dims, keepdim=True)
     for g in groups:
         s = C.all_reduce(s, "sum", g)
@@ -82,10 +83,30 @@ def _global_stats(local, dims, spec, mesh_dims):
     return mean, C.grad_all_reduce(v / n, groups)
 
 
+def _rowlocal_groups(spec: ShardSpec, k: int):
+    """Groups over the non-replicated mesh dims of ``spec`` (no Partial), or None if one of the
+    last ``k`` dims is sharded."""
+    nd = spec.ndim
+    for p in spec.placements:
+        if isinstance(p, Shard) and p.dim >= nd - k:
+            return None
+    return [mesh_group(spec.mesh, i) for i, p in enumerate(spec.placements)
+            if isinstance(p, Shard)]
+
+
 @register_handler(F.layer_norm)
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     x = reduce_partials(x)
     spec = x._spec
+    if not isinstance(weight, ShardTensor) and not isinstance(bias, ShardTensor):
+        # the common case, decided once per input layout: no normalized dim is sharded, so
+        # it runs locally; weight and bias get their gradients summed over the sharded mesh dims
+        k = len(normalized_shape)
+        groups = spec.derived(("layer_norm", k), lambda: _rowlocal_groups(spec, k))
+        if groups is not None:
+            w = weight if weight is None or not groups else C.grad_all_reduce(weight, groups)
+            b = bias if bias is None or not groups else C.grad_all_reduce(bias, groups)
+            return wrap(F.layer_norm(x._local, normalized_shape, w, b, eps), spec)
     k = len(normalized_shape)
     dims = tuple(range(spec.ndim - k, spec.ndim))
     mesh_dims = [i for i, p in enumerate(spec.placements) if isinstance(p, Shard) and p.dim in dims]
@@ -126,7 +147,7 @@ def _group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     n = (c // num_groups) * math.prod(spec.shape[2:])
     gshape = [1] * g.ndim
     gshape[1], gshape[2] = num_groups, c // num_groups
-    groups = [spec.mesh.get_group(i) for i in mesh_dims]
+    groups = [mesh_group(spec.mesh, i) for i in mesh_dims]
     y, _, _ = global_norm(g, dims, groups, n, eps, None if w is None else w.reshape(gshape),
                           None if b is None else b.reshape(gshape))
     y = y.reshape(local.shape)

@@ -17,7 +17,7 @@ from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor._dispatch import pointwise_apply, reduce_partials, wrap
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler
-from meshshard.shardtensor.spec import ShardSpec
+from meshshard.shardtensor.spec import ShardSpec, intern_spec, mesh_group
 
 
 def _norm_dims(dim, ndim: int) -> tuple[int, ...]:
@@ -54,7 +54,7 @@ def _out_spec(spec: ShardSpec, dims, keepdim: bool, sharded_reduced) -> ShardSpe
             placements.append(p)
             sizes.append(None)
     del nd
-    return ShardSpec(spec.mesh, tuple(placements), tuple(sizes), torch.Size(shape))
+    return intern_spec(ShardSpec(spec.mesh, tuple(placements), tuple(sizes), torch.Size(shape)))
 
 
 def _sharded_mesh_dims(spec: ShardSpec, dims) -> list[int]:
@@ -107,7 +107,7 @@ def _amax_amin(x, dim, keepdim, kind):
     local = _extreme_local(x._local, dims, keepdim, kind)
     spec = _out_spec(x._spec, dims, keepdim, Replicate())
     for i in _sharded_mesh_dims(x._spec, dims):
-        local = C.all_reduce(local, kind, x._spec.mesh.get_group(i))
+        local = C.all_reduce(local, kind, mesh_group(x._spec.mesh, i))
     return wrap(local, spec)
 
 
@@ -135,7 +135,7 @@ def _max_min_dim(x, dim, keepdim, kind):
         v, ix = f(local, dim=d, keepdim=keepdim)
         return rt((wrap(v, spec), wrap(ix, spec)))
     (i,) = mesh_dims
-    group = x._spec.mesh.get_group(i)
+    group = mesh_group(x._spec.mesh, i)
     offset = x._spec.offset(d)
     if local.shape[d] == 0:
         v = _extreme_local(local, (d,), keepdim, kind)
@@ -191,7 +191,7 @@ def _argmin(x, dim=None, keepdim=False):
 def _global_sum(local, dims, keepdim, spec):
     s = local.sum(dim=dims, keepdim=keepdim) if dims else local.sum()
     for i in _sharded_mesh_dims(spec, dims):
-        s = C.all_reduce(s, "sum", spec.mesh.get_group(i))
+        s = C.all_reduce(s, "sum", mesh_group(spec.mesh, i))
     return s
 
 
@@ -203,7 +203,7 @@ def _var_impl(x, dim, correction, keepdim):
         local = torch.var(x._local, dim=dims, correction=correction, keepdim=keepdim)
         return wrap(local, _out_spec(spec, dims, keepdim, Replicate()))
     n = math.prod(spec.shape[d] for d in dims)
-    groups = [spec.mesh.get_group(i) for i in _sharded_mesh_dims(spec, dims)]
+    groups = [mesh_group(spec.mesh, i) for i in _sharded_mesh_dims(spec, dims)]
     mean = C.grad_all_reduce(_global_sum(x._local, dims, True, spec) / n, groups)
     dev2 = _global_sum((x._local - mean) ** 2, dims, keepdim, spec)
     var = dev2 / max(n - correction, 0)
@@ -283,7 +283,7 @@ def _logsumexp(x, dim, keepdim=False):
         return wrap(torch.logsumexp(x._local, dims, keepdim), out_spec)
     m = _extreme_local(x._local.detach(), dims, True, "max")
     for i in _sharded_mesh_dims(spec, dims):
-        m = C.all_reduce(m, "max", spec.mesh.get_group(i))
+        m = C.all_reduce(m, "max", mesh_group(spec.mesh, i))
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     s = _global_sum(torch.exp(x._local - m), dims, True, spec)
     out = torch.log(s) + m

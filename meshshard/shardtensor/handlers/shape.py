@@ -116,7 +116,8 @@ def reshape_spec(spec: ShardSpec, new_shape: Sequence[int]) -> ShardSpec:
 
 def _reshape_like(method: str):
     def handler(x, *shape):
-        spec = reshape_spec(x._spec, _shape_arg(shape))
+        new = tuple(_shape_arg(shape))
+        spec = x._spec.derived(("reshape", new), lambda: reshape_spec(x._spec, new))
         local = getattr(x._local, method)(spec.local_shape())
         return wrap(local, spec)
 
@@ -160,6 +161,11 @@ def _unflatten(x, dim, sizes):
     return _reshape_like("reshape")(x, shape[:d] + sizes + shape[d + 1 :])
 
 
+def _permuted(spec: ShardSpec, perm: Sequence[int]) -> ShardSpec:
+    key = ("permute", tuple(perm))
+    return spec.derived(key, lambda: _permute_spec(spec, key[1]))
+
+
 def _permute_spec(spec: ShardSpec, perm: Sequence[int]) -> ShardSpec:
     placements = tuple(
         Shard(list(perm).index(p.dim)) if isinstance(p, Shard) else p for p in spec.placements
@@ -172,7 +178,7 @@ def _permute_spec(spec: ShardSpec, perm: Sequence[int]) -> ShardSpec:
 def _permute(x, *dims):
     nd = x._spec.ndim
     perm = [d + nd if d < 0 else d for d in _shape_arg(dims)]
-    return wrap(x._local.permute(perm), _permute_spec(x._spec, perm))
+    return wrap(x._local.permute(perm), _permuted(x._spec, perm))
 
 
 @register_handler(
@@ -184,7 +190,7 @@ def _transpose(x, d0, d1):
     d0, d1 = (d + nd if d < 0 else d for d in (d0, d1))
     perm = list(range(nd))
     perm[d0], perm[d1] = perm[d1], perm[d0]
-    return wrap(x._local.transpose(d0, d1), _permute_spec(x._spec, perm))
+    return wrap(x._local.transpose(d0, d1), _permuted(x._spec, perm))
 
 
 @register_handler(torch.t, torch.Tensor.t)
@@ -211,7 +217,7 @@ def _movedim(x, source, destination):
         perm[d] = s
     rest = iter(k for k in range(nd) if k not in src)
     perm = [p if p is not None else next(rest) for p in perm]
-    return wrap(x._local.permute(perm), _permute_spec(x._spec, perm))
+    return wrap(x._local.permute(perm), _permuted(x._spec, perm))
 
 
 @register_handler(torch.squeeze, torch.Tensor.squeeze)
