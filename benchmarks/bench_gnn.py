@@ -38,20 +38,7 @@ import numpy as np
 import torch
 
 from meshshard.testing import run_ranks
-
-
-def activation_bytes(fn):
-    """Run ``fn`` and count the bytes of every distinct storage saved for backward."""
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, sum(seen.values())
+from meshshard.testing.memory import saved_activation_bytes as activation_bytes
 
 
 def _status_mb(key: str) -> float:

@@ -30,6 +30,7 @@ import time
 import torch
 
 from meshshard.testing import run_ranks
+from meshshard.testing.memory import saved_activation_bytes as _saved_bytes
 
 MODEL = dict(in_channels=1, out_channels=1, base=8, depth=3, norm="group")
 
@@ -64,17 +65,6 @@ class _PeakRss:
         self.peak = max(self.peak, _rss_mb())
 
 
-def _saved_bytes(fn):
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, sum(seen.values())
 
 
 def bench(rank, world_size, size, steps, plain):

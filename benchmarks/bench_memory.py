@@ -22,22 +22,11 @@ import resource
 import torch
 
 from meshshard.testing import run_ranks
+from meshshard.testing.memory import saved_activation_bytes as activation_bytes
 
 MODEL = dict(space_dim=3, fun_dim=2, out_dim=2, n_hidden=32, n_layers=2, heads=2, slices=16)
 
 
-def activation_bytes(fn):
-    """Run ``fn`` and count the bytes of every distinct storage saved for backward."""
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, sum(seen.values())
 
 
 def _rss_mb() -> float:

@@ -20,19 +20,7 @@ import time
 import torch
 
 from meshshard.testing import run_ranks
-
-
-def _saved_bytes(fn):
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return out, sum(seen.values())
+from meshshard.testing.memory import saved_activation_bytes as _saved_bytes
 
 
 def step(rank, world_size, layout, n, model_kw, repeat):
