@@ -80,6 +80,10 @@ def test_targets_weights_and_empty_parts(cloud):
     loads = np.bincount(q.assignment, weights=w, minlength=4)
     assert loads.max() / loads.mean() < 1.05
     assert q.sizes.max() > 1.3 * q.sizes.min()
+    z = np.where(cloud[:, 0] < 0.5, 0.0, 1.0)  # zero-weight vertices are legal
+    r = partition(cloud, 4, method="kaminpar", weights=z)
+    zl = np.bincount(r.assignment, weights=z, minlength=4)
+    assert r.sizes.sum() == 4000 and zl.max() / zl.mean() < 1.05
 
 
 @pytest.mark.parametrize(
