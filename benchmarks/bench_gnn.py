@@ -16,9 +16,10 @@ Targets (issue 14): per-rank activations <= 1.2/P of one process; ghost rows per
 METIS <= 0.6x Hilbert's; 2 ranks <= 0.6x the one-process step time.
 
 Methods: ``metis`` (METIS' default objective, the edge cut), ``metis_vol`` (METIS with
-``objective="vol"``: the communication volume, which is exactly the ghost rows a refresh moves)
-and ``hilbert``. ``--ghosts-only`` builds the ranks' graphs and reports the ghost rows (exact,
-independent of load) without running the model.
+``objective="vol"``: the communication volume, which is exactly the ghost rows a refresh moves),
+``kaminpar`` / ``kaminpar_strong`` / ``kaminpar_eco`` (KaMinPar presets; needs
+``pip install meshshard[kaminpar]``) and ``hilbert``. ``--ghosts-only`` builds the ranks'
+graphs and reports the ghost rows (exact, independent of load) without running the model.
 
     python benchmarks/bench_gnn.py                       # ~1M cells, 1/2/4 ranks
     python benchmarks/bench_gnn.py --cells 100000 --ranks 1,2
@@ -196,7 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--methods", default="metis,metis_vol,hilbert",
                     help="comma list of metis (edge-cut objective), metis_vol (volume "
-                    "objective), hilbert, morton, rcb")  # fmt: skip
+                    "objective), kaminpar, kaminpar_strong, kaminpar_eco (optional "
+                    "kaminpar package), hilbert, morton, rcb")  # fmt: skip
     ap.add_argument("--strategies", default="per_layer,once")
     ap.add_argument("--hidden", type=int, default=16)
     ap.add_argument("--layers", type=int, default=2)
@@ -224,6 +226,9 @@ def main(argv=None) -> int:
                 if method.startswith("metis"):
                     kw = {"graph": prob["adj"], "objective": "vol" if method == "metis_vol"
                           else "cut"}  # fmt: skip
+                elif method.startswith("kaminpar"):  # kaminpar, kaminpar_strong, kaminpar_eco
+                    preset = method.partition("_")[2] or "default"
+                    kw = {"graph": prob["adj"], "preset": preset}
                 part = partition(prob["centres"], p, method=method.split("_")[0], **kw)
                 np.savez(workdir / f"part_{method}_{p}.npz", assignment=part.assignment,
                          order=part.order, sizes=part.sizes)  # fmt: skip

@@ -16,6 +16,7 @@ _METHODS: dict[str, str | Callable[..., Partition]] = {
     "hilbert": "meshshard.partition.sfc:hilbert",
     "rcb": "meshshard.partition.rcb:rcb",
     "metis": "meshshard.partition.graphpart:metis",
+    "kaminpar": "meshshard.partition.kaminpar_part:kaminpar",  # optional: meshshard[kaminpar]
 }
 
 
@@ -69,7 +70,8 @@ def partition(
         Number of shards P >= 1.
     method : {"hilbert", "morton", "rcb", "metis"} or a registered name
         ``"metis"`` takes ``graph=`` (scipy.sparse adjacency, e.g. from :func:`dual_graph`)
-        or builds a symmetric kNN graph (``knn=8``) of the points.
+        or builds a symmetric kNN graph (``knn=8``) of the points; ``"kaminpar"`` takes the
+        same graphs (optional: ``pip install meshshard[kaminpar]``; ``preset``, ``epsilon``).
     weights : array of shape (N,), optional
         Non-negative per-point work to balance.
     targets : array of shape (P,), optional

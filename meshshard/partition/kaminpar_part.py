@@ -1,0 +1,257 @@
+"""KaMinPar graph partitioning (optional backend, ``pip install meshshard[kaminpar]``).
+
+Same inputs as :func:`meshshard.partition.graphpart.metis`: a symmetric CSR graph (e.g. the
+mesh :func:`dual_graph`) or a kNN graph of the points, ``parts``, weights, targets. KaMinPar's
+Python bindings (3.x) only read graphs from files, so the validated graph is written to a
+temporary METIS-format file first. One thread and a fixed seed make the result deterministic.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from meshshard.partition._validation import (
+    _to_numpy,
+    as_points,
+    check_graph,
+    check_parts,
+    check_targets,
+    check_weights,
+)
+from meshshard.partition.record import Partition
+
+__all__ = ["PRESETS", "WITH_KAMINPAR", "kaminpar", "kaminpar_assignment"]
+
+log = logging.getLogger(__name__)
+
+try:  # detected once, at import
+    import kaminpar as _kaminpar
+
+    WITH_KAMINPAR = True
+except Exception:  # ImportError, or a broken binary build
+    _kaminpar = None
+    WITH_KAMINPAR = False
+
+PRESETS = ("fast", "default", "strong", "eco")
+"""KaMinPar presets: ``"default"``; ``"eco"`` and ``"strong"`` refine more (slower, fewer
+cut edges); ``"fast"`` refines less."""
+
+_WEIGHT_SCALE = 1000
+
+
+def require_kaminpar():
+    """Return the ``kaminpar`` module or raise an ImportError saying how to get it."""
+    if not WITH_KAMINPAR:
+        msg = (
+            "method='kaminpar' needs the kaminpar package, which is not installed; run "
+            "`pip install meshshard[kaminpar]` (or `pip install kaminpar`), or use method='metis'"
+        )
+        raise ImportError(msg)
+    return _kaminpar
+
+
+def _check_options(preset: Any, epsilon: Any, threads: Any, seed: Any) -> None:
+    """One place for the option checks, before KaMinPar sees them."""
+    if preset not in PRESETS:
+        msg = f"preset={preset!r} is not one of {PRESETS}: use 'default', 'strong', 'eco' or 'fast'"
+        raise ValueError(msg)
+    if (
+        isinstance(epsilon, bool)
+        or not isinstance(epsilon, (int, float, np.floating))
+        or not (0 < float(epsilon) < 1)
+    ):
+        msg = f"epsilon={epsilon!r} must be a float in (0, 1), the allowed imbalance (0.03 = 3 %)"
+        raise ValueError(msg)
+    for name, val in (("threads", threads), ("seed", seed)):
+        low = 1 if name == "threads" else 0
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < low:
+            msg = f"{name}={val!r} must be an integer >= {low}"
+            raise ValueError(msg)
+
+
+def _write_metis(path: str, graph: Any, vweights: np.ndarray) -> None:
+    """Write a CSR graph in METIS format (1-based, one vertex weight first on every line)."""
+    n = graph.shape[0]
+    indptr = graph.indptr.astype(np.int64)
+    tokens = np.empty(n + indptr[-1], dtype=np.int64)
+    starts = indptr[:-1] + np.arange(n)  # where each vertex's line begins in `tokens`
+    tokens[starts] = vweights
+    nbr = np.ones(tokens.size, dtype=bool)
+    nbr[starts] = False
+    tokens[nbr] = graph.indices.astype(np.int64) + 1
+    seps = np.full(tokens.size, " ", dtype="<U1")
+    seps[indptr[1:] + np.arange(n)] = "\n"  # after the last token of each line
+    with open(path, "w") as f:
+        f.write(f"{n} {indptr[-1] // 2} 10\n")
+        chunk = 1 << 20
+        for a in range(0, tokens.size, chunk):
+            s = np.char.add(tokens[a : a + chunk].astype(str), seps[a : a + chunk])
+            f.write("".join(s.tolist()))
+
+
+def kaminpar_assignment(
+    graph: Any,
+    parts: int,
+    *,
+    weights: np.ndarray | None = None,
+    targets: np.ndarray | None = None,
+    preset: str = "default",
+    epsilon: float = 0.03,
+    seed: int = 0,
+    threads: int = 1,
+) -> np.ndarray:
+    """Shard label per vertex from KaMinPar on a validated CSR graph.
+
+    Parts with a zero target are left out (they stay empty).
+    """
+    _check_options(preset, epsilon, threads, seed)
+    kp = require_kaminpar()
+    n = graph.shape[0]
+    t = np.full(parts, 1.0 / parts) if targets is None else targets
+    live = np.flatnonzero(t > 0)
+    if live.size == 1 or n == 0:
+        return np.full(n, live[0], dtype=np.int64)
+    if live.size >= n:
+        return live[np.arange(n)]
+    if weights is None:
+        vw = np.ones(n, dtype=np.int64)
+    else:
+        vw = np.rint(weights / weights.max() * _WEIGHT_SCALE).astype(np.int64)
+        vw[(weights > 0) & (vw < 1)] = 1
+    fd, path = tempfile.mkstemp(suffix=".metis", prefix="meshshard-kaminpar-")
+    os.close(fd)
+    try:
+        _write_metis(path, graph, vw)
+        g = kp.load_graph(path, kp.GraphFileFormat.METIS)
+    finally:
+        os.unlink(path)
+    kp.reseed(int(seed))
+    solver = kp.KaMinPar(int(threads), kp.context_by_name(preset))
+    tp = t[live] / t[live].sum()
+    if np.allclose(tp, 1.0 / live.size):
+        labels = solver.compute_partition(g, int(live.size), float(epsilon))
+    else:
+        labels = solver.compute_partition(g, [float(x) * (1 + float(epsilon)) for x in tp])
+    labels = np.asarray(labels, dtype=np.int64)
+    log.debug("kaminpar %s: %d parts, edge cut %d", preset, live.size, kp.edge_cut(g, labels))
+    return live[labels]
+
+
+def kaminpar(
+    points: Any,
+    parts: int,
+    *,
+    weights: Any = None,
+    targets: Any = None,
+    allow_empty: bool = False,
+    graph: Any = None,
+    knn: int = 8,
+    preset: str = "default",
+    epsilon: float = 0.03,
+    seed: int = 0,
+    threads: int = 1,
+) -> Partition:
+    """Partition with KaMinPar on a graph of the points (or cells).
+
+    Parameters
+    ----------
+    points : array of shape (N, 3) or (N, 2), or None
+        Coordinates; used for the kNN graph when ``graph`` is None and to order rows inside
+        each shard along a Hilbert curve. May be None when ``graph`` is given.
+    parts : int
+        Number of shards P >= 1 (P == 1 never calls KaMinPar).
+    weights : array of shape (N,), optional
+        Non-negative vertex weights (scaled to integers, relative precision 1e-3).
+    targets : array of shape (P,), optional
+        Target fraction per shard; zeros give empty shards.
+    allow_empty : bool
+        Allow empty shards when N < P.
+    graph : scipy.sparse matrix of shape (N, N), optional
+        Symmetric adjacency without self loops, e.g. :func:`dual_graph` of a mesh.
+    knn : int
+        Neighbours per point of the kNN graph built when ``graph`` is None.
+    preset : {"default", "strong", "eco", "fast"}
+        KaMinPar configuration; ``"strong"`` cuts fewest edges, slowest.
+    epsilon : float
+        Allowed imbalance: every shard holds at most ``(1 + epsilon)`` times its target.
+    seed : int
+        Random seed (with ``threads=1`` the result is deterministic for a fixed seed).
+    threads : int
+        KaMinPar threads (more threads: faster, not bit-reproducible).
+
+    Returns
+    -------
+    Partition
+
+    Raises
+    ------
+    ImportError
+        kaminpar is not installed (``pip install meshshard[kaminpar]``).
+    ValueError
+        Asymmetric or self-looped graph, mismatched sizes, bad weights/targets, an unknown
+        ``preset``, ``epsilon`` outside (0, 1), ``threads`` < 1, ``seed`` < 0.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> p = kaminpar(np.random.default_rng(0).random((500, 3)), 4)  # doctest: +SKIP
+    >>> int(p.sizes.sum())  # doctest: +SKIP
+    500
+    """
+    from meshshard.partition.graph import knn_graph_sorted
+
+    _check_options(preset, epsilon, threads, seed)
+    require_kaminpar()
+    pts = None if points is None else as_points(points)
+    order = None
+    if graph is None:
+        if pts is None:
+            msg = "kaminpar needs points or a graph; pass graph=dual_graph(mesh) or the points"
+            raise ValueError(msg)
+        parts = check_parts(parts, pts.shape[0], allow_empty=allow_empty)
+        graph, order = knn_graph_sorted(pts, k=knn)
+        graph_kind = f"knn{knn}"
+    else:
+        graph_kind = "given"
+    n = graph.shape[0] if pts is None else pts.shape[0]
+    parts = check_parts(parts, n, allow_empty=allow_empty)
+    w = check_weights(None if weights is None else _to_numpy(weights), n)
+    t = check_targets(targets, parts)
+    g = graph if order is not None else check_graph(graph, n)
+    if parts == 1:
+        assignment = np.zeros(n, dtype=np.int64)
+    else:
+        wg = w if (w is None or order is None) else w[order]
+        assignment = kaminpar_assignment(
+            g, parts, weights=wg, targets=t, preset=preset, epsilon=epsilon, seed=seed,
+            threads=threads,
+        )  # fmt: skip
+        if order is not None:
+            labels = assignment
+            assignment = np.empty_like(labels)
+            assignment[order] = labels
+    if pts is not None and n and order is None:
+        from meshshard.partition.sfc import curve_order, hilbert_codes
+
+        order = curve_order(hilbert_codes(pts))
+    params = {
+        "targets": t.tolist(),
+        "weighted": w is not None,
+        "graph": graph_kind,
+        "preset": preset,
+        "epsilon": float(epsilon),
+        "seed": int(seed),
+        "threads": int(threads),
+    }
+    if order is None:
+        return Partition.from_assignment(assignment, parts, method="kaminpar", params=params)
+    from meshshard.partition.sfc import group_by_shard
+
+    stored = group_by_shard(assignment, parts, order)
+    sizes = np.bincount(assignment, minlength=parts)
+    return Partition(assignment, stored, sizes, method="kaminpar", params=params)
