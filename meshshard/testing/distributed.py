@@ -269,29 +269,28 @@ def run_ranks(
     results = ctx.Queue()
     stack_dir = tempfile.mkdtemp(prefix="meshshard-ranks-")
     stack_paths = [os.path.join(stack_dir, f"rank{r}.txt") for r in range(world_size)]
-    procs = []
-    # Ctrl-C reaches the whole process group: the forkserver (possibly still importing torch)
-    # and the ranks would each print a KeyboardInterrupt traceback. They start with SIGINT
-    # ignored (Python keeps an inherited SIG_IGN), and the parent, which does get the
-    # KeyboardInterrupt, stops them below.
-    with _sigint_ignored():
-        for rank in range(world_size):
-            p = ctx.Process(
-                target=_worker,
-                args=(fn, rank, world_size, port, backend, timeout, pg_timeout, args, results,
-                      threads, env, stack_paths[rank]),
-                daemon=True,
-            )
-            p.start()
-            procs.append(p)
-
+    procs: list[Any] = []
     outputs: dict[int, Any] = {}
     failures: dict[int, str] = {}
     status: dict[int, str] = {}
     stuck: list[int] = []
-    deadline = time.monotonic() + timeout
     first_failure_at: float | None = None
     try:
+        # Ctrl-C reaches the whole process group: the forkserver (possibly still importing
+        # torch) and the ranks would each print a KeyboardInterrupt traceback. They start with
+        # SIGINT blocked; a Ctrl-C during the start is kept and raised here right after it,
+        # and the parent, which gets the KeyboardInterrupt, stops them below.
+        with _sigint_deferred():
+            for rank in range(world_size):
+                p = ctx.Process(
+                    target=_worker,
+                    args=(fn, rank, world_size, port, backend, timeout, pg_timeout, args,
+                          results, threads, env, stack_paths[rank]),
+                    daemon=True,
+                )  # fmt: skip
+                p.start()
+                procs.append(p)
+        deadline = time.monotonic() + timeout
         while len(outputs) + len(failures) < world_size:
             now = time.monotonic()
             if now > deadline:
@@ -360,17 +359,28 @@ def run_ranks(
 
 
 @contextlib.contextmanager
-def _sigint_ignored():
-    """Ignore SIGINT while child processes start (main thread only), then restore it. A Ctrl-C
-    in that window (the forkserver's first start imports torch, ~1-2 s) is dropped."""
+def _sigint_deferred():
+    """Start child processes with SIGINT blocked (main thread only), so that the forkserver
+    (whose first start imports torch, ~1-2 s) and the ranks, which inherit the mask, never
+    print a KeyboardInterrupt traceback; the parent's own Ctrl-C in that window is not lost:
+    it is raised as KeyboardInterrupt when the window closes. (Ignoring SIGINT instead dropped
+    it, and a run whose ranks started fast then missed a Ctrl-C.)"""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    seen: list[int] = []
+    # another thread of this process may take the signal: record it there
+    saved = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a pending one runs the recorder
         signal.signal(signal.SIGINT, saved)
+    if seen and callable(saved):  # Python's default handler raises KeyboardInterrupt
+        saved(signal.SIGINT, None)
+    elif seen and saved == signal.SIG_DFL:
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 def _dump_stacks(

@@ -158,3 +158,24 @@ def test_ctrl_c_prints_no_rank_or_forkserver_traceback(tmp_path):
     assert "parent stopped" in err
     assert "KeyboardInterrupt" not in err, err
     assert "Traceback" not in err, err
+
+
+def test_ctrl_c_while_ranks_start_is_kept_not_dropped():
+    """A Ctrl-C that arrives while run_ranks starts its processes (SIGINT blocked, so the
+    forkserver and ranks never see it) is raised in the parent when the start ends; it used to
+    be ignored, and the run then went on until its timeout."""
+    import os
+    import signal
+
+    import pytest
+
+    from meshshard.testing.distributed import _sigint_deferred
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with _sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached.append("still starting")  # not interrupted inside the window
+    assert reached == ["still starting"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
