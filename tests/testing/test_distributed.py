@@ -105,10 +105,13 @@ def test_ctrl_c_prints_no_rank_or_forkserver_traceback(tmp_path):
 
     script = tmp_path / "run.py"
     script.write_text(
-        "import sys\n"
+        "import signal, sys\n"
         "from meshshard.testing import run_ranks\n"
         "from tests.testing import _fns\n"
         "if __name__ == '__main__':\n"
+        # as at a terminal: a shell's background job (`cmd &` without job control, e.g. a CI
+        # script) starts with SIGINT ignored, and Python keeps an inherited SIG_IGN
+        "    signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "    try:\n"
         f"        run_ranks(_fns.touch_then_sleep, 2, {str(tmp_path)!r}, timeout=200)\n"
         "    except KeyboardInterrupt:\n"
@@ -172,10 +175,15 @@ def test_ctrl_c_while_ranks_start_is_kept_not_dropped():
     from meshshard.testing.distributed import _sigint_deferred
 
     reached = []
-    with pytest.raises(KeyboardInterrupt):
-        with _sigint_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            reached.append("still starting")  # not interrupted inside the window
-    assert reached == ["still starting"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    # as at a terminal (a CI job may inherit SIGINT ignored)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _sigint_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                reached.append("still starting")  # not interrupted inside the window
+        assert reached == ["still starting"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    finally:
+        signal.signal(signal.SIGINT, before)
