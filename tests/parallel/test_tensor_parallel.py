@@ -61,7 +61,8 @@ def test_bad_plan_fails_on_every_rank(case, needle):
     reports = run_ranks(_tp_fns.bad_plan, 4, case, timeout=120)
     for rank, rep in enumerate(reports):
         assert rep["msg"] is not None, f"rank {rank} did not raise"
-        assert "TensorParallelPlanError" in rep["msg"]
+        kind = "LayoutError" if case == "foreign_mesh" else "TensorParallelPlanError"
+        assert rep["msg"].startswith(kind), rep["msg"]
         assert needle in rep["msg"], rep["msg"]
         assert rep["alive"] == 4
         assert rep["unchanged"]
