@@ -57,6 +57,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from meshshard.parallel._submesh import drop, lift, same_mesh
 from meshshard.shardtensor import ShardSpec, ShardTensor
 
 __all__ = [
@@ -263,6 +264,9 @@ def parallelize_module(
         Before changing anything, on every rank alike: a plan entry that names no module, names
         something other than ``nn.Linear``, or a feature count that ``unit * tensor size`` does
         not divide; a mesh without ``tensor_dim``.
+
+    Calling the module with ShardTensors on a mesh that is not a sub-mesh of ``mesh`` raises
+    :class:`~meshshard.shardtensor.LayoutError` (on every rank: it is decided from the meshes).
     """
     t_idx = _mesh_index(mesh, tensor_dim)
     tsize = mesh.size(t_idx)
@@ -297,72 +301,13 @@ def _tp_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w, b)
 
 
-# ------------------------------------------------------------------ moving between meshes
-def _same_mesh(a: DeviceMesh, b: DeviceMesh) -> bool:
-    return a is b or a == b
-
-
-def lift(x: Any, mesh: DeviceMesh) -> Any:
-    """A ShardTensor on a sub-mesh of ``mesh`` (matched by dim names and process groups) as a
-    ShardTensor on ``mesh``, Replicate on the other dims. No communication; differentiable."""
-    if not isinstance(x, ShardTensor) or _same_mesh(x._spec.mesh, mesh):
-        return x
-    src = x._spec.mesh
-    placements: list[Any] = [Replicate()] * mesh.ndim
-    sizes: list[Any] = [None] * mesh.ndim
-    for i, j in enumerate(_dim_map(src, mesh)):
-        placements[j], sizes[j] = x._spec.placements[i], x._spec.sizes[i]
-    return ShardTensor(x._local, ShardSpec(mesh, tuple(placements), tuple(sizes), x._spec.shape))
-
-
-def drop(x: Any, mesh: DeviceMesh, target: DeviceMesh) -> Any:
-    """Inverse of :func:`lift`: a ShardTensor on ``mesh`` back on its sub-mesh ``target``.
-    Partial or Shard placements on the dims ``target`` lacks are reduced or gathered first
-    (collective then); differentiable."""
-    if not isinstance(x, ShardTensor) or not _same_mesh(x._spec.mesh, mesh):
-        return x
-    idx = _dim_map(target, mesh)
-    spec = x._spec
-    if any(not isinstance(p, Replicate) for j, p in enumerate(spec.placements) if j not in idx):
-        placements = [p if j in idx else Replicate() for j, p in enumerate(spec.placements)]
-        x = x.redistribute(placements, list(spec.sizes))
-        spec = x._spec
-    new = ShardSpec(target, tuple(spec.placements[j] for j in idx),
-                    tuple(spec.sizes[j] for j in idx), spec.shape)
-    return ShardTensor(x._local, new)
-
-
-def _dim_map(src: DeviceMesh, mesh: DeviceMesh) -> list[int]:
-    """For each dim of ``src``, the dim of ``mesh`` with its name and the same ranks."""
-    names = src.mesh_dim_names
-    out = []
-    for i in range(src.ndim):
-        n = names[i] if names else None
-        ok = n is not None and mesh.mesh_dim_names is not None and n in mesh.mesh_dim_names
-        if ok:
-            j = mesh.mesh_dim_names.index(n)
-            ok = dist.get_process_group_ranks(src.get_group(i)) == \
-                dist.get_process_group_ranks(mesh.get_group(j))
-        if not ok:
-            msg = (
-                f"a ShardTensor on mesh {tuple(src.shape)} (dims {names}) reached a "
-                f"tensor-parallel module on mesh {tuple(mesh.shape)} (dims "
-                f"{mesh.mesh_dim_names}): its mesh dim {i} ({n!r}) is not a dim of that mesh "
-                "with the same ranks. Build inputs on the tensor-parallel mesh or on a "
-                "sub-mesh of it, e.g. mesh['domain']"
-            )
-            raise TensorParallelPlanError(msg)
-        out.append(j)
-    return out
-
-
 def _lift_inputs(module: nn.Module, args: tuple, kwargs: dict):
     root = module._meshshard_tp_root
     mesh = root["mesh"]
     flat = [*args, *kwargs.values()]
     srcs = [t._spec.mesh for t in flat if isinstance(t, ShardTensor)]
     # what the outputs go back to: the inputs' sub-mesh, plain tensors, or nothing to do
-    src = next((m for m in srcs if not _same_mesh(m, mesh)), None if srcs else "plain")
+    src = next((m for m in srcs if not same_mesh(m, mesh)), None if srcs else "plain")
     root["stack"].append(src)
     if not isinstance(src, DeviceMesh):
         return None

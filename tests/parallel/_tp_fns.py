@@ -60,9 +60,15 @@ def transolver_tp(rank, world_size, shape, sizes, steps, submesh):
         shapes = {0: (1,) * data, 1: sizes}
         c, f, t = (from_local(a[dc : dc + 1, sl], mesh, [Shard(0), Shard(1), Replicate()],
                               shapes) for a in (coords, feats, target))
+    layouts = {}
+    for name in ("blocks.0.mlp.pre", "blocks.0.mlp.post", "blocks.0.attn.in_project_x"):
+        def hook(m, a, o, name=name):
+            layouts[name] = (tuple(str(p) for p in o.placements), o.spec.sizes)
+        model.get_submodule(name).register_forward_hook(hook)
     out = model(c, f)
     out_ref = ref(coords, feats)
     report = {
+        "layouts": layouts,
         "n_dtensor": n_dt,
         "local_w": tuple(w.to_local().shape),
         "full_w": tuple(w.shape),

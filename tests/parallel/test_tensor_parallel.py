@@ -35,6 +35,14 @@ def test_transolver_tp_matches_single_process(shape, sizes, submesh):
         # per block in_project_x 2 + in_project_fx 2 + to_out 1 + mlp.pre 2 + mlp.post 1
         assert rep["n_dtensor"] == 3 + 2 * 8
         assert rep["local_w"] == (rep["full_w"][0] // 2, rep["full_w"][1])
+        # column-parallel: features sharded on "tensor" while points stay sharded on "domain";
+        # row-parallel: reduced over "tensor" (Replicate) before its bias
+        d = ("S(0)" if not submesh else "R", "S(1)")
+        for name, feats in (("blocks.0.mlp.pre", 32), ("blocks.0.attn.in_project_x", 16)):
+            placements, lsizes = rep["layouts"][name]
+            assert placements == (*d, "S(2)"), (name, placements)
+            assert lsizes[1] == sizes and lsizes[2] == (feats // 2, feats // 2)
+        assert rep["layouts"]["blocks.0.mlp.post"][0] == (*d, "R")
         want = ("domain",) if submesh else ("data", "domain", "tensor")
         assert rep["out_mesh"] == want
         _close(*rep["out"], f"rank {rank} output")
@@ -61,7 +69,8 @@ def test_bad_plan_fails_on_every_rank(case, needle):
     reports = run_ranks(_tp_fns.bad_plan, 4, case, timeout=120)
     for rank, rep in enumerate(reports):
         assert rep["msg"] is not None, f"rank {rank} did not raise"
-        assert "TensorParallelPlanError" in rep["msg"]
+        kind = "LayoutError" if case == "foreign_mesh" else "TensorParallelPlanError"
+        assert rep["msg"].startswith(kind), rep["msg"]
         assert needle in rep["msg"], rep["msg"]
         assert rep["alive"] == 4
         assert rep["unchanged"]
