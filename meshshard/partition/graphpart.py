@@ -182,48 +182,8 @@ def metis(
     >>> int(p.sizes.sum())
     500
     """
-    from meshshard.partition.graph import knn_graph_sorted
-
     _check_objective(objective, recursive, niter, ncuts)
-    pts = None if points is None else as_points(points)
-    order = None  # vertex a of the METIS graph is point order[a] (None: identity)
-    if graph is None:
-        if pts is None:
-            msg = "metis needs points or a graph; pass graph=dual_graph(mesh) or the points"
-            raise ValueError(msg)
-        n = pts.shape[0]
-        parts = check_parts(parts, n, allow_empty=allow_empty)
-        graph, order = knn_graph_sorted(pts, k=knn)
-        graph_kind = f"knn{knn}"
-    else:
-        graph_kind = "given"
-    n = graph.shape[0] if pts is None else pts.shape[0]
-    parts = check_parts(parts, n, allow_empty=allow_empty)
-    w = check_weights(None if weights is None else _to_numpy(weights), n)
-    t = check_targets(targets, parts)
-    # a graph we just built is valid by construction; a given one is checked before pymetis
-    g = graph if order is not None else check_graph(graph, n)
-    if parts == 1:
-        assignment = np.zeros(n, dtype=np.int64)
-    else:
-        wg = w if (w is None or order is None) else w[order]  # weights in graph vertex order
-        assignment = metis_assignment(
-            g, parts, weights=wg,
-            targets=t, recursive=recursive, ufactor=ufactor, contig=contig, seed=seed,
-            objective=objective, niter=niter, ncuts=ncuts,
-        )  # fmt: skip
-        if order is not None:
-            labels = assignment
-            assignment = np.empty_like(labels)
-            assignment[order] = labels
-    if pts is not None and n and order is None:
-        from meshshard.partition.sfc import curve_order, hilbert_codes
-
-        order = curve_order(hilbert_codes(pts))
-    params = {
-        "targets": t.tolist(),
-        "weighted": w is not None,
-        "graph": graph_kind,
+    params: dict[str, Any] = {
         "recursive": bool(recursive),
         "ufactor": int(ufactor),
         "contig": bool(contig),
@@ -234,10 +194,74 @@ def metis(
         params["niter"] = int(niter)
     if ncuts is not None:
         params["ncuts"] = int(ncuts)
+
+    def assign(g: Any, parts: int, w: np.ndarray | None, t: np.ndarray) -> np.ndarray:
+        return metis_assignment(
+            g, parts, weights=w,
+            targets=t, recursive=recursive, ufactor=ufactor, contig=contig, seed=seed,
+            objective=objective, niter=niter, ncuts=ncuts,
+        )  # fmt: skip
+
+    return partition_on_graph(points, parts, assign, "metis", params, weights=weights,
+                              targets=targets, allow_empty=allow_empty, graph=graph,
+                              knn=knn)  # fmt: skip
+
+
+def partition_on_graph(
+    points: Any,
+    parts: int,
+    assign: Any,
+    method: str,
+    params: dict,
+    *,
+    weights: Any = None,
+    targets: Any = None,
+    allow_empty: bool = False,
+    graph: Any = None,
+    knn: int = 8,
+) -> Partition:
+    """The part every graph partitioner shares (METIS, KaMinPar): check the inputs, build the
+    kNN graph of ``points`` when no ``graph`` is given, call ``assign(graph, parts, weights,
+    targets)`` for each vertex's part (not for ``parts == 1``), and order each shard's rows
+    along a Hilbert curve when there are coordinates. ``params`` (the partitioner's options)
+    is recorded with the targets, weighting and graph kind."""
+    from meshshard.partition.graph import knn_graph_sorted
+
+    pts = None if points is None else as_points(points)
+    order = None  # vertex a of the graph is point order[a] (None: identity)
+    if graph is None:
+        if pts is None:
+            msg = f"{method} needs points or a graph; pass graph=dual_graph(mesh) or the points"
+            raise ValueError(msg)
+        parts = check_parts(parts, pts.shape[0], allow_empty=allow_empty)
+        graph, order = knn_graph_sorted(pts, k=knn)
+        graph_kind = f"knn{knn}"
+    else:
+        graph_kind = "given"
+    n = graph.shape[0] if pts is None else pts.shape[0]
+    parts = check_parts(parts, n, allow_empty=allow_empty)
+    w = check_weights(None if weights is None else _to_numpy(weights), n)
+    t = check_targets(targets, parts)
+    # a graph we just built is valid by construction; a given one is checked before the library
+    g = graph if order is not None else check_graph(graph, n)
+    if parts == 1:
+        assignment = np.zeros(n, dtype=np.int64)
+    else:
+        wg = w if (w is None or order is None) else w[order]  # weights in graph vertex order
+        assignment = assign(g, parts, wg, t)
+        if order is not None:
+            labels = assignment
+            assignment = np.empty_like(labels)
+            assignment[order] = labels
+    if pts is not None and n and order is None:
+        from meshshard.partition.sfc import curve_order, hilbert_codes
+
+        order = curve_order(hilbert_codes(pts))
+    params = {"targets": t.tolist(), "weighted": w is not None, "graph": graph_kind, **params}
     if order is None:  # no coordinates: keep the original order inside each shard
-        return Partition.from_assignment(assignment, parts, method="metis", params=params)
+        return Partition.from_assignment(assignment, parts, method=method, params=params)
     from meshshard.partition.sfc import group_by_shard
 
     stored = group_by_shard(assignment, parts, order)  # rows of each shard in Hilbert order
     sizes = np.bincount(assignment, minlength=parts)
-    return Partition(assignment, stored, sizes, method="metis", params=params)
+    return Partition(assignment, stored, sizes, method=method, params=params)

@@ -15,14 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.partition._validation import (
-    _to_numpy,
-    as_points,
-    check_graph,
-    check_parts,
-    check_targets,
-    check_weights,
-)
 from meshshard.partition.record import Partition
 
 __all__ = ["PRESETS", "WITH_KAMINPAR", "kaminpar", "kaminpar_assignment"]
@@ -203,55 +195,17 @@ def kaminpar(
     >>> int(p.sizes.sum())  # doctest: +SKIP
     500
     """
-    from meshshard.partition.graph import knn_graph_sorted
+    from meshshard.partition.graphpart import partition_on_graph
 
     _check_options(preset, epsilon, threads, seed)
     require_kaminpar()
-    pts = None if points is None else as_points(points)
-    order = None
-    if graph is None:
-        if pts is None:
-            msg = "kaminpar needs points or a graph; pass graph=dual_graph(mesh) or the points"
-            raise ValueError(msg)
-        parts = check_parts(parts, pts.shape[0], allow_empty=allow_empty)
-        graph, order = knn_graph_sorted(pts, k=knn)
-        graph_kind = f"knn{knn}"
-    else:
-        graph_kind = "given"
-    n = graph.shape[0] if pts is None else pts.shape[0]
-    parts = check_parts(parts, n, allow_empty=allow_empty)
-    w = check_weights(None if weights is None else _to_numpy(weights), n)
-    t = check_targets(targets, parts)
-    g = graph if order is not None else check_graph(graph, n)
-    if parts == 1:
-        assignment = np.zeros(n, dtype=np.int64)
-    else:
-        wg = w if (w is None or order is None) else w[order]
-        assignment = kaminpar_assignment(
-            g, parts, weights=wg, targets=t, preset=preset, epsilon=epsilon, seed=seed,
-            threads=threads,
-        )  # fmt: skip
-        if order is not None:
-            labels = assignment
-            assignment = np.empty_like(labels)
-            assignment[order] = labels
-    if pts is not None and n and order is None:
-        from meshshard.partition.sfc import curve_order, hilbert_codes
+    params = {"preset": preset, "epsilon": float(epsilon), "seed": int(seed),
+              "threads": int(threads)}  # fmt: skip
 
-        order = curve_order(hilbert_codes(pts))
-    params = {
-        "targets": t.tolist(),
-        "weighted": w is not None,
-        "graph": graph_kind,
-        "preset": preset,
-        "epsilon": float(epsilon),
-        "seed": int(seed),
-        "threads": int(threads),
-    }
-    if order is None:
-        return Partition.from_assignment(assignment, parts, method="kaminpar", params=params)
-    from meshshard.partition.sfc import group_by_shard
+    def assign(g: Any, parts: int, w: np.ndarray | None, t: np.ndarray) -> np.ndarray:
+        return kaminpar_assignment(g, parts, weights=w, targets=t, preset=preset,
+                                   epsilon=epsilon, seed=seed, threads=threads)  # fmt: skip
 
-    stored = group_by_shard(assignment, parts, order)
-    sizes = np.bincount(assignment, minlength=parts)
-    return Partition(assignment, stored, sizes, method="kaminpar", params=params)
+    return partition_on_graph(points, parts, assign, "kaminpar", params, weights=weights,
+                              targets=targets, allow_empty=allow_empty, graph=graph,
+                              knn=knn)  # fmt: skip
