@@ -4,11 +4,12 @@ The reference Transolver, forward + backward, best of ``--repeats`` after warm-u
 
 1. Dispatch overhead per layer at ``--overhead-points`` (default 1k) on a 1-rank mesh, all in
    one process: plain torch vs ShardTensor eager, ShardTensor + ``torch.compile(model)`` (every
-   ShardTensor op is a graph break), and ShardTensor + ``compile_local`` on the row-local
-   blocks (the plan below). Overhead = (variant - plain eager torch) / layers.
+   ShardTensor op is a graph break), ShardTensor + ``compile_local`` on the row-local
+   blocks (the plan below), and ``compile_sharded`` (the whole model traced once per layout
+   into one graph, collectives inside). Overhead = (variant - plain eager torch) / layers.
 2. One pointwise MLP block (shallow and deep) per call: plain vs eager vs compile_local.
-3. Step time on 2 gloo ranks (uneven 45/55 split), eager vs compile_local vs torch.compile, at
-   ``--points`` (default 1k, 10k, 100k), with ratios.
+3. Step time on 2 gloo ranks (uneven 45/55 split), eager vs torch.compile vs compile_local vs
+   compile_sharded, at ``--points`` (default 1k, 10k, 100k), with ratios.
 Compile time (first step minus a steady step) is reported separately. Graph breaks of
 ``torch.compile(model)`` are counted with ``torch._dynamo.explain``.
 
@@ -32,7 +33,7 @@ MODEL = dict(space_dim=3, fun_dim=2, out_dim=2, n_hidden=32, n_layers=2, heads=2
 PLAN = ["preprocess", "blocks.*.mlp"]
 PLAN_ALL = [*PLAN, "blocks.*.ln1", "blocks.*.ln2", "blocks.*.attn.in_project_*",
             "blocks.*.attn.to_out", "ln_out", "head"]
-VARIANTS = ("eager", "torch.compile", "compile_local")
+VARIANTS = ("eager", "torch.compile", "compile_local", "compile_sharded")
 
 
 def _data(n: int, seed: int = 0):
@@ -61,6 +62,7 @@ def _time(fn, repeats, clock="wall"):
 def _variant(name, backend):
     """(model, step function) for one variant."""
     from meshshard.models import Transolver
+    from meshshard.shardtensor import compile_sharded
     from meshshard.shardtensor.compile import compile_local_plan
 
     torch._dynamo.reset()
@@ -71,6 +73,8 @@ def _variant(name, backend):
         fwd = torch.compile(model, backend=backend)
     elif name == "compile_local":
         compile_local_plan(model, PLAN, backend=backend)
+    elif name == "compile_sharded":
+        compile_sharded(model, backend=backend)
     elif name == "compile_local (all row-local)":
         compile_local_plan(model, PLAN_ALL, backend=backend)
     return model, fwd
@@ -227,17 +231,18 @@ def main(argv=None) -> int:
     print()
     print("Step time, 2 gloo ranks (45/55 split), slowest rank:")
     print("| points | eager (ms) | torch.compile (ms) | compile_local (ms) | "
-          "eager / torch.compile | eager / compile_local | compile (s) tc / cl |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+          "compile_sharded (ms) | eager / torch.compile | eager / compile_local | "
+          "eager / compile_sharded | compile (s) tc / cl / cs |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in [int(float(s)) for s in args.points.split(",") if s]:
         reps = run_ranks(scaling_rank, 2, n, args.repeats, args.threads, args.backend,
                          timeout=3600)
         best = {k: max(r[k][0] for r in reps) for k in VARIANTS}
         comp = {k: max(r[k][1] for r in reps) for k in VARIANTS}
-        e, tc, cl = (best[k] for k in VARIANTS)
-        print(f"| {n:,} | {e * 1e3:.1f} | {tc * 1e3:.1f} | {cl * 1e3:.1f} | {e / tc:.2f}x | "
-              f"{e / cl:.2f}x | {comp['torch.compile']:.1f} / {comp['compile_local']:.1f} |",
-              flush=True)
+        e, tc, cl, cs = (best[k] for k in VARIANTS)
+        print(f"| {n:,} | {e * 1e3:.1f} | {tc * 1e3:.1f} | {cl * 1e3:.1f} | {cs * 1e3:.1f} | "
+              f"{e / tc:.2f}x | {e / cl:.2f}x | {e / cs:.2f}x | {comp['torch.compile']:.1f} / "
+              f"{comp['compile_local']:.1f} / {comp['compile_sharded']:.1f} |", flush=True)
     return 0
 
 

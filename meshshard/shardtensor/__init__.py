@@ -2,7 +2,8 @@
 
 Export: :class:`ShardTensor`, torch's :class:`Shard`, :class:`Replicate`, :class:`Partial`,
 :func:`from_local`, :func:`scatter`, :func:`register_handler`, :func:`allow_gather_fallback`,
-:func:`compile_local` (compile the local work of row-local blocks).
+:func:`compile_local` (compile the local work of row-local blocks), :func:`compile_sharded`
+(compile a whole model, collectives included, per input layout).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -17,6 +18,7 @@ from meshshard.shardtensor.api import ShardTensor, from_local, scatter
 from meshshard.shardtensor.autograd_function import install as _install_function_bridge
 from meshshard.shardtensor.compile import LocalityError, compile_local, compile_local_plan
 from meshshard.shardtensor.registry import list_handlers, register_handler, unregister_handler
+from meshshard.shardtensor.sharded_compile import NotTraceableError, compile_sharded
 from meshshard.shardtensor.spec import ShardSpec
 
 _install_function_bridge()  # custom autograd Functions on ShardTensors: see its docstring
@@ -25,6 +27,7 @@ __all__ = [
     "LayoutError",
     "LocalityError",
     "NoShardingRuleError",
+    "NotTraceableError",
     "Partial",
     "Replicate",
     "Shard",
@@ -33,6 +36,7 @@ __all__ = [
     "allow_gather_fallback",
     "compile_local",
     "compile_local_plan",
+    "compile_sharded",
     "from_local",
     "list_handlers",
     "register_handler",

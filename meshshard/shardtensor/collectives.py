@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from meshshard.collective_check import check_collective
+from meshshard.shardtensor import _tracemode as T
 
 __all__ = [
     "all_gather_v",
@@ -23,12 +24,6 @@ __all__ = [
     "split_local",
 ]
 
-_OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "avg": dist.ReduceOp.SUM,
-    "max": dist.ReduceOp.MAX,
-    "min": dist.ReduceOp.MIN,
-}
 
 
 _SIZES: dict[int, tuple] = {}
@@ -48,11 +43,12 @@ def _group_size(group) -> int:
 class _AllReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, op: str, group) -> torch.Tensor:
-        out = x.detach().clone().contiguous()
         n = _group_size(group)
         if n > 1:
-            check_collective("all_reduce", group, out, detail=op)
-            dist.all_reduce(out, op=_OPS[op], group=group)
+            check_collective("all_reduce", group, x, detail=op)
+            out = T.reduce(x.detach(), "sum" if op == "avg" else op, group)
+        else:
+            out = x.detach().clone().contiguous()
         if op == "avg":
             out = out / n
         ctx.op, ctx.group, ctx.n = op, group, n
@@ -63,7 +59,7 @@ class _AllReduce(torch.autograd.Function):
             claim = torch.where(hit.bool(), torch.full_like(hit, rank), torch.full_like(hit, n))
             if n > 1:
                 check_collective("all_reduce", group, claim, detail=f"min: {op} owner")
-                dist.all_reduce(claim, op=dist.ReduceOp.MIN, group=group)
+                claim = T.reduce(claim, "min", group)
             ctx.save_for_backward(claim == rank)
         return out
 
@@ -90,11 +86,11 @@ class _GradAllReduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        g = g.contiguous().clone()
+        g = g.contiguous()
         for group in ctx.groups:
             if _group_size(group) > 1:
                 check_collective("all_reduce", group, g, detail="sum: gradient")
-                dist.all_reduce(g, group=group)
+                g = T.reduce(g, "sum", group)
         return g, None
 
 
@@ -121,9 +117,8 @@ def _gather_pieces(x: torch.Tensor, dim: int, sizes: Sequence[int], group) -> to
     pad_shape = list(x.shape)
     pad_shape[dim] = m - x.shape[dim]
     padded = torch.cat([x, x.new_zeros(pad_shape)], dim=dim) if pad_shape[dim] else x
-    bufs = [torch.empty_like(padded) for _ in range(n)]
     check_collective("all_gather", group, padded, detail="uneven rows")
-    dist.all_gather(bufs, padded.contiguous(), group=group)
+    bufs = T.all_gather(padded, n, group)
     return torch.cat([b.narrow(dim, 0, s) for b, s in zip(bufs, sizes)], dim=dim)
 
 
@@ -171,13 +166,10 @@ def split_local(x: torch.Tensor, dim: int, sizes: Sequence[int], group) -> torch
 
 def _a2a(x: torch.Tensor, send: Sequence[int], recv: Sequence[int], group) -> torch.Tensor:
     x = x.contiguous()
-    out = x.new_empty((int(sum(recv)), *x.shape[1:]))
     if _group_size(group) == 1:
-        out.copy_(x)
-        return out
+        return x.clone()
     check_collective("all_to_all_single", group, x, varying_dim=0)
-    dist.all_to_all_single(out, x, list(map(int, recv)), list(map(int, send)), group=group)
-    return out
+    return T.all_to_all_single(x, recv, send, group)
 
 
 class _AllToAllV(torch.autograd.Function):

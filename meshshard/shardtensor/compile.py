@@ -33,6 +33,7 @@ from torch import nn
 from torch.distributed.tensor import Shard
 
 from meshshard.shardtensor._compile_check import LocalityError, verify_local
+from meshshard.shardtensor._tracemode import tracing
 from meshshard.shardtensor.api import ShardTensor, _make_dynamo_opaque, _set_eval_frame
 from meshshard.shardtensor.spec import ShardSpec
 
@@ -175,6 +176,8 @@ class _LocalForward:
         return out
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if tracing():  # compile_sharded traces the whole model: the eager rules go into it
+            return self.orig(*args, **kwargs)
         for v in (*args, *kwargs.values()):
             if isinstance(v, ShardTensor):
                 return _run(self, args, kwargs)

@@ -34,8 +34,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
+from meshshard.shardtensor._tracemode import reduce
 from meshshard.shardtensor.ring import DoubleBuffer, Ring
 
 __all__ = ["AttnPlan", "attention"]
@@ -359,15 +359,12 @@ def _forward(q, k, v, plan: AttnPlan):
 
 def _merge_across(out, lse, group):
     """Exact log-sum-exp merge of every rank's (out, lse) for the same queries."""
-    top = lse.clone()
-    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    top = reduce(lse, "max", group)
     top = torch.where(torch.isneginf(top), 0, top)
-    total = torch.exp(lse - top)
-    dist.all_reduce(total, group=group)
+    total = reduce(torch.exp(lse - top), "sum", group)
     glse = torch.log(total) + top
     safe = torch.where(torch.isneginf(glse), 0, glse)
-    out = (out * torch.exp(lse - safe)[..., None]).contiguous()
-    dist.all_reduce(out, group=group)
+    out = reduce(out * torch.exp(lse - safe)[..., None], "sum", group)
     return out, glse
 
 
@@ -449,5 +446,5 @@ def _backward(do, q, k, v, out, lse, plan: AttnPlan):
             dvh += rv
             acc_pend = None
     if plan.mode == "merge" and plan.ring.size > 1:
-        dist.all_reduce(dq, group=plan.ring.group)
+        dq = reduce(dq, "sum", plan.ring.group)
     return dq, dk, dv

@@ -18,6 +18,7 @@ from meshshard.shardtensor._dispatch import (
     replicated_local,
     wrap,
 )
+from meshshard.shardtensor._tracemode import refuse
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler
 from meshshard.shardtensor.spec import ShardSpec, even_sizes, intern_spec, mesh_group
@@ -191,6 +192,7 @@ def _exchange_counts(counts, group, like):
     n = counts.numel()
     if n == 1:
         return counts.clone()
+    refuse("an exchange of row counts (output sizes that depend on the data)")
     dev = _dev(group, like)
     out = torch.empty(n, dtype=torch.int64, device=dev)
     check_collective("all_to_all_single", group, out, detail="row counts")

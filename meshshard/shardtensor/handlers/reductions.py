@@ -148,10 +148,10 @@ def _max_min_dim(x, dim, keepdim, kind):
     big = torch.iinfo(torch.int64).max
     cand = torch.where(v.detach() == vg.detach(), ix, torch.full_like(ix, big))
     if x._spec.mesh.size(i) > 1:
-        import torch.distributed as dist
+        from meshshard.shardtensor._tracemode import reduce
 
         check_collective("all_reduce", group, cand, detail=f"min: arg{kind} index")
-        dist.all_reduce(cand, op=dist.ReduceOp.MIN, group=group)
+        cand = reduce(cand, "min", group)
     return rt((wrap(vg, spec), wrap(cand, spec)))
 
 

@@ -14,12 +14,14 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from meshshard.shardtensor._tracemode import reduce
+
 
 def _allreduce(t: torch.Tensor, groups: Sequence) -> torch.Tensor:
     t = t.contiguous()
     for g in groups:
         if dist.get_world_size(g) > 1:
-            dist.all_reduce(t, group=g)
+            t = reduce(t, "sum", g)
     return t
 
 

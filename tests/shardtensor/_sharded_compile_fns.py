@@ -1,0 +1,127 @@
+"""Rank functions: compile_sharded (whole model, collectives in the graph) vs one process.
+
+Every case trains a few optimizer steps from the same initial weights on the whole data (one
+process, plain torch) and on uneven shards (compile_sharded), and reports what must agree."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tests.shardtensor._compile_fns import _data, _full, _mesh, _shard
+
+
+class Pool(nn.Module):
+    """Per-point MLP, global max and mean over the points, broadcast back: the max's gradient
+    goes to the rank that holds the maximum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 8)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))
+        g = torch.cat([h.amax(dim=1), h.mean(dim=1)], dim=-1)
+        return self.head(g)[:, None, :] + h[..., :3]
+
+
+def _transolver():
+    from meshshard.models import Transolver
+
+    return Transolver(3, 2, 2, n_hidden=16, n_layers=2, heads=2, slices=4)
+
+
+MODELS = {"transolver": (_transolver, (3, 2, 2)), "pool": (Pool, (4, 3))}
+
+
+def train(rank, world_size, model_name, layouts, backend="aot_eager", steps=3, mesh_shape=None):
+    """Per layout: losses of ``steps`` Adam steps, the first step's output, input gradient and
+    parameter gradients, and the final parameters; for one process ("ref") and for
+    compile_sharded on the shards ("compiled"). Also how many layouts were compiled."""
+    from meshshard.shardtensor import compile_sharded
+
+    make, dims = MODELS[model_name]
+    mesh = _mesh(world_size)
+    torch.manual_seed(0)
+    compiled = compile_sharded(make(), backend=backend)
+    init = {k: v.clone() for k, v in compiled.state_dict().items()}
+    reports = []
+    for sizes in layouts:
+        data = _data(sum(sizes), dims)
+        rep = {}
+        for name in ("ref", "compiled"):
+            model = make() if name == "ref" else compiled
+            model.load_state_dict(init)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+            losses, first = [], {}
+            for step in range(steps):
+                opt.zero_grad(set_to_none=True)
+                if name == "ref":
+                    ins = [data[0].clone().requires_grad_(True), *data[1:]]
+                    leaf = ins[0]
+                else:
+                    sharded = [_shard(a, mesh, sizes, rank, grad=(i == 0))
+                               for i, a in enumerate(data)]
+                    ins = [s for s, _ in sharded]
+                    leaf = sharded[0][1]
+                out = model(*ins[:-1])
+                loss = ((out - ins[-1]) ** 2).mean()
+                loss.backward()
+                losses.append(float(loss.detach()))
+                if step == 0:
+                    xg = leaf.grad
+                    if name == "ref":
+                        off = sum(sizes[:rank])
+                        xg = xg[:, off : off + sizes[rank]]
+                    first = {"out": _full(out), "x.grad": xg.clone(),
+                             **{f"grad {n}": p.grad.clone()
+                                for n, p in model.named_parameters()}}  # fmt: skip
+                opt.step()
+            rep[name] = {"losses": losses, **first,
+                         **{f"final {n}": p.detach().clone()
+                            for n, p in model.named_parameters()}}  # fmt: skip
+        reports.append(rep)
+    return reports, len(compiled.forward.entries)
+
+
+class _RankZeroFails(nn.Module):
+    def forward(self, x):
+        import torch.distributed as dist
+
+        if dist.get_rank() == 0:
+            raise ValueError("rank 0 cannot trace this")
+        return x * 2
+
+
+class _Attention(nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x)
+
+
+def errors(rank, world_size):
+    """Untraceable models raise NotTraceableError on every rank, with the cause named."""
+    from meshshard.shardtensor import NotTraceableError, compile_sharded
+
+    mesh = _mesh(world_size)
+    out = {}
+    (x,) = _data(8, (4,))
+    sx, _ = _shard(x, mesh, (3, 5), rank)
+    from meshshard.shardtensor import Shard, from_local
+
+    off = (0, 3)[rank]
+    tokens = x.reshape(1, 1, 8, 4)[:, :, off : off + (3, 5)[rank]]  # (batch, heads, tokens, dim)
+    tok = from_local(tokens.clone(), mesh, [Shard(2)], (3, 5))
+    for name, module, arg in (("rank 0 fails", _RankZeroFails(), sx),
+                              ("ring attention", _Attention(), tok)):  # fmt: skip
+        compile_sharded(module, backend="aot_eager")
+        try:
+            module(arg)
+            out[name] = "no error"
+        except NotTraceableError as exc:
+            out[name] = f"NotTraceableError: {exc}"
+    try:
+        compile_sharded(nn.Linear(2, 2), backend="tvm")
+    except ValueError as exc:
+        out["backend"] = str(exc)
+    return out
