@@ -35,16 +35,20 @@ def _transolver():
 MODELS = {"transolver": (_transolver, (3, 2, 2)), "pool": (Pool, (4, 3))}
 
 
-def train(rank, world_size, model_name, layouts, backend="aot_eager", steps=3, mesh_shape=None):
+def train(rank, world_size, model_name, layouts, backend="aot_eager", steps=3, local_plan=()):
     """Per layout: losses of ``steps`` Adam steps, the first step's output, input gradient and
     parameter gradients, and the final parameters; for one process ("ref") and for
-    compile_sharded on the shards ("compiled"). Also how many layouts were compiled."""
-    from meshshard.shardtensor import compile_sharded
+    compile_sharded on the shards ("compiled"), after compile_local of the submodules named by
+    ``local_plan`` (traced through). Also how many layouts were compiled."""
+    from meshshard.shardtensor import compile_local_plan, compile_sharded
 
     make, dims = MODELS[model_name]
     mesh = _mesh(world_size)
     torch.manual_seed(0)
-    compiled = compile_sharded(make(), backend=backend)
+    model = make()
+    if local_plan:
+        compile_local_plan(model, local_plan, backend="aot_eager")
+    compiled = compile_sharded(model, backend=backend)
     init = {k: v.clone() for k, v in compiled.state_dict().items()}
     reports = []
     for sizes in layouts:

@@ -39,6 +39,13 @@ def test_two_ranks_equal_one_process(model):
     _check(reports, layouts)
 
 
+def test_compile_local_blocks_inside_are_traced_through():
+    layouts = [(5, 3)]
+    reports = run_ranks(_sharded_compile_fns.train, 2, "transolver", layouts, "aot_eager", 2,
+                        ["preprocess", "blocks.*.mlp"], timeout=300)
+    _check(reports, layouts)
+
+
 def test_four_ranks_with_an_empty_shard_equal_one_process():
     layouts = [(1, 1, 6, 0), (2, 3, 1, 4)]
     reports = run_ranks(_sharded_compile_fns.train, 4, "transolver", layouts, timeout=300)
