@@ -15,13 +15,10 @@ from meshshard.shardtensor._dispatch import (
     allow_gather_fallback,
 )
 from meshshard.shardtensor.api import ShardTensor, from_local, scatter
-from meshshard.shardtensor.autograd_function import install as _install_function_bridge
 from meshshard.shardtensor.compile import LocalityError, compile_local, compile_local_plan
 from meshshard.shardtensor.registry import list_handlers, register_handler, unregister_handler
 from meshshard.shardtensor.sharded_compile import NotTraceableError, compile_sharded
 from meshshard.shardtensor.spec import ShardSpec
-
-_install_function_bridge()  # custom autograd Functions on ShardTensors: see its docstring
 
 __all__ = [
     "LayoutError",

@@ -50,6 +50,17 @@ def _torch_function(cls, func, types, args=(), kwargs=None):
 
 
 _DISPATCH: list = [None]
+_BRIDGE = [False]
+
+
+def _install_bridge() -> None:
+    """Custom autograd Functions on ShardTensors need ``torch.autograd.Function.apply`` routed
+    through a bridge (see ``autograd_function``). It is installed when the first ShardTensor is
+    made, not on import: importing meshshard changes nothing in torch."""
+    from meshshard.shardtensor.autograd_function import install
+
+    install()
+    _BRIDGE[0] = True
 
 
 def _make_dynamo_opaque(fn: Any) -> None:
@@ -91,6 +102,8 @@ class ShardTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, local: torch.Tensor, spec: ShardSpec) -> ShardTensor:
+        if not _BRIDGE[0]:
+            _install_bridge()
         r = torch.Tensor._make_wrapper_subclass(
             cls,
             spec.shape,

@@ -13,8 +13,8 @@ was silently dropped. FSDP2 applies such a Function to each wrapped module's inp
 (``RegisterPostBackwardFunction``), and DDP does for unused-parameter detection (``_DDPSink``),
 so per-block ``fully_shard`` lost the gradients of everything before the last block.
 
-The fix: :func:`install` wraps ``torch.autograd.Function.apply`` once (on import of
-``meshshard.shardtensor``; there is no other interception point in torch). A call without
+The fix: :func:`install` wraps ``torch.autograd.Function.apply`` once, when the first
+ShardTensor is made (not on import; there is no other interception point in torch). A call without
 ShardTensor arguments goes straight to torch's ``apply``. A call with ShardTensors runs the user
 Function inside a bridge Function on the *local* pieces: the user's ``forward`` and ``backward``
 still see ShardTensors (global view, same layouts), ``ctx`` works as usual (``save_for_backward``,

@@ -26,3 +26,24 @@ def test_plain_functions_unchanged():
     w = torch.randn(4, requires_grad=True)
     _function_fns._loss(x, w).backward()
     assert x.grad is not None and w.grad is not None
+
+
+def test_import_changes_nothing_in_torch_until_a_shardtensor_exists():
+    # STYLE: nothing configures the process on import. A fresh interpreter, so that no other
+    # test's ShardTensor installed the bridge already.
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "orig = torch.autograd.Function.apply\n"
+        "import meshshard.shardtensor as st, meshshard.models, meshshard.parallel\n"
+        "assert torch.autograd.Function.apply == orig, 'patched on import'\n"
+        "from meshshard.shardtensor.spec import ShardSpec\n"
+        "st.ShardTensor(torch.zeros(2), ShardSpec(None, (st.Replicate(),), (None,), "
+        "torch.Size([2])))\n"
+        "assert torch.autograd.Function.apply != orig, 'not installed by the first ShardTensor'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
