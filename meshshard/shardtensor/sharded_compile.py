@@ -182,6 +182,7 @@ def _run_impl(fwd: _ShardedForward, leaves: list, treedef: Any) -> Any:
         )
         raise TypeError(msg) from None
     if entry is None:
+        _refuse_fsdp_inside(module)
         entry = _Entry(fwd, treedef, tuple(kinds), tuple(state), _mesh_of(leaves))
         fwd.entries[key] = entry
         if len(fwd.entries) > _MAX_LAYOUTS:
@@ -198,6 +199,25 @@ def _run_impl(fwd: _ShardedForward, leaves: list, treedef: Any) -> Any:
         for kind, spec in okinds
     ]
     return tree_unflatten(out_leaves, otree)
+
+
+def _refuse_fsdp_inside(module: nn.Module) -> None:
+    """FSDP2's hooks on a wrapped submodule all-gather real weights inside the forward, which a
+    trace on fake tensors cannot run. The root may be ``fully_shard``-ed (its hooks run
+    outside the compiled forward); the same on every rank, so raising here hangs nobody."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return
+    inner = [n for n, m in module.named_modules() if n and isinstance(m, FSDPModule)]
+    if inner:
+        msg = (
+            f"compile_sharded({type(module).__name__}): submodules {inner[:4]} are wrapped by "
+            "FSDP2 (fully_shard), whose hooks gather weights inside the forward and cannot be "
+            "traced; fully_shard only the root (data_parallel(..., mode='fsdp', blocks=[])), or "
+            "compile_sharded each wrapped block instead of the whole model"
+        )
+        raise NotTraceableError(msg)
 
 
 def _mesh_of(leaves: list) -> Any:

@@ -73,17 +73,22 @@ def full_grads(m) -> dict:
     return out
 
 
-def data_parallel_run(rank, world_size, mode, shard_dims, steps, extra=None):
-    """2x2 mesh; each data group trains on its own sample with ``mode`` over "data"."""
+def data_parallel_run(rank, world_size, mode, shard_dims, steps, extra=None, compile=None):
+    """2x2 mesh; each data group trains on its own sample with ``mode`` over "data";
+    ``compile="sharded"`` applies compile_sharded (aot_eager) to the model first."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.parallel import data_parallel
+    from meshshard.shardtensor import compile_sharded
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "domain"))
     d = mesh.get_local_rank("data")
     data = samples()
     c, f, t = shard(mesh, data[d], SIZES[d])
-    m = data_parallel(model(), mesh, mode=mode, shard_dims=shard_dims, **(extra or {}))
+    inner = model()
+    if compile == "sharded":
+        compile_sharded(inner, backend="aot_eager")
+    m = data_parallel(inner, mesh, mode=mode, shard_dims=shard_dims, **(extra or {}))
     opt = torch.optim.Adam(m.parameters(), lr=1e-2)
     out = m(c, f)
     report = {"out": out.full_tensor().detach(), "group": d}
@@ -100,6 +105,8 @@ def data_parallel_run(rank, world_size, mode, shard_dims, steps, extra=None):
         losses.append(lt.item() / 2)
         opt.step()
     report.update(grads=grads, losses=losses, weights=full_params(m))
+    if compile == "sharded":
+        report["compiled layouts"] = len(inner.forward.entries)
     return report
 
 

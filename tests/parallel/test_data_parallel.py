@@ -22,9 +22,32 @@ def reference():
     ids=["ddp", "ddp-static-graph", "fsdp-data-x-domain", "fsdp-data"],
 )
 def test_matches_single_process(mode, shard_dims, extra, reference):
+    _check(reference, run_ranks(_fns.data_parallel_run, 4, mode, shard_dims, STEPS, extra,
+                                timeout=120))
+
+
+@pytest.mark.parametrize(("mode", "extra"), [("ddp", None), ("fsdp", {"blocks": []})],
+                         ids=["ddp", "fsdp-root"])
+def test_compile_sharded_under_data_parallel_matches_single_process(mode, extra, reference):
+    # the whole model compiled (collectives over "domain" inside its graphs), wrapped by DDP or
+    # FSDP2 over "data": the wrapper's hooks and gradient reductions still see every parameter
+    reports = run_ranks(_fns.data_parallel_run, 4, mode, None, STEPS, extra, "sharded",
+                        timeout=300)
+    _check(reference, reports)
+    assert all(r["compiled layouts"] >= 1 for r in reports)
+
+
+def test_compile_sharded_over_fsdp_wrapped_blocks_raises_on_every_rank():
+    with pytest.raises(RankError) as info:
+        run_ranks(_fns.data_parallel_run, 4, "fsdp", None, 1, None, "sharded", timeout=300)
+    assert sorted(info.value.failures) == [0, 1, 2, 3]
+    for tb in info.value.failures.values():
+        assert "NotTraceableError" in tb and "blocks=[]" in tb, tb[-1500:]
+
+
+def _check(reference, reports):
     ref, outs, grads, losses = reference
     weights = _fns.full_params(ref)
-    reports = run_ranks(_fns.data_parallel_run, 4, mode, shard_dims, STEPS, extra, timeout=120)
     for rank, rep in enumerate(reports):
         torch.testing.assert_close(rep["out"], outs[rep["group"]], rtol=1e-5, atol=1e-5)
         assert rep["grads"].keys() == grads.keys()
