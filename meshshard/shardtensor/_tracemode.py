@@ -82,7 +82,7 @@ def all_gather(t: torch.Tensor, n: int, group) -> list[torch.Tensor]:
     if _TRACING[0]:
         from torch.distributed import _functional_collectives as fc
 
-        out = fc.wait_tensor(fc.all_gather_tensor(t, 0, group))
+        out = fc.wait_tensor(fc.all_gather_single(t, 0, group))
         return list(out.view(n, *t.shape).unbind(0))
     bufs = [torch.empty_like(t) for _ in range(n)]
     dist.all_gather(bufs, t, group=group)

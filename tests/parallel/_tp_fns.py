@@ -30,10 +30,10 @@ def _local_of(p, ref):
     return p.to_local(), piece
 
 
-def transolver_tp(rank, world_size, shape, sizes, steps, submesh):
+def transolver_tp(rank, world_size, shape, sizes, steps, submesh, compiled=False):
     """Mesh ``shape`` = (data, domain, tensor); points sharded on "domain" with ``sizes``,
     batch on "data". ``submesh``: build inputs on mesh["domain"] (as the training script does)
-    instead of the 3-D mesh. Returns (tp, reference) pairs of outputs, losses, every parameter
+    instead of the 3-D mesh. ``compiled``: apply compile_sharded after the plan. Returns (tp, reference) pairs of outputs, losses, every parameter
     gradient (this rank's piece) and weights after ``steps`` Adam steps."""
     from torch.distributed.tensor import DTensor
 
@@ -48,6 +48,10 @@ def transolver_tp(rank, world_size, shape, sizes, steps, submesh):
     coords, feats, target = _data(data, N)
     ref, model = _model(), _model()
     parallelize_module(model, mesh, transolver_plan(model))
+    if compiled:  # the whole TP model traced into one graph per layout (aot_eager)
+        from meshshard.shardtensor import compile_sharded
+
+        compile_sharded(model, backend="aot_eager")
     n_dt = sum(isinstance(p, DTensor) for p in model.parameters())
     w = model.blocks[0].mlp.pre.weight
     off = sum(sizes[:pc])
