@@ -23,6 +23,7 @@ __all__ = [
     "NotTraceableError",
     "all_gather",
     "all_to_all_single",
+    "constant",
     "reduce",
     "refuse",
     "tracing",
@@ -62,6 +63,18 @@ def refuse(what: str) -> None:
             "compile its row-local blocks with compile_local"
         )
         raise NotTraceableError(msg)
+
+
+def constant(data, *, dtype=None, device=None) -> torch.Tensor:
+    """``torch.as_tensor`` of values known when the rule runs (numpy arrays, lists): a real
+    tensor even while tracing on fake tensors, so that it becomes a constant of the graph (a
+    fake one would be an "unexpected fake buffer")."""
+    if _TRACING[0]:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return torch.as_tensor(data, dtype=dtype, device=device)
+    return torch.as_tensor(data, dtype=dtype, device=device)
 
 
 def reduce(t: torch.Tensor, op: str, group) -> torch.Tensor:

@@ -239,8 +239,12 @@ class _Entry:
         self.treedef, self.kinds, self.names = treedef, kinds, names
 
     def _traced(self, state: list, tensors: list) -> list:
+        from torch._guards import detect_fake_mode
         from torch.nn.utils.stateless import _reparametrize_module
 
+        mode = detect_fake_mode(tensors)
+        if mode is not None:  # real constants of the rules (index plans) enter as graph constants
+            mode.allow_non_fake_inputs = True
         it = iter(tensors)
         rebuilt = [
             ShardTensor(next(it), spec) if kind == "S" else next(it) if kind == "T" else spec

@@ -116,8 +116,11 @@ def errors(rank, world_size):
     off = (0, 3)[rank]
     tokens = x.reshape(1, 1, 8, 4)[:, :, off : off + (3, 5)[rank]]  # (batch, heads, tokens, dim)
     tok = from_local(tokens.clone(), mesh, [Shard(2)], (3, 5))
+    grid = from_local(x.reshape(1, 4, 8)[:, :, off : off + (3, 5)[rank]].clone(), mesh,
+                      [Shard(2)], (3, 5))  # (batch, channels, length) sharded on length
     for name, module, arg in (("rank 0 fails", _RankZeroFails(), sx),
-                              ("ring attention", _Attention(), tok)):  # fmt: skip
+                              ("ring attention", _Attention(), tok),
+                              ("grid halo", nn.Conv1d(4, 2, 3, padding=1), grid)):  # fmt: skip
         compile_sharded(module, backend="aot_eager")
         try:
             module(arg)

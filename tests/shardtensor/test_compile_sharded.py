@@ -68,6 +68,7 @@ def test_untraceable_models_raise_on_every_rank():
         want = "rank 0 cannot trace this" if rank == 0 else "another rank could not trace"
         assert want in rep["rank 0 fails"], rep
         assert "ring shift" in rep["ring attention"], rep
+        assert "grid halo exchange" in rep["grid halo"], rep
         assert "tvm" in rep["backend"], rep
 
 

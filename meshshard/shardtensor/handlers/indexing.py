@@ -9,6 +9,7 @@ from torch.distributed.tensor import Replicate, Shard
 
 from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor._dispatch import LayoutError, reduce_partials, wrap
+from meshshard.shardtensor._tracemode import constant
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler
 from meshshard.shardtensor.spec import ShardSpec
@@ -115,7 +116,7 @@ def _getitem(x, idx):
                 out_shape.append(1)
                 sizes[i] = tuple(c for _, c in cnts)
         elif isinstance(v, (torch.Tensor, list)) and i is None:
-            t = torch.as_tensor(v)
+            t = v if isinstance(v, torch.Tensor) else constant(v)
             if t.dtype == torch.bool or t.ndim != 1 or n_adv > 1:
                 msg = "only one 1-D integer index tensor (on an unsharded dim) is supported"
                 raise NotImplementedError(msg)

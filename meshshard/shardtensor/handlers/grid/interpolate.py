@@ -11,10 +11,10 @@ ranks arrive by halo exchange.
 from __future__ import annotations
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 
 from meshshard.shardtensor._dispatch import reduce_partials, wrap
+from meshshard.shardtensor._tracemode import constant
 from meshshard.shardtensor.handlers.grid._window import (
     DimPlan,
     empty_like_out,
@@ -60,13 +60,13 @@ def source_rows(n: int, m: int, mode: str, align_corners: bool, scale: float | N
 
 def _resample(x, d, i0, i1, lam):
     dev = x.device
-    a = x.index_select(d, torch.as_tensor(i0, device=dev))
+    a = x.index_select(d, constant(i0, device=dev))
     if not np.any(lam):
         return a
-    b = x.index_select(d, torch.as_tensor(i1, device=dev))
+    b = x.index_select(d, constant(i1, device=dev))
     shape = [1] * x.ndim
     shape[d] = -1
-    w1 = torch.as_tensor(lam, device=dev).to(x.dtype).view(shape)
+    w1 = constant(lam, device=dev).to(x.dtype).view(shape)
     return a * (1 - w1) + b * w1
 
 

@@ -9,10 +9,10 @@ pooling and 0 for average pooling, whose divisor is then corrected to torch's ow
 from __future__ import annotations
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 
 from meshshard.shardtensor._dispatch import reduce_partials, wrap
+from meshshard.shardtensor._tracemode import constant
 from meshshard.shardtensor.handlers.grid._window import (
     empty_like_out,
     gather_windows,
@@ -114,7 +114,7 @@ def _avg_rule(nd):
                 fac = k[a] / div[off : off + oshape[d]]
                 shape = [1] * out.ndim
                 shape[d] = -1
-                out = out * torch.as_tensor(fac, dtype=out.dtype, device=out.device).view(shape)
+                out = out * constant(fac, dtype=out.dtype, device=out.device).view(shape)
         return wrap(out, so)
 
     return handler
