@@ -129,7 +129,7 @@ def refine_volume(
     Examples
     --------
     >>> import numpy as np, scipy.sparse as sp
-    >>> path = sp.diags([1, 1], [-1, 1], shape=(6, 6), format="csr")  # 0-1-2-3-4-5
+    >>> path = sp.diags([1, 1], [-1, 1], shape=(6, 6), format="csr", dtype=int)  # 0-1-..-5
     >>> a = np.array([0, 1, 0, 1, 1, 1])
     >>> communication_volume(path, a, 2), communication_volume(
     ...     path, refine_volume(path, a, 2, ufactor=400), 2)
