@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,7 @@ def check_refine(refine: Any, tries: Any) -> str | None:
     """Validate ``refine`` (None/False, True or ``"volume"``) and ``tries`` (int >= 1);
     return the refinement's name or None."""
     if isinstance(tries, bool) or not isinstance(tries, (int, np.integer)) or tries < 1:
-        msg = f"tries={tries!r} must be an integer >= 1 (runs with seeds seed..seed+tries-1)"
+        msg = f"tries={tries!r} must be an integer >= 1 (independent runs, one seed each)"
         raise ValueError(msg)
     if refine is None or refine is False:
         return None
@@ -51,6 +52,18 @@ def check_refine(refine: Any, tries: Any) -> str | None:
         return "volume"
     msg = f"refine={refine!r} is not one of None, False, True or {REFINEMENTS}: use 'volume'"
     raise ValueError(msg)
+
+
+def metis_seeds(seed: int, tries: int) -> list[int]:
+    """``tries`` METIS seeds from ``seed`` up, skipping 1 after 0: METIS (GKlib's generator)
+    gives seeds 0 and 1 the same partition."""
+    out: list[int] = []
+    s = int(seed)
+    while len(out) < tries:
+        if not (s == 1 and 0 in out):
+            out.append(s)
+        s += 1
+    return out
 
 
 def _check_objective(objective: Any, recursive: bool, niter: Any, ncuts: Any) -> None:
@@ -192,10 +205,11 @@ def metis(
         balance (``ufactor``, weights, targets); never increases it. Pure Python: about
         5-10 s per try on a 1M-cell mesh at P=4.
     tries : int
-        Independent METIS runs with seeds ``seed .. seed + tries - 1`` (each refined when
-        ``refine`` is set); the one with the fewest ghost rows is kept (with
-        ``objective="cut"`` and no ``refine``: the smallest edge cut). ``params`` records
-        ``try_volumes`` (and ``try_volumes_unrefined``, before refinement) and ``best_seed``.
+        Independent METIS runs with the seeds ``seed, seed + 1, ...`` (each refined when
+        ``refine`` is set; METIS gives seeds 0 and 1 the same partition, so 1 is skipped
+        after 0); the one with the fewest ghost rows is kept (with ``objective="cut"`` and no
+        ``refine``: the smallest edge cut). ``params`` records ``try_seeds``, ``try_volumes``
+        (and ``try_volumes_unrefined``, before refinement) and ``best_seed``.
 
     Returns
     -------
@@ -238,7 +252,8 @@ def metis(
 
     return partition_on_graph(points, parts, assign, "metis", params, weights=weights,
                               targets=targets, allow_empty=allow_empty, graph=graph,
-                              knn=knn, seed=seed, refine=how, tries=tries, ufactor=ufactor,
+                              knn=knn, seeds=metis_seeds(seed, tries), refine=how,
+                              ufactor=ufactor,
                               keep="volume" if objective == "vol" else "cut")  # fmt: skip
 
 
@@ -254,9 +269,8 @@ def partition_on_graph(
     allow_empty: bool = False,
     graph: Any = None,
     knn: int = 8,
-    seed: int = 0,
+    seeds: Sequence[int] = (0,),
     refine: str | None = None,
-    tries: int = 1,
     ufactor: float = 30,
     keep: str = "cut",
 ) -> Partition:
@@ -266,8 +280,8 @@ def partition_on_graph(
     rows along a Hilbert curve when there are coordinates. ``params`` (the partitioner's
     options) is recorded with the targets, weighting and graph kind.
 
-    With ``tries`` > 1, ``assign`` runs with seeds ``seed .. seed + tries - 1`` and the result
-    with the fewest ghost rows is kept (``keep="cut"`` without ``refine``: the fewest cut
+    With several ``seeds``, ``assign`` runs once per seed and the result with the fewest
+    ghost rows is kept (``keep="cut"`` without ``refine``: the fewest cut
     edges); ``refine="volume"`` refines each with :func:`refine_volume` within ``ufactor``
     (thousandths, as METIS) of the targets. Both are recorded in ``params``."""
     from meshshard.partition.graph import knn_graph_sorted
@@ -293,8 +307,9 @@ def partition_on_graph(
         assignment = np.zeros(n, dtype=np.int64)
     else:
         wg = w if (w is None or order is None) else w[order]  # weights in graph vertex order
-        assignment, record = _best_of_tries(g, parts, assign, wg, t, seed=seed, refine=refine,
-                                            tries=tries, ufactor=ufactor, keep=keep)  # fmt: skip
+        assignment, record = _best_of_tries(g, parts, assign, wg, t, seeds=list(seeds),
+                                            refine=refine, ufactor=ufactor,
+                                            keep=keep)  # fmt: skip
         params = {**params, **record}
         if order is not None:
             labels = assignment
@@ -321,26 +336,25 @@ def _best_of_tries(
     w: np.ndarray | None,
     t: np.ndarray,
     *,
-    seed: int,
+    seeds: list[int],
     refine: str | None,
-    tries: int,
     ufactor: float,
     keep: str,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """Run ``assign`` with seeds seed..seed+tries-1, refine each when asked, keep the best
+    """Run ``assign`` once per seed, refine each when asked, keep the best
     (fewest ghost rows, or fewest cut edges when ``keep="cut"`` and no refinement; the first
     on ties). Returns the assignment and what to record in ``params`` (nothing by default)."""
-    if refine is None and tries == 1:
-        return assign(g, parts, w, t, seed), {}
+    if refine is None and len(seeds) == 1:
+        return assign(g, parts, w, t, seeds[0]), {}
     from meshshard.partition.volrefine import _refine, communication_volume
 
     by_volume = refine is not None or keep == "volume"
     rows = None
-    best, best_score, best_seed = None, None, seed
+    best, best_score, best_seed = None, None, seeds[0]
     before: list[int] = []
     after: list[int] = []
     cuts: list[int] = []
-    for s in range(seed, seed + tries):
+    for s in seeds:
         tic = time.perf_counter()
         a = np.asarray(assign(g, parts, w, t, s), dtype=np.int64)
         before.append(communication_volume(g, a, parts))
@@ -356,8 +370,8 @@ def _best_of_tries(
                  time.perf_counter() - tic)  # fmt: skip
         if best_score is None or score < best_score:
             best, best_score, best_seed = a, score, s
-    record: dict[str, Any] = {"refine": refine, "tries": int(tries), "best_seed": int(best_seed),
-                              "try_volumes": after}  # fmt: skip
+    record: dict[str, Any] = {"refine": refine, "tries": len(seeds), "try_seeds": seeds,
+                              "best_seed": int(best_seed), "try_volumes": after}  # fmt: skip
     if refine is not None:
         record["try_volumes_unrefined"] = before
     if cuts:

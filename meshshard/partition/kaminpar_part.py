@@ -218,5 +218,5 @@ def kaminpar(
 
     return partition_on_graph(points, parts, assign, "kaminpar", params, weights=weights,
                               targets=targets, allow_empty=allow_empty, graph=graph,
-                              knn=knn, seed=seed, refine=how, tries=tries,
+                              knn=knn, seeds=range(seed, seed + tries), refine=how,
                               ufactor=1000 * float(epsilon))  # fmt: skip

@@ -6,6 +6,7 @@ import pyvista as pv
 import scipy.sparse as sp
 
 from meshshard.partition import dual_graph, knn_graph, metis, metrics
+from meshshard.partition.graphpart import metis_seeds
 from meshshard.partition.volrefine import communication_volume, refine_volume
 
 
@@ -123,12 +124,16 @@ def test_metis_refine_and_tries_keep_the_best(trimesh):
     tv = best.params["try_volumes"]
     assert len(tv) == 3 and len(best.params["try_volumes_unrefined"]) == 3
     assert vol(best) == min(tv)
+    assert best.params["try_seeds"] == [5, 6, 7]
     assert best.params["best_seed"] == 5 + tv.index(min(tv))
     again = metis(pts, 4, refine="volume", seed=best.params["best_seed"], **kw)
     np.testing.assert_array_equal(again.assignment, best.assignment)
     for s, v in zip(range(5, 8), tv):  # each try is that seed's refined partition
         assert vol(metis(pts, 4, refine="volume", seed=s, **kw)) == v
     assert best.sizes.max() <= np.floor(1.03 * len(pts) / 4)
+    # METIS gives seeds 0 and 1 the same partition: tries from 0 skip 1
+    assert metis_seeds(0, 3) == [0, 2, 3] and metis_seeds(1, 2) == [1, 2]
+    assert metis(pts, 4, tries=2, **kw).params["try_seeds"] == [0, 2]
     cut = metis(pts, 3, graph=g, tries=2)  # edge-cut objective, no refinement: fewest cut edges
     cuts = cut.params["try_edge_cuts"]
     assert metrics(cut, graph=g)["edge_cut"] == min(cuts) and cut.params["refine"] is None
