@@ -217,7 +217,7 @@ def _fm(
     def gains(v: int) -> dict[int, int]:
         """Volume decrease for moving v to each live neighbouring part (exact, current)."""
         src = lab[v]
-        cv = counts(v)
+        cv = cnt.get(v) or counts(v)
         cand = [b for b in cv if b != src and live[b]]
         if not cand:
             return {}
@@ -226,7 +226,7 @@ def _fm(
         gb = dict.fromkeys(cand, 0)
         for u in nbrs(v):
             pu = lab[u]
-            cu = counts(u)
+            cu = cnt.get(u) or counts(u)  # (inlined lookup: the hot loop)
             if pu != src and cu[src] == 1:  # u no longer sees src
                 base += 1
             for b in cand:
