@@ -139,6 +139,15 @@ def test_metis_refine_and_tries_keep_the_best(trimesh):
     assert metrics(cut, graph=g)["edge_cut"] == min(cuts) and cut.params["refine"] is None
 
 
+def test_metis_refine_on_the_knn_graph_it_builds(cloud):
+    pts, _ = cloud  # no graph given: METIS and FM run on the kNN-8 graph in its vertex order
+    g8 = knn_graph(pts, 8)
+    plain, ref = metis(pts, 3, objective="vol"), metis(pts, 3, objective="vol", refine="volume")
+    v = metrics(ref, graph=g8)["comm_volume"]
+    assert ref.params["try_volumes"] == [v] and v < metrics(plain, graph=g8)["comm_volume"]
+    assert ref.params["try_volumes_unrefined"] == [metrics(plain, graph=g8)["comm_volume"]]
+
+
 def test_bad_inputs_raise_clear_errors():
     g = _grid(4, 4)
     a = np.repeat([0, 1], 8)
