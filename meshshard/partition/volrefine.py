@@ -28,6 +28,7 @@ neighbour-part counts are built lazily), so its cost scales with the boundary, n
 from __future__ import annotations
 
 import heapq
+import logging
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,8 @@ from meshshard.partition._validation import (
 )
 
 __all__ = ["communication_volume", "refine_volume"]
+
+log = logging.getLogger(__name__)
 
 
 def communication_volume(graph: Any, assignment: np.ndarray, parts: int) -> int:
@@ -259,14 +262,14 @@ def _fm(
         for b, gv in gains(v).items():
             heapq.heappush(heap, (-gv, kv, v, b))
 
-    for _ in range(passes):
+    for it in range(passes):
         a_now = np.asarray(lab, dtype=np.int64)
         rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
         boundary = unique_int(rows[a_now[rows] != a_now[indices]]).tolist()
         heap = [(-gv, key[v], v, b) for v in boundary for b, gv in gains(v).items()]
         heapq.heapify(heap)
         locked: set[int] = set()
-        log: list[tuple[int, int]] = []
+        moves: list[tuple[int, int]] = []  # (vertex, part it left), in order
         cur = best = best_len = since = 0
         while heap and since < window:
             ng, _, v, b = heapq.heappop(heap)
@@ -281,12 +284,12 @@ def _fm(
             wv = 1.0 if w is None else wt[v]
             if load[b] + wv > cap[b]:
                 continue
-            log.append((v, lab[v]))
+            moves.append((v, lab[v]))
             move(v, b)
             locked.add(v)
             cur += gv
             if cur > best:
-                best, best_len, since = cur, len(log), 0
+                best, best_len, since = cur, len(moves), 0
             else:
                 since += 1
             ring = set(nbrs(v))
@@ -295,8 +298,10 @@ def _fm(
             ring -= locked
             for u in ring:
                 push(u)
-        for v, src in reversed(log[best_len:]):  # roll back to the best prefix
+        for v, src in reversed(moves[best_len:]):  # roll back to the best prefix
             move(v, src)
+        log.debug("FM pass %d: %d boundary vertices, %d moves, %d kept, volume -%d", it,
+                  len(boundary), len(moves), best_len, best)  # fmt: skip
         if best <= 0:
             break
     return np.asarray(lab, dtype=np.int64)
