@@ -346,7 +346,7 @@ def _best_of_tries(
     on ties). Returns the assignment and what to record in ``params`` (nothing by default)."""
     if refine is None and len(seeds) == 1:
         return assign(g, parts, w, t, seeds[0]), {}
-    from meshshard.partition.volrefine import _refine, communication_volume
+    from meshshard.partition.volrefine import PASSES, WINDOW, _refine, communication_volume
 
     by_volume = refine is not None or keep == "volume"
     rows = None
@@ -359,7 +359,7 @@ def _best_of_tries(
         a = np.asarray(assign(g, parts, w, t, s), dtype=np.int64)
         before.append(communication_volume(g, a, parts))
         if refine is not None:
-            a = _refine(g, a, parts, w, t, float(ufactor), 8, 2000, s)
+            a = _refine(g, a, parts, w, t, float(ufactor), PASSES, WINDOW, s)
         after.append(communication_volume(g, a, parts))
         if not by_volume:
             if rows is None:
