@@ -7,7 +7,7 @@ import scipy.sparse as sp
 
 from meshshard.partition import dual_graph, knn_graph, metis, metrics
 from meshshard.partition.graphpart import metis_seeds
-from meshshard.partition.volrefine import communication_volume, refine_volume
+from meshshard.partition import communication_volume, refine_volume
 
 
 def _brute_volume(g, a) -> int:
