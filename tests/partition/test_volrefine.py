@@ -5,9 +5,15 @@ import pytest
 import pyvista as pv
 import scipy.sparse as sp
 
-from meshshard.partition import dual_graph, knn_graph, metis, metrics
+from meshshard.partition import (
+    communication_volume,
+    dual_graph,
+    knn_graph,
+    metis,
+    metrics,
+    refine_volume,
+)
 from meshshard.partition.graphpart import metis_seeds
-from meshshard.partition import communication_volume, refine_volume
 
 
 def _brute_volume(g, a) -> int:
