@@ -97,7 +97,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--refine", choices=("volume",), default=None,
         help="volume: after METIS, lower the ghost rows with k-way FM within the same balance "
-        "(pure Python, ~5-10 s per try at 1M cells); --method metis only",
+        "(pure Python, 5-40 s per try at 1M cells); --method metis only",
     )  # fmt: skip
     parser.add_argument(
         "--tries", type=int, default=1,

@@ -202,8 +202,8 @@ def metis(
     refine : {None, "volume"} or bool
         ``"volume"`` (or True): after METIS, lower the communication volume (ghost rows) with
         k-way FM (:func:`meshshard.partition.volrefine.refine_volume`) within the same
-        balance (``ufactor``, weights, targets); never increases it. Pure Python: about
-        5-10 s per try on a 1M-cell mesh at P=4.
+        balance (``ufactor``, weights, targets); never increases it. Pure Python: 5-40 s
+        per try on a 1M-cell mesh at P=4 (longer where it keeps finding gains).
     tries : int
         Independent METIS runs with the seeds ``seed, seed + 1, ...`` (each refined when
         ``refine`` is set; METIS gives seeds 0 and 1 the same partition, so 1 is skipped
