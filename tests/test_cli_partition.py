@@ -63,6 +63,14 @@ def test_partition_metis_volume_objective(mesh_file, tmp_path, capsys):
         part = Partition.load(out)
         assert part.params["objective"] == obj and part.sizes.sum() == 480
     assert runs["vol"]["comm_volume"] <= runs["cut"]["comm_volume"]
+    out = tmp_path / "fm"
+    argv = ["partition", str(mesh_file / "grid.vtu"), "-p", "4", "-m", "metis", "--objective",
+            "vol", "--refine", "volume", "--tries", "2", "--out", str(out), "--json"]  # fmt: skip
+    assert main(argv) == 0
+    rep = json.loads(capsys.readouterr().out)
+    part = Partition.load(out)
+    assert part.params["refine"] == "volume" and part.params["try_seeds"] == [0, 2]
+    assert rep["comm_volume"] == min(part.params["try_volumes"]) <= runs["vol"]["comm_volume"]
 
 
 @pytest.mark.parametrize(
@@ -74,6 +82,8 @@ def test_partition_metis_volume_objective(mesh_file, tmp_path, capsys):
         (["-p", "2", "--weights", "nope"], "no cell field 'nope'"),
         (["-p", "2", "--on", "points", "--graph", "dual"], "use --graph knn"),
         (["-p", "2", "--objective", "vol"], "--objective is a METIS option; add --method metis"),
+        (["-p", "2", "--refine", "volume"], "--refine is a METIS option; add --method metis"),
+        (["-p", "2", "-m", "metis", "--tries", "0"], "--tries 0 must be >= 1"),
     ],
 )
 def test_partition_user_errors_exit_2(mesh_file, tmp_path, capsys, argv, err):

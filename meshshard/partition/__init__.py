@@ -20,6 +20,8 @@ _LAZY = {
     "knn_graph": "meshshard.partition.graph",
     "dual_graph": "meshshard.partition.graph",
     "metrics": "meshshard.partition.quality",
+    "refine_volume": "meshshard.partition.volrefine",
+    "communication_volume": "meshshard.partition.volrefine",
     "halo_plan": "meshshard.partition.halo",
     "halo_plan_graph": "meshshard.partition.halo",
     "halo_plan_radius": "meshshard.partition.halo",

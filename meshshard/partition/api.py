@@ -81,7 +81,13 @@ def partition(
         Allow empty shards when N < P.
     **method_params
         Passed to the method (e.g. ``bits`` for SFCs; ``graph``, ``knn``, ``ufactor``,
-        ``contig``, ``seed`` for METIS).
+        ``contig``, ``seed``, ``objective`` for METIS). ``"metis"`` and ``"kaminpar"`` also
+        take ``refine="volume"`` (k-way FM that lowers the ghost rows, i.e. the communication
+        volume, after the partitioner, within the same balance; never increases it) and
+        ``tries=k`` (k runs with seeds ``seed .. seed + k - 1``, the fewest ghost rows kept;
+        per-try volumes recorded in ``Partition.params``), e.g.
+        ``partition(centres, 4, "metis", graph=dual_graph(mesh), objective="vol",
+        refine="volume", tries=4)``.
 
     Returns
     -------

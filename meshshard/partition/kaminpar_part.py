@@ -147,6 +147,8 @@ def kaminpar(
     epsilon: float = 0.03,
     seed: int = 0,
     threads: int = 1,
+    refine: bool | str | None = None,
+    tries: int = 1,
 ) -> Partition:
     """Partition with KaMinPar on a graph of the points (or cells).
 
@@ -175,6 +177,12 @@ def kaminpar(
         Random seed (with ``threads=1`` the result is deterministic for a fixed seed).
     threads : int
         KaMinPar threads (more threads: faster, not bit-reproducible).
+    refine : {None, "volume"} or bool
+        ``"volume"`` (or True): lower the ghost rows afterwards with k-way FM within
+        ``epsilon`` (as :func:`meshshard.partition.graphpart.metis`).
+    tries : int
+        Runs with seeds ``seed .. seed + tries - 1``; keeps the fewest ghost rows with
+        ``refine``, else the smallest edge cut (recorded in ``params``).
 
     Returns
     -------
@@ -186,7 +194,8 @@ def kaminpar(
         kaminpar is not installed (``pip install meshshard[kaminpar]``).
     ValueError
         Asymmetric or self-looped graph, mismatched sizes, bad weights/targets, an unknown
-        ``preset``, ``epsilon`` outside (0, 1), ``threads`` < 1, ``seed`` < 0.
+        ``preset``, ``epsilon`` outside (0, 1), ``threads`` < 1, ``seed`` < 0, ``refine``
+        not None/bool/"volume", ``tries`` < 1.
 
     Examples
     --------
@@ -195,17 +204,19 @@ def kaminpar(
     >>> int(p.sizes.sum())  # doctest: +SKIP
     500
     """
-    from meshshard.partition.graphpart import partition_on_graph
+    from meshshard.partition.graphpart import check_refine, partition_on_graph
 
     _check_options(preset, epsilon, threads, seed)
+    how = check_refine(refine, tries)
     require_kaminpar()
     params = {"preset": preset, "epsilon": float(epsilon), "seed": int(seed),
               "threads": int(threads)}  # fmt: skip
 
-    def assign(g: Any, parts: int, w: np.ndarray | None, t: np.ndarray) -> np.ndarray:
+    def assign(g: Any, parts: int, w: np.ndarray | None, t: np.ndarray, s: int) -> np.ndarray:
         return kaminpar_assignment(g, parts, weights=w, targets=t, preset=preset,
-                                   epsilon=epsilon, seed=seed, threads=threads)  # fmt: skip
+                                   epsilon=epsilon, seed=s, threads=threads)  # fmt: skip
 
     return partition_on_graph(points, parts, assign, "kaminpar", params, weights=weights,
                               targets=targets, allow_empty=allow_empty, graph=graph,
-                              knn=knn)  # fmt: skip
+                              knn=knn, seeds=range(seed, seed + tries), refine=how,
+                              ufactor=1000 * float(epsilon))  # fmt: skip

@@ -334,6 +334,14 @@ def run_cli(args: Any) -> int:
     if unsupported:
         msg = f"{', '.join(unsupported)} cannot be combined with --distributed (yet)"
         raise ValueError(msg)
+    if getattr(args, "graph", None) is not None:
+        msg = (
+            f"--graph {args.graph} cannot be combined with --distributed: the distributed path "
+            "repartitions run stores and point sets, which hold no cell connectivity to build "
+            "the dual graph from (and the source's graph shards do not fit the new cut); run "
+            "`meshshard preprocess ... --graph dual` without --distributed"
+        )
+        raise ValueError(msg)
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     src = Path(args.src)

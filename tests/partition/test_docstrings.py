@@ -5,7 +5,18 @@ import importlib
 
 import pytest
 
-MODULES = ["api", "sfc", "rcb", "graph", "graphpart", "quality", "halo", "cutcount", "render"]
+MODULES = [
+    "api",
+    "sfc",
+    "rcb",
+    "graph",
+    "graphpart",
+    "quality",
+    "halo",
+    "cutcount",
+    "render",
+    "volrefine",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

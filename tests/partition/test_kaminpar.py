@@ -5,7 +5,7 @@ import pytest
 import scipy.sparse as sp
 
 from meshshard.partition import kaminpar_part as kp_mod
-from meshshard.partition import knn_graph, partition
+from meshshard.partition import knn_graph, metrics, partition
 
 kaminpar = pytest.importorskip("kaminpar")
 
@@ -112,3 +112,17 @@ def test_missing_package_names_the_extra(cloud, monkeypatch):
     monkeypatch.setattr(kp_mod, "WITH_KAMINPAR", False)
     with pytest.raises(ImportError, match=r"meshshard\[kaminpar\]"):
         partition(cloud, 2, method="kaminpar")
+
+
+def test_kaminpar_refine_and_tries(cloud):
+    g = knn_graph(cloud, 8)
+    plain = partition(cloud, 4, method="kaminpar", graph=g, seed=3)
+    best = partition(cloud, 4, method="kaminpar", graph=g, refine="volume", tries=2, seed=3)
+    vol = metrics(best, graph=g)["comm_volume"]
+    tv, before = best.params["try_volumes"], best.params["try_volumes_unrefined"]
+    assert best.params["try_seeds"] == [3, 4] and vol == min(tv)
+    assert before[0] == metrics(plain, graph=g)["comm_volume"]
+    assert all(x <= y for x, y in zip(tv, before)) and tv != before
+    assert best.sizes.max() <= np.floor(1.03 * len(cloud) / 4)
+    with pytest.raises(ValueError, match="tries=0"):
+        partition(cloud, 4, method="kaminpar", graph=g, tries=0)

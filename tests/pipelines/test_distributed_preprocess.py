@@ -94,3 +94,12 @@ def test_surface_only_and_unsupported_flags(source_store, tmp_path):
     for rc, text in run_ranks(cli_rank, 2, bad, timeout=240):
         assert rc == 2 and "--halo-radius cannot be combined with --distributed" in text
     assert not (tmp_path / "x").exists()
+
+
+def test_graph_is_refused_not_ignored(source_store, tmp_path):
+    # --graph dual used to be dropped silently: the stores came out without graph shards
+    bad = [*_argv(source_store, tmp_path / "g", 2, "morton"), "--graph", "dual"]
+    for rc, text in run_ranks(cli_rank, 2, bad, timeout=240):
+        assert rc == 2 and "--graph dual cannot be combined with --distributed" in text
+        assert "no cell connectivity" in text and "without --distributed" in text
+    assert not (tmp_path / "g").exists()  # refused before any work
