@@ -33,8 +33,9 @@ def _local_of(p, ref):
 def transolver_tp(rank, world_size, shape, sizes, steps, submesh, compiled=False):
     """Mesh ``shape`` = (data, domain, tensor); points sharded on "domain" with ``sizes``,
     batch on "data". ``submesh``: build inputs on mesh["domain"] (as the training script does)
-    instead of the 3-D mesh. ``compiled``: apply compile_sharded after the plan. Returns (tp, reference) pairs of outputs, losses, every parameter
-    gradient (this rank's piece) and weights after ``steps`` Adam steps."""
+    instead of the 3-D mesh. ``compiled``: apply compile_sharded after the plan. Returns (tp,
+    reference) pairs of outputs, losses, every parameter gradient (this rank's piece) and
+    weights after ``steps`` Adam steps."""
     from torch.distributed.tensor import DTensor
 
     from meshshard.parallel.plans import transolver_plan
