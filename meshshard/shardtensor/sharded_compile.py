@@ -154,16 +154,7 @@ def _run_impl(fwd: _ShardedForward, leaves: list, treedef: Any) -> Any:
     module = fwd.module_ref
     state = dict(module.named_parameters())
     state.update(module.named_buffers())
-    tensors, kinds = [], []
-    for v in leaves:
-        if isinstance(v, ShardTensor):
-            tensors.append(v._local)
-            kinds.append(("S", v._spec))
-        elif isinstance(v, torch.Tensor):
-            tensors.append(v)
-            kinds.append(("T", None))
-        else:
-            kinds.append(("C", v))
+    tensors, kinds = _split(leaves)
     key = (
         treedef,
         tuple(kinds),
@@ -192,13 +183,31 @@ def _run_impl(fwd: _ShardedForward, leaves: list, treedef: Any) -> Any:
     else:
         fwd.entries.move_to_end(key)
     outs = entry(list(state.values()), tensors)
-    it = iter(outs)
     otree, okinds = entry.out
-    out_leaves = [
-        ShardTensor(next(it), spec) if kind == "S" else next(it) if kind == "T" else spec
-        for kind, spec in okinds
-    ]
-    return tree_unflatten(out_leaves, otree)
+    return tree_unflatten(_join(okinds, outs), otree)
+
+
+def _split(leaves: list) -> tuple[list, list]:
+    """Leaves -> (tensors for the graph: ShardTensors' local pieces and plain tensors, and
+    each leaf's kind: ("S", spec), ("T", None) or ("C", the constant itself))."""
+    tensors, kinds = [], []
+    for v in leaves:
+        if isinstance(v, ShardTensor):
+            tensors.append(v._local)
+            kinds.append(("S", v._spec))
+        elif isinstance(v, torch.Tensor):
+            tensors.append(v)
+            kinds.append(("T", None))
+        else:
+            kinds.append(("C", v))
+    return tensors, kinds
+
+
+def _join(kinds: list | tuple, tensors: list) -> list:
+    """The inverse of :func:`_split`."""
+    it = iter(tensors)
+    return [ShardTensor(next(it), spec) if kind == "S" else next(it) if kind == "T" else spec
+            for kind, spec in kinds]  # fmt: skip
 
 
 def _refuse_fsdp_inside(module: nn.Module) -> None:
@@ -245,25 +254,11 @@ class _Entry:
         mode = detect_fake_mode(tensors)
         if mode is not None:  # real constants of the rules (index plans) enter as graph constants
             mode.allow_non_fake_inputs = True
-        it = iter(tensors)
-        rebuilt = [
-            ShardTensor(next(it), spec) if kind == "S" else next(it) if kind == "T" else spec
-            for kind, spec in self.kinds
-        ]
-        args, kwargs = tree_unflatten(rebuilt, self.treedef)
+        args, kwargs = tree_unflatten(_join(self.kinds, tensors), self.treedef)
         with _reparametrize_module(self.fwd.module_ref, dict(zip(self.names, state))):
             out = self.fwd.orig(*args, **kwargs)
         oleaves, otree = tree_flatten(out)
-        res, okinds = [], []
-        for o in oleaves:
-            if isinstance(o, ShardTensor):
-                res.append(o._local)
-                okinds.append(("S", o._spec))
-            elif isinstance(o, torch.Tensor):
-                res.append(o)
-                okinds.append(("T", None))
-            else:
-                okinds.append(("C", o))
+        res, okinds = _split(oleaves)
         self.out = (otree, okinds)
         return res
 
