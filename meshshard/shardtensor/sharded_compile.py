@@ -85,12 +85,12 @@ def compile_sharded(module: nn.Module, *, backend: str = "inductor") -> nn.Modul
     Dropout draws the compiled graph's random numbers, not eager's. Non-tensor arguments are
     part of the layout key (they are constants of the graph), so they must be hashable. The
     first call for each layout traces and compiles (about a second with ``aot_eager``, tens of
-    seconds with inductor on a small CPU host); a failure while compiling the *backward* (done
-    at the first backward) is not shared between ranks: the others wait in their next
-    collective until the process group's timeout.
+    seconds with inductor on a small CPU host). A rank that fails to trace or compile (the
+    forward on the first call, the backward on the first backward) tells the others, which
+    raise too instead of waiting in a collective.
 
     Collective: a call on ShardTensor inputs runs the collectives of the model's forward (and
-    backward); the first call per layout adds one all-reduce of the trace verdict.
+    backward); the first forward and backward per layout add one all-reduce of the verdict.
 
     Example
     -------
@@ -303,8 +303,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _aot(fn: Callable, backend: str, agree: Callable[[str], None]) -> Callable:
-    """AOTAutograd of ``fn`` with ``backend``'s compilers; the forward compiler's success is
-    shared with every rank (``agree("")``) before the compiled forward first runs."""
+    """AOTAutograd of ``fn`` with ``backend``'s compilers; each compiler's success or failure
+    is shared with every rank (``agree``) before the compiled graph first runs."""
     from torch._functorch.aot_autograd import aot_function, make_boxed_func
 
     if backend == "inductor":
@@ -328,8 +328,16 @@ def _aot(fn: Callable, backend: str, agree: Callable[[str], None]) -> Callable:
         return compiled
 
     def bw_compiler(gm: Any, example_inputs: Any) -> Any:
-        _drop_dead_collectives(gm)
-        return inner(gm, example_inputs)
+        # AOTAutograd compiles the backward on the first backward, on every rank alike: a rank
+        # that fails there tells the others too, instead of leaving them in a collective
+        try:
+            _drop_dead_collectives(gm)
+            compiled = inner(gm, example_inputs)
+        except Exception as exc:
+            agree(f"compiling its backward raised {type(exc).__name__}: {_first_line(exc)}")
+            raise
+        agree("")
+        return compiled
 
     return aot_function(fn, fw_compiler=fw_compiler, bw_compiler=bw_compiler, **extra)
 

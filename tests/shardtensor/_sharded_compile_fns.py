@@ -127,6 +127,24 @@ def errors(rank, world_size):
             out[name] = "no error"
         except NotTraceableError as exc:
             out[name] = f"NotTraceableError: {exc}"
+    # the backward compiles at the first backward; make rank 1's fail there
+    from meshshard.shardtensor import sharded_compile
+
+    def failing(gm):
+        raise RuntimeError("rank 1 cannot compile this backward")
+
+    if rank == 1:
+        sharded_compile._drop_dead_collectives = failing
+    module = compile_sharded(Pool(), backend="aot_eager")
+    xs, _ = _shard(x, mesh, (3, 5), rank, grad=True)
+    out["forward ran"] = False
+    try:
+        y = module(xs)
+        out["forward ran"] = True
+        y.sum().backward()
+        out["backward"] = "no error"
+    except NotTraceableError as exc:
+        out["backward"] = f"NotTraceableError: {exc}"
     try:
         compile_sharded(nn.Linear(2, 2), backend="tvm")
     except ValueError as exc:

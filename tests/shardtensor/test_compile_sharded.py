@@ -70,6 +70,10 @@ def test_untraceable_models_raise_on_every_rank():
         assert "ring shift" in rep["ring attention"], rep
         assert "grid halo exchange" in rep["grid halo"], rep
         assert "tvm" in rep["backend"], rep
+        # a backward that fails to compile on rank 1 raises on both ranks, not a hang
+        assert rep["forward ran"], rep
+        want = "rank 1 cannot compile" if rank == 1 else "another rank could not"
+        assert rep["backward"].startswith("NotTraceableError") and want in rep["backward"], rep
 
 
 def test_plain_inputs_run_the_module_unchanged():
