@@ -322,7 +322,10 @@ def _aot(fn: Callable, backend: str, agree: Callable[[str], None]) -> Callable:
 
         extra = {}
 
+    forward_nodes: set[str] = set()
+
     def fw_compiler(gm: Any, example_inputs: Any) -> Any:
+        forward_nodes.update(n.name for n in gm.graph.nodes)
         compiled = inner(gm, example_inputs)
         agree("")
         return compiled
@@ -331,7 +334,7 @@ def _aot(fn: Callable, backend: str, agree: Callable[[str], None]) -> Callable:
         # AOTAutograd compiles the backward on the first backward, on every rank alike: a rank
         # that fails there tells the others too, instead of leaving them in a collective
         try:
-            _drop_dead_collectives(gm)
+            _drop_dead_collectives(gm, forward_nodes)
             compiled = inner(gm, example_inputs)
         except Exception as exc:
             agree(f"compiling its backward raised {type(exc).__name__}: {_first_line(exc)}")
@@ -342,19 +345,20 @@ def _aot(fn: Callable, backend: str, agree: Callable[[str], None]) -> Callable:
     return aot_function(fn, fw_compiler=fw_compiler, bw_compiler=bw_compiler, **extra)
 
 
-def _drop_dead_collectives(gm: Any) -> None:
-    """Remove collectives whose results nothing uses from a backward graph.
+def _drop_dead_collectives(gm: Any, forward_nodes: set[str]) -> None:
+    """Remove from a backward graph the dead copies of forward collectives.
 
     The partitioner puts into the backward graph every forward node it can compute from the
     saved values, and keeps collectives among them even when their results are unused (it
     never drops a collective). Which forward values are saved depends on the local shapes (an
     empty shard saves less), so such dead copies of forward collectives appear on some ranks
-    only, and the ranks' collectives no longer pair up. A backward collective that matters
-    produces a gradient and is never dead, so dropping the dead ones is exact everywhere."""
+    only, and the ranks' collectives no longer pair up. They keep their forward names, so only
+    collectives named like a forward node and used by nothing are dropped; the backward's own
+    collectives stay even when dead on some rank (their partners run on the others)."""
 
     def impure(node: Any) -> bool:
         if getattr(node.target, "namespace", None) == "_c10d_functional":
-            return False
+            return node.name not in forward_nodes
         return node.is_impure()
 
     if gm.graph.eliminate_dead_code(is_impure_node=impure):

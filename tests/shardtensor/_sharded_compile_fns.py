@@ -130,7 +130,7 @@ def errors(rank, world_size):
     # the backward compiles at the first backward; make rank 1's fail there
     from meshshard.shardtensor import sharded_compile
 
-    def failing(gm):
+    def failing(gm, forward_nodes):
         raise RuntimeError("rank 1 cannot compile this backward")
 
     if rank == 1:
