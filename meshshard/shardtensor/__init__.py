@@ -9,11 +9,9 @@ Export: :class:`ShardTensor`, torch's :class:`Shard`, :class:`Replicate`, :class
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.shardtensor import handlers as _handlers  # noqa: F401  (registers the rules)
-from meshshard.shardtensor._dispatch import (
-    LayoutError,
-    NoShardingRuleError,
-    allow_gather_fallback,
-)
+from meshshard.shardtensor._dispatch import NoShardingRuleError
+from meshshard.shardtensor._fallback import allow_gather_fallback
+from meshshard.shardtensor._layout import LayoutError
 from meshshard.shardtensor.api import ShardTensor, from_local, scatter
 from meshshard.shardtensor.compile import LocalityError, compile_local, compile_local_plan
 from meshshard.shardtensor.registry import list_handlers, register_handler, unregister_handler

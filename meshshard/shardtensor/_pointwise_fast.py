@@ -15,13 +15,10 @@ import torch
 from torch.distributed.tensor import Replicate, Shard
 
 from meshshard.shardtensor import collectives as C
+from meshshard.shardtensor._layout import wrap, wrap_outputs
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import _name
 from meshshard.shardtensor.spec import ShardSpec, mesh_group
-
-
-def wrap(local: torch.Tensor, spec: ShardSpec) -> ShardTensor:
-    return ShardTensor(local, spec)
 
 
 def _broadcast_shapes(func, shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
@@ -144,9 +141,5 @@ def _checked(spec: ShardSpec, o: torch.Tensor) -> ShardSpec:
     return spec
 
 
-
-
 def _wrap_outputs(out: Any, spec: ShardSpec) -> Any:
-    from meshshard.shardtensor._dispatch import wrap_outputs  # rare: tuple-valued pointwise ops
-
     return wrap_outputs(out, lambda o: _checked(spec, o))

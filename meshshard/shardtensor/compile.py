@@ -33,6 +33,7 @@ from torch import nn
 from torch.distributed.tensor import Shard
 
 from meshshard.shardtensor._compile_check import LocalityError, verify_local
+from meshshard.shardtensor._layout import LayoutError, check_same_mesh, reduce_partials
 from meshshard.shardtensor._tracemode import tracing
 from meshshard.shardtensor.api import ShardTensor, _make_dynamo_opaque, _set_eval_frame
 from meshshard.shardtensor.spec import ShardSpec
@@ -224,8 +225,6 @@ _make_dynamo_opaque(_run)
 
 
 def _run_impl(fwd: _LocalForward, args: tuple, kwargs: dict) -> Any:
-    from meshshard.shardtensor._dispatch import reduce_partials
-
     module = fwd.module_ref
     args = tuple(reduce_partials(a) if isinstance(a, ShardTensor) else a for a in args)
     kwargs = {k: reduce_partials(v) if isinstance(v, ShardTensor) else v
@@ -285,8 +284,6 @@ def _trivial(spec: ShardSpec) -> bool:
 
 
 def _common_spec(module: nn.Module, values: list) -> ShardSpec:
-    from meshshard.shardtensor._dispatch import LayoutError, check_same_mesh
-
     sts = [v for v in values if isinstance(v, ShardTensor)]
     check_same_mesh(sts)
     first = sts[0]._spec

@@ -137,22 +137,9 @@ class Comm:
         """Rows ``a[sum(send_counts[:r]) : ...]`` go to rank ``r``; returns the received rows
         (grouped by source rank, in rank order) and the receive counts (collective)."""
         send_counts = np.asarray(send_counts, dtype=np.int64)
-        if recv_counts is None:
+        if recv_counts is None:  # the counts exchange first, then the copy to the buffer device
             recv_counts = self.alltoall_counts(send_counts)
-        t = self._t(a)
-        out = torch.empty((int(recv_counts.sum()), *t.shape[1:]), dtype=t.dtype, device=t.device)
-        t0 = time.perf_counter()
-        try:
-            dist.all_to_all_single(
-                out,
-                t,
-                output_split_sizes=recv_counts.tolist(),
-                input_split_sizes=send_counts.tolist(),
-                group=self.group,
-            )
-        except (RuntimeError, ValueError) as exc:
-            raise self._fail(exc) from exc
-        self._count(t.nbytes, out.nbytes, t0)
+        out, recv_counts = self.alltoallv_tensor(self._t(a), send_counts, recv_counts)
         return self._np(out), recv_counts
 
     def alltoallv_tensor(

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import Partial, Replicate
 
-from meshshard.shardtensor._dispatch import pointwise_apply, reduce_partials, wrap
+from meshshard.shardtensor._generic import pointwise_apply
+from meshshard.shardtensor._layout import reduce_partials, wrap
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler
 

@@ -10,7 +10,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.collective_check import check_collective
 from meshshard.shardtensor import collectives as C
-from meshshard.shardtensor._dispatch import (
+from meshshard.shardtensor._layout import (
     LayoutError,
     align_sizes,
     check_same_mesh,

@@ -8,7 +8,7 @@ import torch
 from torch.distributed.tensor import Replicate, Shard
 
 from meshshard.shardtensor import collectives as C
-from meshshard.shardtensor._dispatch import LayoutError, reduce_partials, wrap
+from meshshard.shardtensor._layout import LayoutError, reduce_partials, wrap
 from meshshard.shardtensor._tracemode import constant
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler

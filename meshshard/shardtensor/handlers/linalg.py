@@ -17,13 +17,8 @@ import torch.nn.functional as F
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.shardtensor import collectives as C
-from meshshard.shardtensor._dispatch import (
-    LayoutError,
-    check_same_mesh,
-    pointwise_apply,
-    reduce_partials,
-    wrap,
-)
+from meshshard.shardtensor._generic import pointwise_apply
+from meshshard.shardtensor._layout import LayoutError, check_same_mesh, reduce_partials, wrap
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler
 from meshshard.shardtensor.spec import ShardSpec, mesh_group

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from meshshard.shardtensor._dispatch import replicated_apply
+from meshshard.shardtensor._generic import replicated_apply
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler
 

@@ -10,12 +10,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import Shard
 
 from meshshard.shardtensor import collectives as C
-from meshshard.shardtensor._dispatch import (
-    LayoutError,
-    reduce_partials,
-    replicated_local,
-    wrap,
-)
+from meshshard.shardtensor._layout import LayoutError, reduce_partials, replicated_local, wrap
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.handlers.grid._globalnorm import global_norm
 from meshshard.shardtensor.handlers.reductions import _extreme_local

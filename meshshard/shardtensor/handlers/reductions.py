@@ -14,7 +14,8 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.collective_check import check_collective
 from meshshard.shardtensor import collectives as C
-from meshshard.shardtensor._dispatch import pointwise_apply, reduce_partials, wrap
+from meshshard.shardtensor._generic import pointwise_apply
+from meshshard.shardtensor._layout import reduce_partials, wrap
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.registry import register_handler
 from meshshard.shardtensor.spec import ShardSpec, intern_spec, mesh_group

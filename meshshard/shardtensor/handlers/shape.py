@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch.distributed.tensor import Shard
 
-from meshshard.shardtensor._dispatch import LayoutError, wrap
+from meshshard.shardtensor._layout import LayoutError, wrap
 from meshshard.shardtensor.registry import register_handler
 from meshshard.shardtensor.spec import ShardSpec
 

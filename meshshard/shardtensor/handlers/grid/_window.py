@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.distributed.tensor import Shard
 
-from meshshard.shardtensor._dispatch import LayoutError
+from meshshard.shardtensor._layout import LayoutError
 from meshshard.shardtensor.handlers.grid.halo import fetch_rows, owner_of
 from meshshard.shardtensor.spec import ShardSpec
 

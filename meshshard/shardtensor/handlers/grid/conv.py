@@ -12,13 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from meshshard.shardtensor._dispatch import (
-    check_same_mesh,
-    reduce_partials,
-    replicated_apply,
-    replicated_local,
-    wrap,
-)
+from meshshard.shardtensor._generic import replicated_apply
+from meshshard.shardtensor._layout import check_same_mesh, reduce_partials, replicated_local, wrap
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.handlers.grid._onednn import OneDnnConv, uses_onednn
 from meshshard.shardtensor.handlers.grid._window import (

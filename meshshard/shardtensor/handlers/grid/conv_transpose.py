@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch.nn.functional as F
 
-from meshshard.shardtensor._dispatch import reduce_partials, replicated_local, wrap
+from meshshard.shardtensor._layout import reduce_partials, replicated_local, wrap
 from meshshard.shardtensor.handlers.grid._window import (
     DimPlan,
     empty_like_out,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch.nn.functional as F
 
-from meshshard.shardtensor._dispatch import reduce_partials, wrap
+from meshshard.shardtensor._layout import reduce_partials, wrap
 from meshshard.shardtensor._tracemode import constant
 from meshshard.shardtensor.handlers.grid._window import (
     DimPlan,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import Shard
 
 from meshshard.shardtensor import collectives as C
-from meshshard.shardtensor._dispatch import reduce_partials, replicated_local, wrap
+from meshshard.shardtensor._layout import reduce_partials, replicated_local, wrap
 from meshshard.shardtensor.handlers.grid._globalnorm import global_norm
 from meshshard.shardtensor.handlers.grid._window import sharded_spatial
 from meshshard.shardtensor.handlers.grid.conv import needs_rule
