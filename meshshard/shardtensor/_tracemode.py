@@ -24,6 +24,7 @@ __all__ = [
     "all_gather",
     "all_to_all_single",
     "constant",
+    "keep_collectives",
     "reduce",
     "refuse",
     "tracing",
@@ -52,6 +53,29 @@ def tracing_collectives() -> Iterator[None]:
         yield
     finally:
         _TRACING[0] = prior
+
+
+_KEPT = ("all_reduce", "all_gather_into_tensor", "all_to_all_single", "reduce_scatter_tensor",
+         "broadcast", "wait_tensor")
+
+
+@contextlib.contextmanager
+def keep_collectives() -> Iterator[None]:
+    """Functional collectives count as side-effecting inside: no dead-code pass removes one.
+
+    torch treats them as pure, so a pass drops a collective whose result this rank does not use
+    (e.g. an exchange where it receives no rows) while its partners, which do use theirs, still
+    run it: they wait forever. Scoped to compile_sharded's tracing and compiling, so other
+    graphs in the process are untouched."""
+    import torch.fx.node as fx_node
+
+    ops = {getattr(torch.ops._c10d_functional, name).default for name in _KEPT}
+    added = ops - fx_node._side_effectful_functions
+    fx_node._side_effectful_functions.update(added)
+    try:
+        yield
+    finally:
+        fx_node._side_effectful_functions.difference_update(added)
 
 
 def refuse(what: str) -> None:

@@ -37,7 +37,12 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from meshshard import collective_check
-from meshshard.shardtensor._tracemode import NotTraceableError, tracing, tracing_collectives
+from meshshard.shardtensor._tracemode import (
+    NotTraceableError,
+    keep_collectives,
+    tracing,
+    tracing_collectives,
+)
 from meshshard.shardtensor.api import ShardTensor, _make_dynamo_opaque, _set_eval_frame
 
 __all__ = ["BACKENDS", "NotTraceableError", "compile_sharded", "is_compiled_sharded"]
@@ -285,7 +290,7 @@ class _Entry:
         debug = collective_check.debug_enabled()
         collective_check.set_debug(False)  # its checks would run on fake tensors
         try:
-            with tracing_collectives():
+            with tracing_collectives(), keep_collectives():
                 return self.compiled(state, tensors)
         except Exception as exc:
             if not self.agreed:  # this rank failed to trace or compile: tell the others
@@ -334,15 +339,36 @@ def _aot(fn: Callable, backend: str, agree: Callable[[str], None]) -> Callable:
         # AOTAutograd compiles the backward on the first backward, on every rank alike: a rank
         # that fails there tells the others too, instead of leaving them in a collective
         try:
-            _drop_dead_collectives(gm, forward_nodes)
-            compiled = inner(gm, example_inputs)
+            with keep_collectives():
+                _drop_dead_collectives(gm, forward_nodes)
+                compiled = inner(gm, example_inputs)
         except Exception as exc:
             agree(f"compiling its backward raised {type(exc).__name__}: {_first_line(exc)}")
             raise
         agree("")
         return compiled
 
-    return aot_function(fn, fw_compiler=fw_compiler, bw_compiler=bw_compiler, **extra)
+    from torch._functorch import partitioners
+
+    split = extra.pop("partition_fn", partitioners.default_partition)
+
+    def partition_fn(*args: Any, **kwargs: Any) -> Any:
+        # the partitioner's last dead-code pass removes collectives whose results this rank
+        # does not use (it treats them as pure); their partners still run them and would wait
+        # forever. Keep every collective; dead forward copies are dropped per name afterwards.
+        saved = partitioners.is_not_collective
+        partitioners.is_not_collective = _always
+        try:
+            return split(*args, **kwargs)
+        finally:
+            partitioners.is_not_collective = saved
+
+    return aot_function(fn, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+                        partition_fn=partition_fn, **extra)
+
+
+def _always(node: Any) -> bool:
+    return True
 
 
 def _drop_dead_collectives(gm: Any, forward_nodes: set[str]) -> None:

@@ -60,6 +60,23 @@ def test_inductor_backend_equals_one_process():
     _check(reports, layouts)
 
 
+@pytest.mark.parametrize(("sizes", "norm"), [((3, 5), "group"), ((0, 8), "batch")])
+def test_unet_on_a_sharded_grid_equals_one_process(sizes, norm):
+    # halo exchanges whose results some ranks do not use (they receive no rows) must stay in
+    # every rank's graph, or their partners wait forever
+    for rep in run_ranks(_sharded_compile_fns.unet, 2, sizes, norm, timeout=300):
+        for key in ("out", "x.grad"):
+            _close(*rep[key], key)
+        assert len(rep["grads"]) > 10
+        for name, (g, want) in rep["grads"].items():
+            _close(g, want, f"grad {name}")
+        for name, (b, want) in rep["buffers"].items():
+            if b.is_floating_point():
+                _close(b, want, f"buffer {name}")
+            else:
+                assert torch.equal(b, want), name
+
+
 def test_untraceable_models_raise_on_every_rank():
     reports = run_ranks(_sharded_compile_fns.errors, 2, timeout=300)
     for rank, rep in enumerate(reports):
@@ -68,7 +85,6 @@ def test_untraceable_models_raise_on_every_rank():
         want = "rank 0 cannot trace this" if rank == 0 else "another rank could not trace"
         assert want in rep["rank 0 fails"], rep
         assert "ring shift" in rep["ring attention"], rep
-        assert "grid halo exchange" in rep["grid halo"], rep
         assert "tvm" in rep["backend"], rep
         # a backward that fails to compile on rank 1 raises on both ranks, not a hang
         assert rep["forward ran"], rep
