@@ -249,6 +249,7 @@ class _Entry:
         self.fwd, self.mesh = fwd, mesh
         self.out: tuple | None = None
         self.agreed = False
+        self.failed = ""  # the verdict's message when some rank could not trace or compile
         self.compiled = _aot(self._traced, fwd.backend, self._agree)
         self.treedef, self.kinds, self.names = treedef, kinds, names
 
@@ -282,9 +283,12 @@ class _Entry:
             if int(ok.item()) == 0:
                 name = type(self.fwd.module_ref).__name__
                 where = problem or "another rank could not trace or compile it"
-                raise NotTraceableError(f"compile_sharded({name}): {where}")
+                self.failed = f"compile_sharded({name}): {where}"
+                raise NotTraceableError(self.failed)
 
     def __call__(self, state: list, tensors: list) -> list:
+        if self.failed:  # every rank knows: raise again without tracing or communicating
+            raise NotTraceableError(self.failed)
         if self.agreed:
             return self.compiled(state, tensors)
         debug = collective_check.debug_enabled()

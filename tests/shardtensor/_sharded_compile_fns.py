@@ -124,6 +124,11 @@ def errors(rank, world_size):
             out[name] = "no error"
         except NotTraceableError as exc:
             out[name] = f"NotTraceableError: {exc}"
+        try:  # a second call raises the same verdict, with no new trace or collective
+            module(arg)
+            out[name + " again"] = "no error"
+        except NotTraceableError as exc:
+            out[name + " again"] = f"NotTraceableError: {exc}"
     # the backward compiles at the first backward; make rank 1's fail there
     from meshshard.shardtensor import sharded_compile
 

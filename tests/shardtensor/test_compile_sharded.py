@@ -85,6 +85,8 @@ def test_untraceable_models_raise_on_every_rank():
         want = "rank 0 cannot trace this" if rank == 0 else "another rank could not trace"
         assert want in rep["rank 0 fails"], rep
         assert "ring shift" in rep["ring attention"], rep
+        for name in ("rank 0 fails", "ring attention"):
+            assert rep[name + " again"] == rep[name], rep
         assert "tvm" in rep["backend"], rep
         # a backward that fails to compile on rank 1 raises on both ranks, not a hang
         assert rep["forward ran"], rep
