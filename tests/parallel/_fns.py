@@ -110,6 +110,22 @@ def data_parallel_run(rank, world_size, mode, shard_dims, steps, extra=None, com
     return report
 
 
+def compiled_runs(rank, world_size, steps):
+    """One spawn for every compile_sharded case: DDP, FSDP2 on the root only, and FSDP2 on the
+    blocks (refused on every rank, reported as the error's text)."""
+    from meshshard.shardtensor import NotTraceableError
+
+    out = {"ddp": data_parallel_run(rank, world_size, "ddp", None, steps, None, "sharded"),
+           "fsdp-root": data_parallel_run(rank, world_size, "fsdp", None, steps,
+                                          {"blocks": []}, "sharded")}  # fmt: skip
+    try:
+        data_parallel_run(rank, world_size, "fsdp", None, 1, None, "sharded")
+        out["fsdp-blocks"] = "no error"
+    except NotTraceableError as exc:
+        out["fsdp-blocks"] = f"NotTraceableError: {exc}"
+    return out
+
+
 def bad_inputs(rank, world_size):
     """Unknown mode / mesh dim raise at once; weights that differ on one rank raise on all."""
     import pytest

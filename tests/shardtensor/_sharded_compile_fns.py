@@ -39,7 +39,8 @@ def train(rank, world_size, model_name, layouts, backend="aot_eager", steps=3, l
     """Per layout: losses of ``steps`` Adam steps, the first step's output, input gradient and
     parameter gradients, and the final parameters; for one process ("ref") and for
     compile_sharded on the shards ("compiled"), after compile_local of the submodules named by
-    ``local_plan`` (traced through). Also how many layouts were compiled."""
+    ``local_plan`` (traced through), and an evaluation under no_grad after the steps. Also how
+    many layouts were compiled."""
     from meshshard.shardtensor import compile_local_plan, compile_sharded
 
     make, dims = MODELS[model_name]
@@ -82,6 +83,8 @@ def train(rank, world_size, model_name, layouts, backend="aot_eager", steps=3, l
                              **{f"grad {n}": p.grad.clone()
                                 for n, p in model.named_parameters()}}  # fmt: skip
                 opt.step()
+            with torch.no_grad():  # evaluation: a layout of its own (grad mode is in the key)
+                first["eval"] = _full(model(*ins[:-1]))
             rep[name] = {"losses": losses, **first,
                          **{f"final {n}": p.detach().clone()
                             for n, p in model.named_parameters()}}  # fmt: skip

@@ -19,8 +19,9 @@ def _close(a, b, what):
 
 def _check(reports, layouts):
     for rank, (per_layout, compiled_layouts) in enumerate(reports):
-        # one compiled graph per layout, reused for the later steps
-        assert compiled_layouts == len(layouts), compiled_layouts
+        # one compiled graph per layout and grad mode (training, evaluation), reused for the
+        # later steps
+        assert compiled_layouts == 2 * len(layouts), compiled_layouts
         for sizes, rep in zip(layouts, per_layout):
             ref, got = rep["ref"], rep["compiled"]
             assert got.keys() == ref.keys()
