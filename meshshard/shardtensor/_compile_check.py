@@ -14,7 +14,7 @@ from torch.distributed.tensor import Partial
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.spec import ShardSpec
 
-__all__ = ["LocalityError", "verify_local"]
+__all__ = ["LocalityError", "all_ranks_ok", "verify_local"]
 
 # the collectives a block could issue in forward; counted while a block is checked
 _DIST_FUNCS = (
@@ -53,6 +53,19 @@ def _count_collectives():
                 setattr(dist, name, fn)
 
 
+def all_ranks_ok(mesh: Any, ok: bool) -> bool:
+    """Whether ``ok`` holds on every rank of ``mesh`` (one small all-reduce per mesh dim).
+
+    Collective: every rank of the mesh must call it."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+    if mesh.device_type == "cuda":
+        flag = flag.cuda()
+    for i in range(mesh.ndim):
+        if mesh.size(i) > 1:
+            _all_reduce(flag, op=dist.ReduceOp.MIN, group=mesh.get_group(i))
+    return bool(flag.item())
+
+
 def verify_local(fwd: Any, spec: ShardSpec, args: tuple, kwargs: dict) -> None:
     """Every rank: eager ShardTensor forward vs plain forward on the local pieces."""
     module = fwd.module_ref
@@ -72,13 +85,7 @@ def verify_local(fwd: Any, spec: ShardSpec, args: tuple, kwargs: dict) -> None:
             problem = _compare(eager, local, spec)
     except Exception as exc:  # turned into a verdict every rank shares
         problem = f"checking it raised {type(exc).__name__}: {exc}"
-    ok = torch.tensor([0 if problem else 1], dtype=torch.int64)
-    if spec.mesh.device_type == "cuda":
-        ok = ok.cuda()
-    for i in range(spec.mesh.ndim):
-        if spec.mesh.size(i) > 1:
-            _all_reduce(ok, op=dist.ReduceOp.MIN, group=spec.mesh.get_group(i))
-    if int(ok.item()) == 0:
+    if not all_ranks_ok(spec.mesh, not problem):
         where = problem or "another rank found it is not (its local rows differ)"
         msg = (
             f"compile_local({type(module).__name__}) needs a row-local block on inputs laid out "

@@ -88,6 +88,22 @@ except ImportError:  # pragma: no cover - torch without dynamo
 _make_dynamo_opaque(_torch_function)
 
 
+def dynamo_opaque(impl: Any) -> Any:
+    """``impl`` behind the same dynamo boundary as ``__torch_function__``: an enclosing
+    ``torch.compile`` graph-breaks at the call, and no frame below it is traced (it runs as in
+    eager mode, or compiles itself)."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        prior = _set_eval_frame(None)
+        try:
+            return impl(*args, **kwargs)
+        finally:
+            _set_eval_frame(prior)
+
+    _make_dynamo_opaque(run)
+    return run
+
+
 
 class ShardTensor(torch.Tensor):
     """A torch.Tensor subclass holding one rank's piece of a global tensor.

@@ -35,7 +35,7 @@ from torch.distributed.tensor import Shard
 from meshshard.shardtensor._compile_check import LocalityError, verify_local
 from meshshard.shardtensor._layout import LayoutError, check_same_mesh, reduce_partials
 from meshshard.shardtensor._tracemode import tracing
-from meshshard.shardtensor.api import ShardTensor, _make_dynamo_opaque, _set_eval_frame
+from meshshard.shardtensor.api import ShardTensor, dynamo_opaque
 from meshshard.shardtensor.spec import ShardSpec
 
 __all__ = ["LocalityError", "compile_local", "compile_local_plan", "is_compiled_local"]
@@ -210,20 +210,6 @@ class _LocalForward:
         return self.compiled
 
 
-def _run(fwd: _LocalForward, args: tuple, kwargs: dict) -> Any:
-    """The ShardTensor path; a dynamo boundary like ``ShardTensor.__torch_function__`` (no
-    frame below it is traced by an enclosing torch.compile; the local function compiles
-    itself)."""
-    prior = _set_eval_frame(None)
-    try:
-        return _run_impl(fwd, args, kwargs)
-    finally:
-        _set_eval_frame(prior)
-
-
-_make_dynamo_opaque(_run)
-
-
 def _run_impl(fwd: _LocalForward, args: tuple, kwargs: dict) -> Any:
     module = fwd.module_ref
     args = tuple(reduce_partials(a) if isinstance(a, ShardTensor) else a for a in args)
@@ -263,6 +249,11 @@ def _run_impl(fwd: _LocalForward, args: tuple, kwargs: dict) -> Any:
     pb.update(fwd.state(module._buffers))
     out = fwd.local_fn()(pb, largs, lkw)
     return _wrap_outputs(out, spec, fwd.out_specs)
+
+
+# the ShardTensor path, opaque to an enclosing torch.compile (the local function compiles
+# itself)
+_run = dynamo_opaque(_run_impl)
 
 
 def _needs_grad_sum(v: Any) -> bool:

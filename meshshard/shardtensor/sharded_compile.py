@@ -32,18 +32,18 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from meshshard import collective_check
+from meshshard.shardtensor._compile_check import all_ranks_ok
 from meshshard.shardtensor._tracemode import (
     NotTraceableError,
     keep_collectives,
     tracing,
     tracing_collectives,
 )
-from meshshard.shardtensor.api import ShardTensor, _make_dynamo_opaque, _set_eval_frame
+from meshshard.shardtensor.api import ShardTensor, dynamo_opaque
 
 __all__ = ["BACKENDS", "NotTraceableError", "compile_sharded", "is_compiled_sharded"]
 
@@ -143,18 +143,6 @@ class _ShardedForward:
         return _ShardedForward(copy.deepcopy(self.module_ref, memo), self.backend)
 
 
-def _run(fwd: _ShardedForward, leaves: list, treedef: Any) -> Any:
-    """Opaque to an enclosing torch.compile (like ``ShardTensor.__torch_function__``)."""
-    prior = _set_eval_frame(None)
-    try:
-        return _run_impl(fwd, leaves, treedef)
-    finally:
-        _set_eval_frame(prior)
-
-
-_make_dynamo_opaque(_run)
-
-
 def _run_impl(fwd: _ShardedForward, leaves: list, treedef: Any) -> Any:
     module = fwd.module_ref
     state = dict(module.named_parameters())
@@ -190,6 +178,9 @@ def _run_impl(fwd: _ShardedForward, leaves: list, treedef: Any) -> Any:
     outs = entry(list(state.values()), tensors)
     otree, okinds = entry.out
     return tree_unflatten(_join(okinds, outs), otree)
+
+
+_run = dynamo_opaque(_run_impl)  # opaque to an enclosing torch.compile
 
 
 def _split(leaves: list) -> tuple[list, list]:
@@ -273,14 +264,9 @@ class _Entry:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():
-            ok = torch.tensor([0 if problem else 1], dtype=torch.int64)
-            if self.mesh.device_type == "cuda":
-                ok = ok.cuda()
-            for i in range(self.mesh.ndim):
-                if self.mesh.size(i) > 1:
-                    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self.mesh.get_group(i))
+            ok = all_ranks_ok(self.mesh, not problem)
             self.agreed = True
-            if int(ok.item()) == 0:
+            if not ok:
                 name = type(self.fwd.module_ref).__name__
                 where = problem or "another rank could not trace or compile it"
                 self.failed = f"compile_sharded({name}): {where}"
