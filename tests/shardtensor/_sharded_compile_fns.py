@@ -180,3 +180,22 @@ def unet(rank, world_size, sizes, norm):
     leaf, xs = _grid_shard(x, mesh, [2], [sizes])
     out, out_ref = model(xs), ref(x_ref)
     return _compare(model, ref, out, out_ref, leaf, x_ref, [2], [sizes], mesh.get_coordinate())
+
+
+LOCAL_PLAN = ["preprocess", "blocks.*.mlp"]
+UNET_CASES = (((3, 5), "group"), ((0, 8), "batch"))
+
+
+def two_rank_cases(rank, world_size, layouts):
+    """Every aot_eager case on 2 ranks in one spawn (starting ranks is a large part of the
+    cost): both models, compile_local blocks inside, the UNet cases, and the error cases last
+    (they patch the backward compiler of rank 1)."""
+    return {
+        "transolver": train(rank, world_size, "transolver", layouts),
+        "pool": train(rank, world_size, "pool", layouts),
+        "local plan": train(rank, world_size, "transolver", [(5, 3)], "aot_eager", 2,
+                            LOCAL_PLAN),
+        **{("unet", sizes, norm): unet(rank, world_size, sizes, norm)
+           for sizes, norm in UNET_CASES},
+        "errors": errors(rank, world_size),
+    }  # fmt: skip

@@ -33,18 +33,22 @@ def _check(reports, layouts):
                     _close(got[key], want, f"{where} {key}")
 
 
+LAYOUTS = [(3, 5), (0, 8)]
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    # one spawn of 2 ranks for every aot_eager case below
+    return run_ranks(_sharded_compile_fns.two_rank_cases, 2, LAYOUTS, timeout=600)
+
+
 @pytest.mark.parametrize("model", ["transolver", "pool"])
-def test_two_ranks_equal_one_process(model):
-    layouts = [(3, 5), (0, 8)]
-    reports = run_ranks(_sharded_compile_fns.train, 2, model, layouts, timeout=300)
-    _check(reports, layouts)
+def test_two_ranks_equal_one_process(model, two_ranks):
+    _check([r[model] for r in two_ranks], LAYOUTS)
 
 
-def test_compile_local_blocks_inside_are_traced_through():
-    layouts = [(5, 3)]
-    reports = run_ranks(_sharded_compile_fns.train, 2, "transolver", layouts, "aot_eager", 2,
-                        ["preprocess", "blocks.*.mlp"], timeout=300)
-    _check(reports, layouts)
+def test_compile_local_blocks_inside_are_traced_through(two_ranks):
+    _check([r["local plan"] for r in two_ranks], [(5, 3)])
 
 
 def test_four_ranks_with_an_empty_shard_equal_one_process():
@@ -55,17 +59,16 @@ def test_four_ranks_with_an_empty_shard_equal_one_process():
 
 def test_inductor_backend_equals_one_process():
     # the default backend: generated C++ kernels with the collectives between them
-    layouts = [(3, 5), (0, 8)]
-    reports = run_ranks(_sharded_compile_fns.train, 2, "pool", layouts, "inductor",
+    reports = run_ranks(_sharded_compile_fns.train, 2, "pool", LAYOUTS, "inductor",
                         timeout=600)
-    _check(reports, layouts)
+    _check(reports, LAYOUTS)
 
 
-@pytest.mark.parametrize(("sizes", "norm"), [((3, 5), "group"), ((0, 8), "batch")])
-def test_unet_on_a_sharded_grid_equals_one_process(sizes, norm):
+@pytest.mark.parametrize(("sizes", "norm"), _sharded_compile_fns.UNET_CASES)
+def test_unet_on_a_sharded_grid_equals_one_process(sizes, norm, two_ranks):
     # halo exchanges whose results some ranks do not use (they receive no rows) must stay in
     # every rank's graph, or their partners wait forever
-    for rep in run_ranks(_sharded_compile_fns.unet, 2, sizes, norm, timeout=300):
+    for rep in (r[("unet", sizes, norm)] for r in two_ranks):
         for key in ("out", "x.grad"):
             _close(*rep[key], key)
         assert len(rep["grads"]) > 10
@@ -78,9 +81,8 @@ def test_unet_on_a_sharded_grid_equals_one_process(sizes, norm):
                 assert torch.equal(b, want), name
 
 
-def test_untraceable_models_raise_on_every_rank():
-    reports = run_ranks(_sharded_compile_fns.errors, 2, timeout=300)
-    for rank, rep in enumerate(reports):
+def test_untraceable_models_raise_on_every_rank(two_ranks):
+    for rank, rep in enumerate(r["errors"] for r in two_ranks):
         # only rank 0 fails to trace; rank 1 learns it from the verdict instead of hanging
         assert rep["rank 0 fails"].startswith("NotTraceableError"), rep
         want = "rank 0 cannot trace this" if rank == 0 else "another rank could not trace"
