@@ -1,0 +1,789 @@
+"""Spike (issue 22): aten-level sharding rules for :class:`AtenShardTensor`.
+
+Every aten op on a wrapper, forward or backward, comes here below autograd. Rules compute on
+the local pieces and return wrappers; layout changes they need (Partial -> Replicate,
+Replicate -> Shard) happen here too and are invisible to autograd, which differentiates the
+global computation. Collectives are functional collectives, so the same code runs eagerly and
+under ``torch.compile`` (as graph nodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from torch.distributed.tensor import Partial, Replicate
+
+from meshshard.shardtensor._aten.tensor import SHARDED, AtenShardTensor, make_spec, shard_like
+
+aten = torch.ops.aten
+_fc = torch.ops._c10d_functional
+_RULES: dict[Any, Callable] = {}
+_REP = Replicate()
+_PSUM = Partial()
+
+
+def rule(*ops):
+    def deco(fn):
+        for op in ops:
+            _RULES[op] = fn
+        return fn
+
+    return deco
+
+
+class Plan(NamedTuple):
+    """What a rule decided for one layout of its inputs; cached per (op, input specs, other
+    arguments), so a repeated layer reuses it. ``steps``: ``(arg position, step)`` layout
+    conversions of local pieces (``("reduce", mesh_dim)``, ``("narrow", mesh_dim, dim, sizes,
+    blocks)``, ``("respec", from_spec, to_spec)``); ``overrides``: ``(position, value)``
+    replacements of non-tensor arguments (local shapes); ``call``: the local computation (the
+    op itself when None); ``outs``: the output spec, or a tuple of them (None: not wrapped)."""
+
+    steps: tuple = ()
+    overrides: tuple = ()
+    call: Callable | None = None
+    outs: Any = None
+
+
+_PLANS: dict = {}
+
+
+def _key_of(a: Any) -> Any:
+    t = type(a)
+    if t is AtenShardTensor:
+        return a._spec
+    if t in (list, tuple):
+        return tuple(_key_of(b) for b in a)
+    if isinstance(a, torch.Tensor):
+        return ("T", tuple(a.shape), a.dtype)
+    return a
+
+
+def dispatch(func, args: tuple, kwargs: dict) -> Any:
+    tracing = False
+    key_parts = [func]
+    for a in args:
+        if type(a) is AtenShardTensor:
+            if type(a._local) is not torch.Tensor:
+                tracing = True
+            key_parts.append(a._spec)
+        else:
+            key_parts.append(_key_of(a))
+    if kwargs:
+        key_parts.append(tuple((k, _key_of(v)) for k, v in kwargs.items()))
+    plan = None
+    key = None
+    if not tracing:
+        key = tuple(key_parts)
+        try:
+            plan = _PLANS.get(key)
+        except TypeError:  # an unhashable argument: no cache
+            key = None
+    if plan is None:
+        fn = _RULES.get(func)
+        if fn is None:
+            fn = _RULES.get(func.overloadpacket)
+            if fn is None:
+                if torch.Tag.pointwise in func.tags:
+                    fn = _pointwise
+                else:
+                    msg = (
+                        f"AtenShardTensor (spike) has no sharding rule for {func}; register "
+                        "one in meshshard.shardtensor._aten.rules"
+                    )
+                    raise NotImplementedError(msg)
+            _RULES[func] = fn
+        if fn in _DIRECT:
+            return fn(func, args, kwargs)
+        plan = fn(func, args, kwargs)
+        if key is not None:
+            if len(_PLANS) > 16384:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    return _execute(func, args, kwargs, plan)
+
+
+def _execute(func, args: tuple, kwargs: dict, plan: Plan) -> Any:
+    locs = []
+    mesh = None
+    for a in args:
+        t = type(a)
+        if t is AtenShardTensor:
+            locs.append(a._local)
+            mesh = a._spec.mesh
+        elif t in (list, tuple) and a and any(type(b) is AtenShardTensor for b in a):
+            locs.append([b._local if type(b) is AtenShardTensor else b for b in a])
+            mesh = next(b._spec.mesh for b in a if type(b) is AtenShardTensor)
+        else:
+            locs.append(a)
+    for pos, step in plan.steps:
+        if type(pos) is tuple:
+            k, j = pos
+            locs[k][j] = _apply_step(locs[k][j], step, mesh)
+        else:
+            locs[pos] = _apply_step(locs[pos], step, mesh)
+    for pos, value in plan.overrides:
+        locs[pos] = value
+    out = (plan.call or func)(*locs, **kwargs)
+    outs = plan.outs
+    if type(outs) is tuple:
+        return tuple(None if o is None or s is None else AtenShardTensor(o, s)
+                     for o, s in zip(out, outs))
+    if type(outs) is list:
+        return [AtenShardTensor(o, s) for o, s in zip(out, outs)]
+    return AtenShardTensor(out, outs)
+
+
+def _apply_step(loc: torch.Tensor, step: tuple, mesh) -> torch.Tensor:
+    kind = step[0]
+    if kind == "reduce":
+        return _all_reduce(loc, mesh, step[1])
+    if kind == "narrow":
+        _, i, ad, s, blocks = step
+        return _narrow(loc, ad, s, _coord(mesh)[1][i], blocks)
+    _, src, dst = step  # respec
+    return from_replicate_local(to_replicate_local(loc, src), dst)
+
+
+_DIRECT: set = set()
+
+
+# ------------------------------------------------------------------ mesh helpers
+_COORD: dict[int, tuple] = {}
+
+
+def _coord(mesh) -> tuple:
+    c = _COORD.get(id(mesh))
+    if c is None or c[0] is not mesh:
+        c = _COORD[id(mesh)] = (mesh, tuple(mesh.get_coordinate()),
+                                tuple(mesh.get_group(i).group_name for i in range(mesh.ndim)))
+    return c
+
+
+def _all_reduce(t: torch.Tensor, mesh, i: int) -> torch.Tensor:
+    if mesh.size(i) == 1:
+        return t
+    name = _coord(mesh)[2][i]
+    return _fc.wait_tensor(_fc.all_reduce(t.contiguous(), "sum", name))
+
+
+def _all_gather_v(t: torch.Tensor, dim: int, sizes: tuple, mesh, i: int,
+                  blocks: int = 1) -> torch.Tensor:
+    n = len(sizes)
+    if n == 1:
+        return t
+    if blocks != 1:  # (.., m*n_r, ..) -> (.., m, n_r, ..), gather the n_r axis, merge back
+        shape = list(t.shape)
+        t = t.unflatten(dim, (blocks, -1))
+        out = _all_gather_v(t, dim + 1, sizes, mesh, i)
+        shape[dim] = blocks * sum(sizes)
+        return out.reshape(shape)
+    name = _coord(mesh)[2][i]
+    m = max(sizes)
+    x = t.movedim(dim, 0)
+    pad = m - x.shape[0]  # no branch on it: a symbolic size stays unguarded
+    x = torch.cat([x, x.new_zeros((pad, *x.shape[1:]))])
+    g = _fc.wait_tensor(_fc.all_gather_into_tensor(x.contiguous(), n, name))
+    pieces = [g.narrow(0, r * m, s) for r, s in enumerate(sizes)]
+    return torch.cat(pieces).movedim(0, dim)
+
+
+def _offset(spec, i: int) -> Any:
+    c = _coord(spec.mesh)[1][i]
+    return sum(spec.sizes[i][:c])
+
+
+def to_replicate_local(local: torch.Tensor, spec) -> torch.Tensor:
+    """The full tensor from a local piece (collective over non-Replicate mesh dims)."""
+    for i, p in enumerate(spec.placements):
+        if isinstance(p, Partial):
+            local = _all_reduce(local, spec.mesh, i)
+        elif isinstance(p, SHARDED):
+            local = _all_gather_v(local, p.dim, spec.sizes[i], spec.mesh, i,
+                                  getattr(p, "blocks", 1))
+    return local
+
+
+def from_replicate_local(full: torch.Tensor, spec) -> torch.Tensor:
+    """This rank's piece of ``spec`` cut from a full (replicated) tensor. No collective.
+    A Partial placement keeps the whole value on coordinate 0 and zeros elsewhere."""
+    for i, p in enumerate(spec.placements):
+        if isinstance(p, SHARDED):
+            c = _coord(spec.mesh)[1][i]
+            full = _narrow(full, p.dim, spec.sizes[i], c, getattr(p, "blocks", 1))
+        elif isinstance(p, Partial) and _coord(spec.mesh)[1][i] != 0:
+            full = torch.zeros_like(full)
+    return full
+
+
+def _narrow(t: torch.Tensor, dim: int, sizes: tuple, c: int, blocks: int = 1) -> torch.Tensor:
+    """Rank ``c``'s rows of a full tensor ``t`` along ``dim`` (Shard, or Blocked: per block)."""
+    off = sum(sizes[:c])
+    if blocks == 1:
+        return t.narrow(dim, off, sizes[c])
+    shape = list(t.shape)
+    shape[dim] = blocks * sizes[c]
+    return t.unflatten(dim, (blocks, -1)).narrow(dim + 1, off, sizes[c]).reshape(shape)
+
+
+def _wrap(local: torch.Tensor, spec) -> AtenShardTensor:
+    return AtenShardTensor(local, spec)
+
+
+def _local_shape(spec) -> list:
+    shape = list(spec.shape)
+    coord = _coord(spec.mesh)[1]
+    for i, p in enumerate(spec.placements):
+        if isinstance(p, SHARDED):
+            shape[p.dim] = spec.sizes[i][coord[i]] * getattr(p, "blocks", 1)
+    return shape
+
+
+# ------------------------------------------------------------------ pointwise
+_LINEAR_ALL = {aten.add.Tensor, aten.sub.Tensor, aten.neg.default, aten.clone.default}
+_LINEAR_ONE = {aten.mul.Tensor, aten.div.Tensor, aten.mul.Scalar, aten.div.Scalar}
+
+
+def _pointwise(func, args, kwargs) -> Plan:
+    mesh = None
+    tensors = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            tensors.append(a)
+            if mesh is None and type(a) is AtenShardTensor:
+                mesh = a._spec.mesh
+    shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))
+    out_nd = len(shape)
+    placements = []
+    sizes = []
+    steps = []
+    for i in range(mesh.ndim):
+        shard = None
+        partial_args = []
+        for k, a in enumerate(args):
+            if type(a) is not AtenShardTensor:
+                continue
+            p = a._spec.placements[i]
+            if isinstance(p, SHARDED):
+                od = p.dim + out_nd - a.ndim
+                if a.shape[p.dim] == shape[od] and shard is None:
+                    shard = (od, a._spec.sizes[i], p)
+            elif isinstance(p, Partial):
+                partial_args.append(k)
+        if shard is not None:
+            od, s, sp = shard
+            blocks = getattr(sp, "blocks", 1)
+            placements.append(shard_like(sp, od))
+            sizes.append(s)
+            for k, a in enumerate(args):
+                if not isinstance(a, torch.Tensor):
+                    continue
+                p = a._spec.placements[i] if type(a) is AtenShardTensor else _REP
+                ad = od - (out_nd - a.ndim)
+                if isinstance(p, SHARDED):
+                    if p.dim != ad or a._spec.sizes[i] != s or type(p) is not type(sp) \
+                            or getattr(p, "blocks", 1) != blocks:
+                        msg = f"{func}: operands sharded differently on mesh dim {i}"
+                        raise NotImplementedError(msg)
+                    continue
+                if isinstance(p, Partial):
+                    steps.append((k, ("reduce", i)))
+                if ad >= 0 and a.shape[ad] != 1:
+                    steps.append((k, ("narrow", i, ad, s, blocks)))
+            continue
+        if partial_args:
+            # sum-linear: every operand Partial (a scalar added on each rank would count P
+            # times), or one Partial factor
+            n_operands = 1 if func in (aten.neg.default, aten.clone.default) else 2
+            linear = (func in _LINEAR_ALL and len(partial_args) == n_operands) or (
+                func in _LINEAR_ONE and len(partial_args) == 1
+                and (func not in (aten.div.Tensor,) or partial_args[0] == 0)
+            )
+            if linear:
+                placements.append(_PSUM)
+                sizes.append(None)
+                continue
+            for k in partial_args:
+                steps.append((k, ("reduce", i)))
+        placements.append(_REP)
+        sizes.append(None)
+    steps.sort(key=lambda st: st[1][0] != "reduce")  # reduce before narrowing
+    return Plan(tuple(steps), (), None, make_spec(mesh, tuple(placements), tuple(sizes), shape))
+
+
+# ------------------------------------------------------------------ same layout
+@rule(aten.detach.default, aten.alias.default)
+def _same(func, args, kwargs) -> Plan:
+    return Plan(outs=args[0]._spec)
+
+
+@rule(aten.ones_like.default, aten.zeros_like.default, aten.empty_like.default,
+      aten.full_like.default)
+def _like(func, args, kwargs) -> Plan:
+    spec = args[0]._spec
+    if any(isinstance(p, Partial) for p in spec.placements):  # a Partial of ones is not ones
+        pl = tuple(_REP if isinstance(p, Partial) else p for p in spec.placements)
+        spec = make_spec(spec.mesh, pl, spec.sizes, spec.shape)
+    return Plan(outs=spec)
+
+
+@rule(aten._local_scalar_dense.default)
+def _item(func, args, kwargs):
+    x = args[0]
+    return func(to_replicate_local(x._local, x._spec))
+
+
+@rule(aten.is_same_size.default)
+def _same_size(func, args, kwargs):
+    return tuple(args[0].shape) == tuple(args[1].shape)
+
+
+_DIRECT.update({_item, _same_size})
+
+
+# ------------------------------------------------------------------ reductions
+def _reduce_rule(func, args, kwargs, mean: bool, default: bool) -> Plan:
+    x = args[0]
+    spec = x._spec
+    nd = x.ndim
+    dims = None if default else (args[1] if len(args) > 1 else None)
+    keepdim = False if default else (args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        dims = list(range(nd))
+    dims = sorted({(d + nd) % nd for d in ([dims] if isinstance(dims, int) else dims)})
+    placements, sizes = [], []
+    over_shard = False
+    for i, p in enumerate(spec.placements):
+        if isinstance(p, SHARDED):
+            if p.dim in dims:
+                placements.append(_PSUM)
+                sizes.append(None)
+                over_shard = True
+            else:
+                nd_out = p.dim if keepdim else p.dim - sum(1 for d in dims if d < p.dim)
+                placements.append(shard_like(p, nd_out))
+                sizes.append(spec.sizes[i])
+        else:
+            placements.append(p)
+            sizes.append(None)
+    out_shape = [s for d, s in enumerate(spec.shape) if d not in dims] if not keepdim else [
+        1 if d in dims else s for d, s in enumerate(spec.shape)]
+    out = make_spec(spec.mesh, tuple(placements), tuple(sizes), tuple(out_shape))
+    call = None
+    if mean and over_shard:  # local sum / global count
+        count = 1
+        for d in dims:
+            count = count * spec.shape[d]
+
+        def call(loc, *_a, dtype=None, **_k):
+            return aten.sum.dim_IntList(loc, dims, keepdim, dtype=dtype) / count
+
+    return Plan((), (), call, out)
+
+
+@rule(aten.sum.dim_IntList, aten.sum.default)
+def _sum(func, args, kwargs) -> Plan:
+    return _reduce_rule(func, args, kwargs, False, func is aten.sum.default)
+
+
+@rule(aten.mean.dim, aten.mean.default)
+def _mean(func, args, kwargs) -> Plan:
+    return _reduce_rule(func, args, kwargs, True, func is aten.mean.default)
+
+
+# ------------------------------------------------------------------ views
+def _spec_with(spec, placements, sizes, shape):
+    return make_spec(spec.mesh, tuple(placements), tuple(sizes), tuple(shape))
+
+
+def _moved(x, mapping: Callable[[int], int], out_shape) -> Plan:
+    spec = x._spec
+    pl = [shard_like(p, mapping(p.dim)) if isinstance(p, SHARDED) else p
+          for p in spec.placements]
+    return Plan(outs=_spec_with(spec, pl, spec.sizes, out_shape))
+
+
+@rule(aten.permute.default)
+def _permute(func, args, kwargs) -> Plan:
+    x, dims = args[0], [d % args[0].ndim for d in args[1]]
+    return _moved(x, dims.index, [x.shape[d] for d in dims])
+
+
+@rule(aten.transpose.int)
+def _transpose(func, args, kwargs) -> Plan:
+    x = args[0]
+    a, b = args[1] % x.ndim, args[2] % x.ndim
+    perm = list(range(x.ndim))
+    perm[a], perm[b] = perm[b], perm[a]
+    return _moved(x, perm.index, [x.shape[d] for d in perm])
+
+
+@rule(aten.t.default)
+def _t(func, args, kwargs) -> Plan:
+    x = args[0]
+    perm = list(range(x.ndim))[::-1]
+    return _moved(x, perm.index, [x.shape[d] for d in perm])
+
+
+@rule(aten.unsqueeze.default)
+def _unsqueeze(func, args, kwargs) -> Plan:
+    x = args[0]
+    d = args[1] % (x.ndim + 1)
+    shape = list(x.shape)
+    shape.insert(d, 1)
+    return _moved(x, lambda k: k + (k >= d), shape)
+
+
+@rule(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def _squeeze(func, args, kwargs) -> Plan:
+    x = args[0]
+    if func is aten.squeeze.default:
+        dims = [d for d in range(x.ndim) if x.shape[d] == 1]
+    elif func is aten.squeeze.dim:
+        dims = [args[1] % x.ndim] if x.shape[args[1] % x.ndim] == 1 else []
+    else:
+        dims = [d % x.ndim for d in args[1] if x.shape[d % x.ndim] == 1]
+    _check_free(x, dims, func)
+    shape = [s for k, s in enumerate(x.shape) if k not in dims]
+    return _moved(x, lambda k: k - sum(1 for d in dims if d < k), shape)
+
+
+@rule(aten.expand.default)
+def _expand(func, args, kwargs) -> Plan:
+    x, target = args[0], list(args[1])
+    spec = x._spec
+    lead = len(target) - x.ndim
+    shape = [x.shape[k - lead] if (t == -1) else t for k, t in enumerate(target)]
+    local_target = list(shape)
+    loc_shape = _local_shape(spec)
+    pl = []
+    for p in spec.placements:
+        if isinstance(p, SHARDED):
+            od = p.dim + lead
+            local_target[od] = loc_shape[p.dim]
+            pl.append(shard_like(p, od))
+        else:
+            pl.append(p)
+    return Plan((), ((1, local_target),), None, _spec_with(spec, pl, spec.sizes, shape))
+
+
+def _infer(shape, numel):
+    shape = list(shape)
+    if -1 in shape:
+        k = shape.index(-1)
+        rest = 1
+        for j, s in enumerate(shape):
+            if j != k:
+                rest = rest * s
+        shape[k] = numel // rest
+    return shape
+
+
+def _reshape(loc, shape, *_a, **_k):
+    # the wrapper claims contiguous strides; the local piece may be a permuted view
+    return loc.reshape(shape)
+
+
+@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def _view(func, args, kwargs) -> Plan:
+    x = args[0]
+    spec = x._spec
+    in_shape = list(x.shape)
+    numel = 1
+    for s in in_shape:
+        numel = numel * s
+    out_shape = _infer(args[1], numel)
+    placements, sizes = [], []
+    local_out = list(out_shape)
+    for i, p in enumerate(spec.placements):
+        if not isinstance(p, SHARDED):
+            placements.append(p)
+            sizes.append(None)
+            continue
+        sigma = 1
+        for t in in_shape[p.dim + 1:]:
+            sigma = sigma * t
+        n = sum(spec.sizes[i])
+        found = _map_view_dim(out_shape, sigma, n)
+        if found is None:
+            msg = (
+                f"{func}: reshape {tuple(in_shape)} -> {tuple(out_shape)} splits the sharded "
+                f"dim {p.dim} (needs a redistribution; not in the spike)"
+            )
+            raise NotImplementedError(msg)
+        od, blocks, q = found
+        placements.append(shard_like(p, od, blocks))
+        s = spec.sizes[i] if q == 1 else tuple(v * q for v in spec.sizes[i])
+        sizes.append(s)
+        local_out[od] = s[_coord(spec.mesh)[1][i]] * blocks
+    return Plan((), ((1, local_out),), _reshape,
+                _spec_with(spec, placements, sizes, out_shape))
+
+
+def _map_view_dim(outs: list, sigma, n):
+    """Where a sharded coordinate of extent ``n`` and flat stride ``sigma`` lands in a view of
+    shape ``outs``: (dim, blocks, q) when that dim's index is ``block * n * q + i * q + j``
+    (the rows of every rank stay whole), else None."""
+    stride = 1
+    strides = []
+    for s in reversed(outs):
+        strides.append(stride)
+        stride = stride * s
+    strides.reverse()
+    for od, (s, st) in enumerate(zip(outs, strides)):
+        if s == 1 and n != 1:
+            continue
+        if st <= sigma < st * s or (n == 1 and st == sigma):
+            if sigma % st:
+                return None
+            q = sigma // st
+            if s % (n * q):
+                return None
+            return od, s // (n * q), q
+    return None
+
+
+# ------------------------------------------------------------------ matmul family
+def _contract(func, args, labels: tuple, out_labels: str, tensor_pos: tuple):
+    """Placement rule for products: per mesh dim, a label sharded on some operand is sharded
+    in the output, or (contracted) makes it Partial. Returns (steps, out spec)."""
+    ops = [args[k] for k in tensor_pos]
+    mesh = next(a._spec.mesh for a in ops if type(a) is AtenShardTensor)
+    steps = []
+    placements, sizes = [], []
+    dimsize = {}
+    for a, lab in zip(ops, labels):
+        for L, s in zip(lab, a.shape):
+            dimsize[L] = s
+    shape = [dimsize[L] for L in out_labels]
+    for i in range(mesh.ndim):
+        sharded = None
+        partial = []
+        for k, (a, lab) in enumerate(zip(ops, labels)):
+            if type(a) is not AtenShardTensor:
+                continue
+            p = a._spec.placements[i]
+            if isinstance(p, SHARDED) and sharded is None:
+                sharded = (lab[p.dim], a._spec.sizes[i], p)
+            elif isinstance(p, Partial):
+                partial.append(k)
+        if sharded is not None:
+            L, s, sp = sharded
+            blocks = getattr(sp, "blocks", 1)
+            for k, (a, lab) in enumerate(zip(ops, labels)):
+                p = a._spec.placements[i] if type(a) is AtenShardTensor else _REP
+                if isinstance(p, Partial):
+                    steps.append((tensor_pos[k], ("reduce", i)))
+                    p = _REP
+                if isinstance(p, SHARDED):
+                    if lab[p.dim] != L or a._spec.sizes[i] != s or p != sp and \
+                            getattr(p, "blocks", 1) != blocks:
+                        msg = f"{func}: operands sharded on different dims of mesh dim {i}"
+                        raise NotImplementedError(msg)
+                elif L in lab:
+                    steps.append((tensor_pos[k], ("narrow", i, lab.index(L), s, blocks)))
+            if L in out_labels:
+                placements.append(shard_like(sp, out_labels.index(L)))
+                sizes.append(s)
+            else:
+                placements.append(_PSUM)
+                sizes.append(None)
+        elif len(partial) == 1:
+            placements.append(_PSUM)
+            sizes.append(None)
+        else:
+            for k in partial:
+                steps.append((tensor_pos[k], ("reduce", i)))
+            placements.append(_REP)
+            sizes.append(None)
+    steps.sort(key=lambda st: st[1][0] != "reduce")
+    return tuple(steps), make_spec(mesh, tuple(placements), tuple(sizes), tuple(shape))
+
+
+@rule(aten.mm.default)
+def _mm(func, args, kwargs) -> Plan:
+    steps, spec = _contract(func, args, ("mk", "kn"), "mn", (0, 1))
+    return Plan(steps, (), None, spec)
+
+
+@rule(aten.bmm.default)
+def _bmm(func, args, kwargs) -> Plan:
+    steps, spec = _contract(func, args, ("bmk", "bkn"), "bmn", (0, 1))
+    return Plan(steps, (), None, spec)
+
+
+@rule(aten.addmm.default)
+def _addmm(func, args, kwargs) -> Plan:
+    steps, spec = _contract(aten.mm.default, args, ("mk", "kn"), "mn", (1, 2))
+    bias = args[0]
+    if type(bias) is AtenShardTensor and any(not isinstance(p, Replicate)
+                                             for p in bias._spec.placements):
+        msg = f"{func}: a sharded or partial bias (not in the spike)"
+        raise NotImplementedError(msg)
+    partial = [i for i, p in enumerate(spec.placements) if isinstance(p, Partial)]
+    if not partial:
+        return Plan(steps, (), None, spec)
+    mesh = spec.mesh
+
+    def call(b, m1, m2, beta=1, alpha=1):  # reduce the product before adding the bias once
+        prod = aten.mm.default(m1, m2)
+        for i in partial:
+            prod = _all_reduce(prod, mesh, i)
+        return beta * b + alpha * prod
+
+    out = make_spec(mesh, tuple(_REP if isinstance(p, Partial) else p
+                                for p in spec.placements), spec.sizes, spec.shape)
+    return Plan(steps, (), call, out)
+
+
+# ------------------------------------------------------------------ nn
+def _check_free(x, dims, func):
+    for p in x._spec.placements:
+        if isinstance(p, SHARDED) and p.dim in dims:
+            msg = f"{func} over the sharded dim {p.dim} needs a global rule (not in the spike)"
+            raise NotImplementedError(msg)
+
+
+def _reduced(x, pos: int):
+    """(steps, spec) turning ``x``'s Partial placements into Replicate."""
+    spec = x._spec
+    steps = tuple((pos, ("reduce", i)) for i, p in enumerate(spec.placements)
+                  if isinstance(p, Partial))
+    if steps:
+        spec = make_spec(spec.mesh, tuple(_REP if isinstance(p, Partial) else p
+                                          for p in spec.placements), spec.sizes, spec.shape)
+    return steps, spec
+
+
+def _to_spec(x, pos: int, spec) -> tuple:
+    """Steps that bring ``x`` (a wrapper or a plain, replicated tensor) to ``spec``."""
+    if type(x) is not AtenShardTensor:
+        return ((pos, ("respec", _replicated(spec), spec)),)
+    if same_layout(x._spec, spec):
+        return ()
+    return ((pos, ("respec", x._spec, spec)),)
+
+
+def same_layout(a, b) -> bool:
+    """Structural equality (specs are interned in eager mode, but not while tracing, where the
+    sizes are SymInts: equal ones compare equal under a guard that holds by construction)."""
+    return a is b or (a.placements == b.placements and a.sizes == b.sizes
+                      and a.shape == b.shape)
+
+
+def _replicated(spec):
+    return make_spec(spec.mesh, (_REP,) * len(spec.placements), (None,) * len(spec.sizes),
+                     spec.shape)
+
+
+@rule(aten._softmax.default, aten._log_softmax.default)
+def _softmax(func, args, kwargs) -> Plan:
+    x = args[0]
+    _check_free(x, [args[1] % x.ndim], func)
+    steps, spec = _reduced(x, 0)
+    return Plan(steps, (), None, spec)
+
+
+@rule(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
+def _softmax_bwd(func, args, kwargs) -> Plan:
+    out = args[1]
+    _check_free(out, [args[2] % out.ndim], func)
+    return Plan(_to_spec(args[0], 0, out._spec), (), None, out._spec)
+
+
+@rule(aten.native_layer_norm.default)
+def _layer_norm(func, args, kwargs) -> Plan:
+    x, nshape = args[0], args[1]
+    axis = x.ndim - len(nshape)
+    _check_free(x, list(range(axis, x.ndim)), func)
+    steps, spec = _reduced(x, 0)
+    stat_shape = list(spec.shape[:axis]) + [1] * (x.ndim - axis)
+    sspec = make_spec(spec.mesh, spec.placements, spec.sizes, tuple(stat_shape))
+    return Plan(steps, (), None, (spec, sspec, sspec))
+
+
+@rule(aten.native_layer_norm_backward.default)
+def _layer_norm_bwd(func, args, kwargs) -> Plan:
+    g, x, w, b = args[0], args[1], args[5], args[6]
+    spec = x._spec
+    pl = tuple(_PSUM if isinstance(p, SHARDED) else p for p in spec.placements)
+    none = (None,) * spec.mesh.ndim
+    outs = (spec,) + tuple(None if ref is None else make_spec(spec.mesh, pl, none,
+                                                              tuple(ref.shape))
+                           for ref in (w, b))
+    return Plan(_to_spec(g, 0, spec), (), None, outs)
+
+
+@rule(aten.cat.default)
+def _cat(func, args, kwargs) -> Plan:
+    tensors = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    ref = next(t for t in tensors if type(t) is AtenShardTensor)
+    dim = dim % ref.ndim
+    _check_free(ref, [dim], func)
+    steps = []
+    rs = ref._spec
+    for j, t in enumerate(tensors):
+        if type(t) is AtenShardTensor and t._spec.placements == rs.placements \
+                and t._spec.sizes == rs.sizes:
+            continue
+        shape = list(rs.shape)
+        shape[dim] = t.shape[dim]
+        tspec = make_spec(rs.mesh, rs.placements, rs.sizes, tuple(shape))
+        src = t._spec if type(t) is AtenShardTensor else _replicated(tspec)
+        steps.append(((0, j), ("respec", src, tspec)))
+    shape = list(ref.shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    return Plan(tuple(steps), (), None, _spec_with(rs, rs.placements, rs.sizes, shape))
+
+
+@rule(aten.split_with_sizes.default, aten.split.Tensor)
+def _split(func, args, kwargs) -> Plan:
+    x, dim = args[0], (args[2] if len(args) > 2 else 0) % args[0].ndim
+    _check_free(x, [dim], func)
+    full = x.shape[dim]
+    if func is aten.split.Tensor:
+        step = args[1]
+        parts = [min(step, full - o) for o in range(0, full, step)]
+    else:
+        parts = list(args[1])
+    outs = []
+    for n in parts:
+        shape = list(x.shape)
+        shape[dim] = n
+        outs.append(_spec_with(x._spec, x._spec.placements, x._spec.sizes, shape))
+    return Plan(outs=outs)
+
+
+@rule(aten.slice.Tensor)
+def _slice(func, args, kwargs) -> Plan:
+    x = args[0]
+    dim = (args[1] if len(args) > 1 else 0) % x.ndim
+    _check_free(x, [dim], func)
+    start = args[2] if len(args) > 2 and args[2] is not None else 0
+    end = args[3] if len(args) > 3 and args[3] is not None else x.shape[dim]
+    step = args[4] if len(args) > 4 else 1
+    n = len(range(*slice(start, end, step).indices(x.shape[dim])))
+    shape = list(x.shape)
+    shape[dim] = n
+    return Plan(outs=_spec_with(x._spec, x._spec.placements, x._spec.sizes, shape))
+
+
+@rule(aten.select.int)
+def _select(func, args, kwargs) -> Plan:
+    x, dim = args[0], args[1] % args[0].ndim
+    _check_free(x, [dim], func)
+    shape = [s for k, s in enumerate(x.shape) if k != dim]
+    return _moved(x, lambda k: k - (k > dim), shape)
+
+
+@rule(aten.slice_backward.default)
+def _slice_bwd(func, args, kwargs) -> Plan:
+    g, sizes, dim = args[0], list(args[1]), args[2] % len(args[1])
+    _check_free(g, [dim], func)
+    local = list(_local_shape(g._spec))
+    local[dim] = sizes[dim]
+    return Plan((), ((1, local),), None,
+                _spec_with(g._spec, g._spec.placements, g._spec.sizes, sizes))

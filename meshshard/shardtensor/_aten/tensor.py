@@ -1,0 +1,287 @@
+"""Spike (issue 22): a ShardTensor whose autograd lives on the wrapper, dispatched at aten level.
+
+``AtenShardTensor`` is a wrapper subclass like torch's DTensor: ``requires_grad``, ``grad_fn``
+and ``.grad`` are the wrapper's own, autograd records the *global* computation, and every aten
+op (forward and backward alike) reaches :func:`meshshard.shardtensor._aten.rules.dispatch`,
+which computes on the local pieces. Unlike DTensor the spec records every rank's size of each
+sharded dim (uneven and empty shards).
+
+Tracing: ``__tensor_flatten__`` exposes the local piece and, per sharded mesh dim, a *size
+carrier*: a zero-byte tensor (a 0-d tensor expanded, stride 0) whose shape is that dim's sizes on
+every rank. Under ``torch.compile`` with dynamic shapes the carrier's dims are symbolic, so the
+per-rank sizes travel through the graph as SymInts instead of being baked into the graph's
+context: a new point count or split reuses the compiled graph.
+
+Plain tensors that need a gradient (model weights) meet ShardTensors through a differentiable
+lift (:class:`_Lift`) in ``__torch_function__``: forward treats them as Replicate, backward turns
+the gradient (Partial or Replicate) back into a plain, full tensor. So a weight's ``.grad`` is a
+plain tensor equal to the single-device gradient, with no hook and no patch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.tensor import Partial, Replicate, Shard
+
+__all__ = ["ASpec", "AtenShardTensor", "Blocked", "from_local_aten"]
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """Tensor dim ``dim`` is ``blocks`` repetitions of a sharded coordinate: rank r holds, in
+    every block, that coordinate's rows ``[offset_r, offset_r + size_r)`` (block-major). This is
+    what flattening a sharded dim with the dims before it gives (``(B, H, N, D) -> (B*H*N, D)``
+    in a linear layer over a head-split tensor): the rows stay local, so the layer does.
+    ``Shard(d)`` is the case ``blocks == 1``."""
+
+    dim: int
+    blocks: int
+
+    def __str__(self) -> str:
+        return f"B({self.dim}x{self.blocks})"
+
+
+SHARDED = (Shard, Blocked)
+
+
+def shard_like(p, dim: int, blocks: int | None = None):
+    """``p`` (Shard or Blocked) moved to ``dim`` (optionally with new ``blocks``)."""
+    b = getattr(p, "blocks", 1) if blocks is None else blocks
+    return Shard(dim) if b == 1 else Blocked(dim, b)
+
+
+class ASpec:
+    """Mesh, placements, global shape and per-rank sizes of each Shard placement (interned)."""
+
+    __slots__ = ("__weakref__", "mesh", "placements", "shape", "sizes")
+
+    def __init__(self, mesh, placements: tuple, sizes: tuple, shape: tuple) -> None:
+        self.mesh = mesh
+        self.placements = placements
+        self.sizes = sizes  # per mesh dim: tuple of per-rank sizes (ints or SymInts) or None
+        self.shape = shape
+
+    def key(self) -> tuple:
+        return (id(self.mesh), self.placements, self.sizes, self.shape)
+
+    def __repr__(self) -> str:
+        parts = [
+            f"{p}{list(s) if s is not None else ''}" for p, s in zip(self.placements, self.sizes)
+        ]
+        return f"[{', '.join(parts)}] global {tuple(self.shape)}"
+
+
+_SPECS: dict = {}
+
+
+def make_spec(mesh, placements: tuple, sizes: tuple, shape: tuple) -> ASpec:
+    shape = tuple(shape)
+    key = (id(mesh), placements, sizes, shape)
+    try:
+        hit = _SPECS.get(key)
+    except TypeError:  # SymInts while tracing: not hashable, nothing to share
+        return ASpec(mesh, placements, sizes, shape)
+    if hit is None or hit.mesh is not mesh:
+        if len(_SPECS) > 4096:
+            _SPECS.clear()
+        hit = _SPECS[key] = ASpec(mesh, placements, sizes, shape)
+    return hit
+
+
+class AtenShardTensor(torch.Tensor):
+    _local: torch.Tensor
+    _spec: ASpec
+
+    @staticmethod
+    def __new__(cls, local: torch.Tensor, spec: ASpec, requires_grad: bool = False):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, spec.shape, dtype=local.dtype, device=local.device,
+            requires_grad=requires_grad,
+        )
+        r._local = local
+        r._spec = spec
+        if type(local) is not torch.Tensor:  # tracing (fake/functional): carriers now, in mode
+            for i, s in enumerate(spec.sizes):
+                if s is not None:
+                    getattr(r, f"_sizes{i}")
+        return r
+
+    # ---------------------------------------------------------------- tracing
+    def __tensor_flatten__(self):
+        names = ["_local"]
+        for i, s in enumerate(self._spec.sizes):
+            if s is not None:
+                names.append(f"_sizes{i}")
+        return names, (self._spec.mesh, self._spec.placements)
+
+    def __getattr__(self, name: str) -> Any:
+        # made on first use (only tracing flattens), one per wrapper: dynamo refuses one
+        # inner tensor shared by two inputs
+        if name.startswith("_sizes"):
+            local = self.__dict__["_local"]
+            c = local.new_empty((), dtype=torch.uint8).expand(*self._spec.sizes[int(name[6:])])
+            self.__dict__[name] = c
+            return c
+        raise AttributeError(name)
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, ctx: tuple, outer_size, outer_stride):
+        mesh, placements = ctx
+        sizes = tuple(
+            tuple(inner[f"_sizes{i}"].shape) if isinstance(p, SHARDED) else None
+            for i, p in enumerate(placements)
+        )
+        spec = make_spec(mesh, placements, sizes, tuple(outer_size))
+        out = AtenShardTensor(inner["_local"], spec, requires_grad=False)
+        for i in range(len(placements)):
+            c = inner.get(f"_sizes{i}")
+            if c is not None:
+                out.__dict__[f"_sizes{i}"] = c
+        return out
+
+    # ---------------------------------------------------------------- dispatch
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if torch.is_grad_enabled():
+            args, kwargs = _lift_plain(args, kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from meshshard.shardtensor._aten.rules import dispatch
+
+        return dispatch(func, args, kwargs or {})
+
+    # ---------------------------------------------------------------- layout
+    @property
+    def placements(self) -> tuple:
+        return self._spec.placements
+
+    @property
+    def device_mesh(self):
+        return self._spec.mesh
+
+    def to_local(self) -> torch.Tensor:
+        """This rank's piece, differentiable (gradients come back as the local gradient)."""
+        return _ToLocal.apply(self)
+
+    def full_tensor(self) -> torch.Tensor:
+        """The global tensor on every rank (differentiable). Collective."""
+        return _Full.apply(self)
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return f"AtenShardTensor(local={tuple(self._local.shape)}, {self._spec})"
+
+
+# ------------------------------------------------------------------ lifting plain tensors
+def _lift_plain(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    mesh = None
+    for a in args:
+        if type(a) is AtenShardTensor:
+            mesh = a._spec.mesh
+            break
+    if mesh is None:
+        for a in args:
+            if isinstance(a, (list, tuple)):
+                for b in a:
+                    if type(b) is AtenShardTensor:
+                        mesh = b._spec.mesh
+                        break
+    if mesh is None:
+        return args, kwargs
+    need = False
+    for a in args:
+        if _plain_needing_grad(a):
+            need = True
+            break
+    else:
+        for a in kwargs.values():
+            if _plain_needing_grad(a):
+                need = True
+                break
+    if not need:
+        return args, kwargs
+    out = tuple(_Lift.apply(a, mesh) if _plain_needing_grad(a) else a for a in args)
+    kw = {k: _Lift.apply(a, mesh) if _plain_needing_grad(a) else a for k, a in kwargs.items()}
+    return out, kw
+
+
+def _plain_needing_grad(a: Any) -> bool:
+    return isinstance(a, torch.Tensor) and type(a) is not AtenShardTensor and a.requires_grad
+
+
+def replicate_spec(mesh, shape) -> ASpec:
+    return make_spec(mesh, (Replicate(),) * mesh.ndim, (None,) * mesh.ndim, tuple(shape))
+
+
+class _Lift(torch.autograd.Function):
+    """Plain tensor -> Replicate ShardTensor; backward: the full gradient as a plain tensor."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, mesh) -> AtenShardTensor:
+        return AtenShardTensor(x.detach(), replicate_spec(mesh, x.shape))
+
+    @staticmethod
+    def backward(ctx, g):
+        if isinstance(g, AtenShardTensor):
+            return _Full.apply(g), None
+        return g, None
+
+
+class _ToLocal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: AtenShardTensor) -> torch.Tensor:
+        ctx.spec = x._spec
+        return x._local.view_as(x._local)
+
+    @staticmethod
+    def backward(ctx, g):
+        return AtenShardTensor(g, ctx.spec)
+
+
+class _Full(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: AtenShardTensor) -> torch.Tensor:
+        from meshshard.shardtensor._aten.rules import to_replicate_local
+
+        ctx.spec = x._spec
+        return to_replicate_local(x._local, x._spec)
+
+    @staticmethod
+    def backward(ctx, g):
+        from meshshard.shardtensor._aten.rules import from_replicate_local
+
+        return AtenShardTensor(from_replicate_local(g, ctx.spec), ctx.spec)
+
+
+def from_local_aten(local: torch.Tensor, mesh, placements, sizes) -> AtenShardTensor:
+    """Wrap this rank's piece (differentiable w.r.t. ``local``). ``sizes``: per mesh dim, the
+    per-rank sizes of each Shard placement (None for others). No collective."""
+    placements = tuple(placements)
+    shape = list(local.shape)
+    for i, p in enumerate(placements):
+        if isinstance(p, Shard):
+            shape[p.dim] = sum(sizes[i])
+        elif isinstance(p, Partial) and p.reduce_op != "sum":
+            msg = f"spike supports Partial('sum') only, got {p}"
+            raise NotImplementedError(msg)
+    sizes = tuple(None if s is None else tuple(int(v) for v in s) for s in sizes)
+    spec = make_spec(mesh, placements, sizes, tuple(shape))
+    return _FromLocal.apply(local, spec)
+
+
+class _FromLocal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, spec: ASpec) -> AtenShardTensor:
+        return AtenShardTensor(local.view_as(local), spec)
+
+    @staticmethod
+    def backward(ctx, g):
+        if isinstance(g, AtenShardTensor):
+            return g._local, None
+        return g, None
