@@ -314,7 +314,7 @@ def _pointwise(func, args, kwargs) -> Plan:
 
 
 # ------------------------------------------------------------------ same layout
-@rule(aten.detach.default, aten.alias.default)
+@rule(aten.detach.default, aten.alias.default, aten._to_copy.default)
 def _same(func, args, kwargs) -> Plan:
     return Plan(outs=args[0]._spec)
 

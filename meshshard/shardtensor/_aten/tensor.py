@@ -74,6 +74,14 @@ class ASpec:
         return f"[{', '.join(parts)}] global {tuple(self.shape)}"
 
 
+try:
+    from torch._C._functorch import peek_interpreter_stack as _peek_functorch
+except ImportError:  # pragma: no cover - torch without functorch
+
+    def _peek_functorch():
+        return None
+
+
 _SPECS: dict = {}
 
 
@@ -146,6 +154,20 @@ class AtenShardTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _peek_functorch() is not None:
+            msg = (
+                f"{getattr(func, '__name__', func)} on a ShardTensor inside a torch.func "
+                "transform (grad, vjp, vmap, jacrev): torch's functorch levels do not compose "
+                "with this wrapper subclass (its dispatch sees level-wrapped pieces), so the "
+                "result would be wrong. Use torch.autograd.grad(..., create_graph=True) for "
+                "gradients of any order, or run the transform on plain tensors"
+            )
+            raise NotImplementedError(msg)
+        entry = _ENGINE_ENTRIES.get(func)
+        if entry is not None:
+            # the backward pass must run with torch-function handling on: recomputations in it
+            # (reentrant checkpointing) and custom backward formulas meet plain weights too
+            return entry(*args, **kwargs)
         if torch.is_grad_enabled():
             args, kwargs = _lift_plain(args, kwargs)
         with torch._C.DisableTorchFunctionSubclass():
@@ -211,6 +233,29 @@ def _lift_plain(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return out, kw
 
 
+def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+    """``Tensor.backward`` without going through torch-function handling again."""
+    from meshshard.shardtensor._aten._torch_private import run_backward
+
+    return run_backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+
+
+def _backward(*args, **kwargs):
+    from meshshard.shardtensor._aten._torch_private import run_backward
+
+    return run_backward(*args, **kwargs)
+
+
+def _grad(*args, **kwargs):
+    from meshshard.shardtensor._aten._torch_private import run_grad
+
+    return run_grad(*args, **kwargs)
+
+
+_ENGINE_ENTRIES = {torch.Tensor.backward: _tensor_backward, torch.autograd.backward: _backward,
+                   torch.autograd.grad: _grad}
+
+
 def _plain_needing_grad(a: Any) -> bool:
     return isinstance(a, torch.Tensor) and type(a) is not AtenShardTensor and a.requires_grad
 
@@ -223,8 +268,12 @@ class _Lift(torch.autograd.Function):
     """Plain tensor -> Replicate ShardTensor; backward: the full gradient as a plain tensor."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, mesh) -> AtenShardTensor:
+    def forward(x: torch.Tensor, mesh) -> AtenShardTensor:
         return AtenShardTensor(x.detach(), replicate_spec(mesh, x.shape))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # functorch needs it split out
+        pass
 
     @staticmethod
     def backward(ctx, g):
@@ -235,9 +284,12 @@ class _Lift(torch.autograd.Function):
 
 class _ToLocal(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: AtenShardTensor) -> torch.Tensor:
-        ctx.spec = x._spec
+    def forward(x: AtenShardTensor) -> torch.Tensor:
         return x._local.view_as(x._local)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.spec = inputs[0]._spec
 
     @staticmethod
     def backward(ctx, g):
@@ -246,17 +298,23 @@ class _ToLocal(torch.autograd.Function):
 
 class _Full(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: AtenShardTensor) -> torch.Tensor:
+    def forward(x: AtenShardTensor) -> torch.Tensor:
         from meshshard.shardtensor._aten.rules import to_replicate_local
 
-        ctx.spec = x._spec
         return to_replicate_local(x._local, x._spec)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.spec = inputs[0]._spec
 
     @staticmethod
     def backward(ctx, g):
         from meshshard.shardtensor._aten.rules import from_replicate_local
 
-        return AtenShardTensor(from_replicate_local(g, ctx.spec), ctx.spec)
+        spec = ctx.spec  # a Partial input's terms each get the whole gradient: Replicate
+        rep = make_spec(spec.mesh, tuple(Replicate() if isinstance(p, Partial) else p
+                                         for p in spec.placements), spec.sizes, spec.shape)
+        return AtenShardTensor(from_replicate_local(g, rep), rep)
 
 
 def from_local_aten(local: torch.Tensor, mesh, placements, sizes) -> AtenShardTensor:
@@ -277,11 +335,25 @@ def from_local_aten(local: torch.Tensor, mesh, placements, sizes) -> AtenShardTe
 
 class _FromLocal(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, local: torch.Tensor, spec: ASpec) -> AtenShardTensor:
+    def forward(local: torch.Tensor, spec: ASpec) -> AtenShardTensor:
         return AtenShardTensor(local.view_as(local), spec)
 
     @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.spec = inputs[1]
+
+    @staticmethod
     def backward(ctx, g):
-        if isinstance(g, AtenShardTensor):
+        if not isinstance(g, AtenShardTensor):
+            return g, None
+        from meshshard.shardtensor._aten.rules import (
+            from_replicate_local,
+            same_layout,
+            to_replicate_local,
+        )
+
+        if same_layout(g._spec, ctx.spec):
             return g._local, None
-        return g, None
+        # the gradient arrived in another layout (e.g. Replicate from an expand): this rank's
+        # piece of it in the input's layout
+        return from_replicate_local(to_replicate_local(g._local, g._spec), ctx.spec), None

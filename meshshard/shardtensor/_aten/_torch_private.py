@@ -1,0 +1,68 @@
+"""The private torch names the spike relies on, in one place (checked by a test).
+
+``torch.autograd.backward`` and ``torch.autograd.grad`` hand ShardTensor arguments to
+``__torch_function__``; if the handler ran them with torch-function handling disabled (the
+default), the whole backward pass would too, and recomputations inside it (reentrant
+checkpointing) would skip the lift of plain weights. So the handler runs the engine itself,
+exactly as those two functions do, with handling on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
+from torch.autograd.graph import _engine_run_backward
+
+__all__ = ["NAMES", "run_backward", "run_grad"]
+
+NAMES = (
+    "torch.autograd._make_grads",
+    "torch.autograd._tensor_or_tensors_to_tuple",
+    "torch.autograd.graph._engine_run_backward",
+)
+
+
+def _as_tuple(x: Any) -> tuple:
+    if x is None:
+        return ()
+    return (x,) if isinstance(x, torch.Tensor) else tuple(x)
+
+
+def run_backward(tensors: Any, grad_tensors: Any = None, retain_graph: bool | None = None,
+                 create_graph: bool = False, grad_variables: Any = None,
+                 inputs: Sequence[torch.Tensor] | torch.Tensor | None = None) -> None:
+    """``torch.autograd.backward`` without torch-function dispatch of its arguments."""
+    tensors = _as_tuple(tensors)
+    if grad_tensors is None:
+        grad_tensors = grad_variables
+    grads = _make_grads(tensors, _tensor_or_tensors_to_tuple(grad_tensors, len(tensors)),
+                        is_grads_batched=False)
+    if retain_graph is None:
+        retain_graph = create_graph
+    _engine_run_backward(tensors, grads, retain_graph, create_graph, _as_tuple(inputs),
+                         allow_unreachable=True, accumulate_grad=True)
+
+
+def run_grad(outputs: Any, inputs: Any, grad_outputs: Any = None,
+             retain_graph: bool | None = None, create_graph: bool = False,
+             only_inputs: bool = True, allow_unused: bool | None = None,
+             is_grads_batched: bool = False, materialize_grads: bool = False) -> tuple:
+    """``torch.autograd.grad`` without torch-function dispatch of its arguments."""
+    if is_grads_batched:
+        msg = "torch.autograd.grad(is_grads_batched=True) on ShardTensors is not supported"
+        raise NotImplementedError(msg)
+    outputs, inputs = _as_tuple(outputs), _as_tuple(inputs)
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    grads = _make_grads(outputs, _tensor_or_tensors_to_tuple(grad_outputs, len(outputs)),
+                        is_grads_batched=False)
+    if retain_graph is None:
+        retain_graph = create_graph
+    result = _engine_run_backward(outputs, grads, retain_graph, create_graph, inputs,
+                                  allow_unused, accumulate_grad=False)
+    if materialize_grads:
+        result = tuple(torch.zeros_like(i) if g is None else g for g, i in zip(result, inputs))
+    return result
