@@ -55,15 +55,19 @@ def train(rank, world_size, model_name, layouts, backend="aot_eager", steps=3, l
     for sizes in layouts:
         data = _data(sum(sizes), dims)
         rep = {}
-        for name in ("ref", "compiled"):
-            model = make() if name == "ref" else compiled
+        # "ref64": one process in float64, the judge of the fp32 rounding floor
+        for name in ("ref", "ref64", "compiled"):
+            model = compiled if name == "compiled" else make()
+            if name == "ref64":
+                model = model.double()
             model.load_state_dict(init)
             opt = torch.optim.Adam(model.parameters(), lr=1e-2)
             losses, first = [], {}
             for step in range(steps):
                 opt.zero_grad(set_to_none=True)
-                if name == "ref":
-                    ins = [data[0].clone().requires_grad_(True), *data[1:]]
+                if name != "compiled":
+                    d = [a.double() for a in data] if name == "ref64" else data
+                    ins = [d[0].clone().requires_grad_(True), *d[1:]]
                     leaf = ins[0]
                 else:
                     sharded = [_shard(a, mesh, sizes, rank, grad=(i == 0))
@@ -76,7 +80,7 @@ def train(rank, world_size, model_name, layouts, backend="aot_eager", steps=3, l
                 losses.append(float(loss.detach()))
                 if step == 0:
                     xg = leaf.grad
-                    if name == "ref":
+                    if name != "compiled":
                         off = sum(sizes[:rank])
                         xg = xg[:, off : off + sizes[rank]]
                     first = {"out": _full(out), "x.grad": xg.clone(),

@@ -12,8 +12,14 @@ from meshshard.testing import run_ranks
 from tests.shardtensor import _sharded_compile_fns
 
 
-def _close(a, b, what):
+def _close(a, b, what, judge=None):
+    """``a`` (sharded, fp32) against ``b`` (one process, fp32). With ``judge`` (one process in
+    fp64) the allowance grows to 4x the measured fp32 rounding floor ``|b - judge|``: both fp32
+    results sit about that far from the exact value, in different directions (a fresh machine
+    measured 5.6e-7 on a LayerNorm bias gradient where 3e-7 had been allowed)."""
     atol = 1e-5 * float(b.abs().max()) + 1e-7 if b.numel() else 1e-7
+    if judge is not None and b.numel():
+        atol = max(atol, 4 * float((b.double() - judge).abs().max()))
     torch.testing.assert_close(a, b, rtol=1e-5, atol=atol, msg=lambda m: f"{what}: {m}")
 
 
@@ -23,14 +29,16 @@ def _check(reports, layouts):
         # later steps
         assert compiled_layouts == 2 * len(layouts), compiled_layouts
         for sizes, rep in zip(layouts, per_layout):
-            ref, got = rep["ref"], rep["compiled"]
+            ref, got, judge = rep["ref"], rep["compiled"], rep["ref64"]
             assert got.keys() == ref.keys()
             assert len(ref) > 6
             where = f"rank {rank} layout {sizes}"
-            assert got["losses"] == pytest.approx(ref["losses"], rel=1e-5), where
+            floor = max(abs(r - j) / abs(j) for r, j in zip(ref["losses"], judge["losses"]))
+            rel = max(1e-5, 4 * floor)
+            assert got["losses"] == pytest.approx(ref["losses"], rel=rel), where
             for key, want in ref.items():
                 if key != "losses":
-                    _close(got[key], want, f"{where} {key}")
+                    _close(got[key], want, f"{where} {key}", judge[key])
 
 
 LAYOUTS = [(3, 5), (0, 8)]
