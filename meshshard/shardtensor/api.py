@@ -262,17 +262,30 @@ def _local_of(value: Any, spec: ShardSpec) -> torch.Tensor:
 
 
 def _parse_sizes(
-    sharding_shapes: Any, placements: tuple, mesh: DeviceMesh
+    sharding_shapes: Any, placements: tuple, mesh: DeviceMesh, ndim: int
 ) -> list[tuple[int, ...] | None] | None:
-    """Accept {mesh_dim: sizes or shapes}, a per-mesh-dim list, or a flat list for 1-D meshes."""
+    """Every rank's size of each sharded dim, from any of the accepted forms:
+
+    - a flat list of sizes (one Shard placement): ``[3, 5]``;
+    - a list per mesh dim (``None`` for non-Shard dims): ``[[3, 5]]``, ``[None, [2, 6]]``;
+    - a dict ``{mesh_dim: sizes or per-rank shapes}`` (PhysicsNeMo's form):
+      ``{0: (torch.Size([3, 4]), torch.Size([5, 4]))}``;
+    - on a 1-D mesh, a list of per-rank shapes: ``[torch.Size([3, 4]), torch.Size([5, 4])]``.
+
+    Anything else raises a ValueError that says which form was expected.
+    """
     if sharding_shapes is None:
         return None
     shard_dims = [i for i, p in enumerate(placements) if isinstance(p, Shard)]
+    forms = (
+        "give a flat list of sizes ([3, 5]), a list per mesh dim ([[3, 5]]), a dict "
+        "{mesh_dim: sizes or per-rank shapes}, or on a 1-D mesh a list of per-rank shapes"
+    )
     if isinstance(sharding_shapes, dict):
         items = dict(sharding_shapes)
-    else:
+    elif isinstance(sharding_shapes, (list, tuple)):
         seq = list(sharding_shapes)
-        if seq and all(isinstance(v, (int,)) or (torch.is_tensor(v) and v.ndim == 0) for v in seq):
+        if seq and all(_is_int(v) for v in seq):
             if len(shard_dims) != 1:
                 msg = (
                     "a flat list of sharding sizes needs exactly one Shard placement; give a "
@@ -280,26 +293,67 @@ def _parse_sizes(
                 )
                 raise ValueError(msg)
             items = {shard_dims[0]: seq}
+        elif (mesh.ndim == 1 and len(seq) == mesh.size(0) and shard_dims == [0]
+              and all(_is_shape(v, ndim) for v in seq)):
+            # one local shape per rank (PhysicsNeMo's list form); the per-mesh-dim form would
+            # have one entry, so the two agree where they coincide (one rank, 1-d tensor)
+            items = {0: seq}
         else:
+            if len(seq) != mesh.ndim:
+                msg = (
+                    f"sharding_shapes {sharding_shapes!r} has {len(seq)} entries for a "
+                    f"{mesh.ndim}-d DeviceMesh of {tuple(mesh.shape)} ranks: {forms}"
+                )
+                raise ValueError(msg)
             items = {i: s for i, s in enumerate(seq) if s is not None}
+    else:
+        msg = f"sharding_shapes must be a list or a dict, got {type(sharding_shapes).__name__}"
+        raise ValueError(msg)
     out: list[tuple[int, ...] | None] = [None] * mesh.ndim
     for i, s in items.items():
+        if not _is_int(i) or not 0 <= int(i) < mesh.ndim:
+            msg = f"sharding_shapes names mesh dim {i!r}; the DeviceMesh has {mesh.ndim} dim(s)"
+            raise ValueError(msg)
+        i = int(i)
         if i not in shard_dims:
             msg = f"sharding sizes given for mesh dim {i}, which is {placements[i]}, not Shard"
             raise ValueError(msg)
         d = placements[i].dim
+        if isinstance(s, torch.Size) or not isinstance(s, (list, tuple)) or len(s) != mesh.size(i):
+            msg = (
+                f"sharding_shapes for mesh dim {i} must hold one size or local shape per rank "
+                f"({mesh.size(i)} of them), got {s!r}: {forms}"
+            )
+            raise ValueError(msg)
         vals = []
         for v in s:
-            if isinstance(v, (torch.Size, tuple, list)):
-                vals.append(int(v[d]))
-            else:
-                vals.append(int(v))
+            if _is_shape(v, ndim):
+                v = v[d]
+            if not _is_int(v) or int(v) < 0:
+                msg = (
+                    f"sharding_shapes for mesh dim {i}: {v!r} is neither a size >= 0 nor a "
+                    f"local shape of {ndim} dims: {forms}"
+                )
+                raise ValueError(msg)
+            vals.append(int(v))
         out[i] = tuple(vals)
     for i in shard_dims:
         if out[i] is None:
             msg = f"sharding sizes missing for Shard placement on mesh dim {i}"
             raise ValueError(msg)
     return out
+
+
+def _is_int(v: Any) -> bool:
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) or (torch.is_tensor(v) and v.ndim == 0 and not
+                                  v.is_floating_point())
+
+
+def _is_shape(v: Any, ndim: int) -> bool:
+    return isinstance(v, (torch.Size, tuple, list)) and len(v) == ndim and all(
+        _is_int(k) for k in v)
 
 
 def from_local(
@@ -343,7 +397,7 @@ def from_local(
         msg = f"from_local needs a torch.Tensor, got {type(local).__name__}"
         raise TypeError(msg)
     placements = normalize_placements(placements, mesh, local.ndim)
-    sizes = _parse_sizes(sharding_shapes, placements, mesh)
+    sizes = _parse_sizes(sharding_shapes, placements, mesh, local.ndim)
     coord = mesh.get_coordinate()
     if coord is None:
         msg = "this rank is not part of the DeviceMesh given to from_local"

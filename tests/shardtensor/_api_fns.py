@@ -202,3 +202,41 @@ def printing(rank, ws):
     mesh = _mesh(ws)
     a = from_local(torch.ones((3, 5)[rank], 2), mesh, [Shard(0)], (3, 5))
     return repr(a), str(a), f"{a.sum():.1f}", len(a)
+
+
+def sharding_shape_forms(rank, ws, sizes):
+    """Every accepted form of ``sharding_shapes`` gives the same layout; malformed ones give a
+    ValueError (never an IndexError or a hang: every rank raises before any collective)."""
+    import torch
+
+    from meshshard.shardtensor import Shard, from_local
+
+    mesh = _mesh(ws)
+    local = torch.randn(sizes[rank], 4)
+    shapes = [torch.Size([s, 4]) for s in sizes]
+    forms = {
+        "flat sizes": list(sizes),
+        "per mesh dim": [list(sizes)],
+        "dict of sizes": {0: tuple(sizes)},
+        "dict of shapes (PhysicsNeMo)": {0: tuple(shapes)},
+        "list of shapes (PhysicsNeMo, 1-D mesh)": shapes,
+        "list of tuples": [tuple(s) for s in shapes],
+    }
+    got = {name: from_local(local, mesh, [Shard(0)], f).sharding_sizes() for name, f in
+           forms.items()}
+    bad = {
+        "too few shapes": shapes[:-1],
+        "shape of the wrong rank": [torch.Size([s]) for s in sizes],
+        "negative size": {0: tuple(-1 for _ in sizes)},
+        "float sizes": [float(s) for s in sizes],
+        "a string": "3,5",
+        "mesh dim out of range": {3: tuple(sizes)},
+    }
+    errors = {}
+    for name, f in bad.items():
+        try:
+            from_local(local, mesh, [Shard(0)], f, validate=False)
+            errors[name] = None
+        except Exception as e:  # the type is part of what is checked
+            errors[name] = (type(e).__name__, str(e))
+    return got, errors

@@ -70,3 +70,12 @@ def test_repr_str_format_len():
         assert s == r
         assert f == "16.0"
         assert n == 8
+
+
+@pytest.mark.parametrize("sizes", [(3, 5), (7, 0, 13)])
+def test_sharding_shapes_in_physicsnemo_forms(sizes):
+    for got, errors in run_ranks(F.sharding_shape_forms, len(sizes), sizes, timeout=60):
+        assert set(got.values()) == {sizes}, got
+        for name, err in errors.items():
+            assert err is not None and err[0] == "ValueError", (name, err)
+            assert "sharding" in err[1], (name, err)
