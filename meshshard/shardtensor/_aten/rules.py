@@ -15,7 +15,13 @@ from typing import Any, NamedTuple
 import torch
 from torch.distributed.tensor import Partial, Replicate
 
-from meshshard.shardtensor._aten.tensor import SHARDED, AtenShardTensor, make_spec, shard_like
+from meshshard.shardtensor._aten.tensor import (
+    SHARDED,
+    ASpec,
+    AtenShardTensor,
+    make_spec,
+    shard_like,
+)
 
 aten = torch.ops.aten
 _fc = torch.ops._c10d_functional
@@ -61,14 +67,20 @@ def _key_of(a: Any) -> Any:
     return a
 
 
+_SCALARS = (int, float, bool, type(None))
+
+
 def dispatch(func, args: tuple, kwargs: dict) -> Any:
     tracing = False
     key_parts = [func]
     for a in args:
-        if type(a) is AtenShardTensor:
+        t = type(a)
+        if t is AtenShardTensor:
             if type(a._local) is not torch.Tensor:
                 tracing = True
             key_parts.append(a._spec)
+        elif t in _SCALARS:
+            key_parts.append(a)
         else:
             key_parts.append(_key_of(a))
     if kwargs:
@@ -106,6 +118,12 @@ def dispatch(func, args: tuple, kwargs: dict) -> Any:
 
 
 def _execute(func, args: tuple, kwargs: dict, plan: Plan) -> Any:
+    outs = plan.outs
+    if not plan.steps and not plan.overrides and type(outs) is ASpec \
+            and type(args[0]) is AtenShardTensor:
+        # the common case (views, same-layout pointwise ops): no conversion, one output
+        locs = [a._local if type(a) is AtenShardTensor else a for a in args]
+        return AtenShardTensor((plan.call or func)(*locs, **kwargs), outs)
     locs = []
     mesh = None
     for a in args:

@@ -82,6 +82,8 @@ except ImportError:  # pragma: no cover - torch without functorch
         return None
 
 
+_DISPATCH: list = [None]
+_EMPTY: dict = {}
 _SPECS: dict = {}
 
 
@@ -175,9 +177,12 @@ class AtenShardTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from meshshard.shardtensor._aten.rules import dispatch
+        dispatch = _DISPATCH[0]
+        if dispatch is None:  # bound once: an import statement per op costs ~1 us
+            from meshshard.shardtensor._aten.rules import dispatch
 
-        return dispatch(func, args, kwargs or {})
+            _DISPATCH[0] = dispatch
+        return dispatch(func, args, kwargs or _EMPTY)
 
     # ---------------------------------------------------------------- layout
     @property
