@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 METHODS = ("hilbert", "morton", "rcb", "metis")
 
 #: test hook, read in worker processes only: ``"run_2:segv"`` makes the worker that takes run_2
-#: crash for real before reading it (``segv``, ``abort``, ``exit``, ``memory``)
+#: crash for real before reading it (``segv``, ``abort``, ``exit``, ``memory``; ``bigalloc``
+#: reserves 12 GiB, which fails only under the workers' address-space cap)
 CRASH_RUN_ENV = "MESHSHARD_TEST_CRASH_RUN"
 #: test hook, read in worker processes only: a directory; each worker writes
 #: ``<run>.<pid>.held`` there after writing a run's temporary store, then waits (up to 10 min)
@@ -347,8 +348,19 @@ def _safe_process(run_dir: str, dst: str, kwargs: dict, hooks: bool = False) -> 
         return RunResult(Path(run_dir).name, "failed", "", time.perf_counter() - t0, msg)
 
 
+#: this worker's address-space budget (bytes beyond what it maps; None: no cap), set by
+#: :func:`_init_worker`
+_BUDGET: int | None = None
+
+
 def _run_in_worker(run_dir: str, dst: str, kwargs: dict) -> RunResult:
-    """:func:`_safe_process` in a worker process (where the test hooks apply)."""
+    """:func:`_safe_process` in a worker process (where the test hooks apply), under an
+    address-space cap (:mod:`meshshard.pipelines._memcap`)."""
+    from meshshard.pipelines._memcap import apply_cap
+
+    d = Path(run_dir)
+    inputs = [p for p in d.iterdir() if p.is_file()] if d.is_dir() else []
+    apply_cap(_BUDGET, inputs)
     return _safe_process(run_dir, dst, kwargs, hooks=True)
 
 
@@ -368,6 +380,10 @@ def _test_hooks(name: str) -> None:
             os._exit(3)
         elif how == "memory":
             _ = bytearray(1 << 62)  # a real MemoryError from the allocator
+        elif how == "bigalloc":  # 12 GiB, never touched: fails only under the address cap
+            import numpy as np
+
+            _ = np.empty(12 << 30, dtype=np.uint8)
     hold = os.environ.get(HOLD_ENV)
     global write_store
     if hold and not getattr(write_store, "_held", False):
@@ -415,9 +431,16 @@ def _parent_logging() -> tuple[int, str | None]:
     return root.level, fmt
 
 
-def _init_worker(threads: int, log_setup: tuple[int, str | None] = (logging.WARNING, None)) -> None:
-    """A preprocessing worker process: the parent's logging, allocator tuning, and its share of
-    the CPUs for the VTK XML reader's decompression threads (workers x threads <= CPUs)."""
+def _init_worker(
+    threads: int,
+    log_setup: tuple[int, str | None] = (logging.WARNING, None),
+    budget: int | None = None,
+) -> None:
+    """A preprocessing worker process: the parent's logging, allocator tuning, its share of
+    the CPUs for the VTK XML reader's decompression threads (workers x threads <= CPUs), and
+    its address-space budget."""
+    global _BUDGET
+    _BUDGET = budget
     level, fmt = log_setup
     if fmt is not None:
         logging.basicConfig(level=level, format=fmt)
@@ -541,15 +564,17 @@ def preprocess_runs(
                 results[d] = _safe_process(d, str(dst), kwargs)
                 bar.update(1)
         elif mine:
+            from meshshard.pipelines._memcap import MEMORY_ENV, worker_budget
             from meshshard.pipelines._workers import TaskError, WorkerDied, WorkerPool
             from meshshard.pipelines.vtkxml import usable_cpus
 
             n = min(workers, len(mine))
             threads = max(1, usable_cpus() // n)
+            budget = worker_budget(n)
             pool = WorkerPool(
                 n,
                 initializer=_init_worker,
-                initargs=(threads, _parent_logging()),
+                initargs=(threads, _parent_logging(), budget),
                 on_exit=functools.partial(_clean_after_worker, dst),
             )
             with pool:
@@ -557,6 +582,9 @@ def preprocess_runs(
                 for i, got in pool.imap_unordered(_run_in_worker, tasks):
                     if isinstance(got, (WorkerDied, TaskError)):
                         text = got.message if isinstance(got, WorkerDied) else str(got)
+                        if isinstance(got, WorkerDied) and budget is not None:
+                            text += (f"; its address space was capped at {budget / 2**30:.1f} "
+                                     f"GiB beyond its files ({MEMORY_ENV})")  # fmt: skip
                         msg = f"{text} while preprocessing {mine[i]}; the other runs went on"
                         secs = got.seconds if isinstance(got, WorkerDied) else 0.0
                         got = RunResult(Path(mine[i]).name, "failed", "", secs, msg)
