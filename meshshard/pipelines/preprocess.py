@@ -293,6 +293,12 @@ def process_run(
 
             dual_edges, kw["graph"] = surface_dual_adjacency(run_dir, d.source_index, schema)
             kw["objective"] = "vol"
+        if d.centers.shape[0] < parts:
+            msg = (
+                f"{run_dir}: the {part} has {d.centers.shape[0]} cells, fewer than parts={parts}: "
+                f"every shard needs a cell; use at most {d.centers.shape[0]} parts"
+            )
+            raise ValueError(msg)
         partitions[part] = partition(d.centers, parts, method=method, **kw)
         timings["partition"] = timings.get("partition", 0.0) + time.perf_counter() - t
         if halo_radius is not None:
@@ -463,6 +469,16 @@ def _init_worker(
         pass
 
 
+def _remove_if_empty(dst: Path) -> None:
+    """Remove ``dst`` (made by this call) when no run left anything in it: a failed or
+    interrupted first run leaves no empty output directory behind. Another rank writing into
+    it keeps it (the removal of a non-empty directory fails, and is ignored)."""
+    try:
+        dst.rmdir()
+    except OSError:
+        pass
+
+
 def _env_rank() -> tuple[int, int]:
     try:
         return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -544,6 +560,7 @@ def preprocess_runs(
     dirs = [_safe_child(src, n, "run") for n in names]
     for n in names:
         _safe_child(dst, f"{n}.zarr", "run")
+    created = not dst.exists()  # removed again if nothing is written into it
     env_rank, env_world = _env_rank()
     rank = env_rank if rank is None else rank
     world_size = env_world if world_size is None else world_size
@@ -592,6 +609,8 @@ def preprocess_runs(
                     bar.update(1)
     finally:
         bar.close()
+        if created and world_size == 1:  # (ranks share dst: one might be about to write)
+            _remove_if_empty(dst)
     out = [results[d] for d in mine]
     log.info(
         "rank %d/%d: %s",
