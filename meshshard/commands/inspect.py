@@ -130,8 +130,13 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
                 msg = f"{path}: no surface or volume part to render"
                 raise CLIError(msg)
             with st.stage("render"):
+                surfels = {}
+                if shown[3] == "surface":  # cells drawn as oriented patches, not dots
+                    from meshshard.pipelines.store import store_surfels
+
+                    surfels = dict(zip(("normals", "areas"), store_surfels(path)))
                 render_png(shown[0], args.png, points=shown[1], report=shown[2],
-                           solid=shown[3] == "volume")  # fmt: skip
+                           solid=shown[3] == "volume", **surfels)  # fmt: skip
             out["png"] = str(args.png)
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True, default=str))
