@@ -135,9 +135,12 @@ def main(argv=None) -> int:
         if rank == 0:
             log.info("step %d/%d  run %s  loss %.5f", step + 1, cfg.steps, run.stem, value)
         if (step + 1) % args.checkpoint_every == 0 or step + 1 == cfg.steps:
-            save_checkpoint(args.checkpoint, model, opt, step=step + 1,  # collective
-                            extra={"target_scale": {k: v.tolist() for k, v in scale.items()},
-                                   "config": vars(cfg)})
+            saved = save_checkpoint(args.checkpoint, model, opt, step=step + 1,  # collective
+                                    extra={"target_scale": {k: v.tolist()
+                                                            for k, v in scale.items()},
+                                           "config": vars(cfg)})  # fmt: skip
+            if rank == 0:
+                log.info("saved checkpoint %s at step %d", saved, step + 1)
         check_collective("barrier", detail="after the checkpoint")  # debug mode only
         dist.barrier()
     if val_runs:

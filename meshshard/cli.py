@@ -4,8 +4,10 @@ Each subcommand is a module in :mod:`meshshard.commands` with ``add_args(parser)
 ``run(args) -> int``; they are imported only when chosen, so ``meshshard --help`` is fast.
 
 Errors reach the user as one line, ``meshshard COMMAND: error: ...``: exit code 2 for a user
-error (bad option, path, permission, file format), 1 for anything unexpected, 130 on Ctrl-C.
-``--debug`` adds the traceback.
+error (bad option, path, permission, file format; a bad option too, without argparse's usage
+block), 1 for anything unexpected, 130 on Ctrl-C. ``--debug`` adds the traceback. Output into
+a closed pipe (``meshshard inspect ... --json | head -1``) ends quietly with exit code 141, as
+a command killed by SIGPIPE does.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ _COMMANDS = {
 EXIT_USER_ERROR = 2
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE
 
 
 class CLIError(Exception):
@@ -46,12 +49,29 @@ def _add_global_flags(parser: argparse.ArgumentParser, *, default: object) -> No
     )  # fmt: skip
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``meshshard partition: error: ... (see --help)``."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("meshshard")
+    except PackageNotFoundError:  # a source tree that is not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="meshshard",
         description="Domain parallelism for irregular scientific data: partition, inspect, "
         "preprocess DrivaerML runs, and the demo.",
     )
+    parser.add_argument("--version", action="version", version=f"meshshard {_version()}")
     _add_global_flags(parser, default=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -93,7 +113,10 @@ def interrupted(command: str | None, signum: int = signal.SIGINT) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a bad option (one line already printed)
+        return exc.code if isinstance(exc.code, int) else EXIT_USER_ERROR
     debug = bool(getattr(args, "debug", False))
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.INFO if args.verbose else logging.WARNING,
@@ -102,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     saved = _on_interrupt_raise()
     try:
         return int(args._module.run(args) or 0)
+    except BrokenPipeError:  # the reader went away (``| head``): nothing left to tell it
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM through _on_interrupt_raise
         if debug:
             traceback.print_exc()
@@ -121,6 +147,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush does not fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout replaced (tests) or closed
+        pass
 
 
 class Interrupted(KeyboardInterrupt):

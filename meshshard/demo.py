@@ -73,22 +73,51 @@ def train_rank(
             "rel_l2_p": l2_p, "rel_l2_wss": l2_wss}
 
 
-def _plot(path: Path, curves: dict[str, list[float]]) -> None:
+#: relative differences of 0 are drawn here (a log axis has no 0)
+_REL_FLOOR = 1e-16
+
+
+def _loss_figure(curves: dict[str, list[float]]):
+    """Loss curves (top) and, below, the relative difference of every further curve from the
+    first, ``|a - b| / |b|`` per step, on a log axis (exact agreement is drawn at 1e-16), with
+    float32's epsilon for scale: the curves overlap, their difference shows the agreement."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    fig, (ax, rel) = plt.subplots(2, 1, figsize=(6, 5.5), dpi=120, sharex=True,
+                                  gridspec_kw={"height_ratios": [3, 2]})  # fmt: skip
     styles = ["-", "--", ":"]
-    for (label, ys), ls in zip(curves.items(), styles):
+    items = list(curves.items())
+    for (label, ys), ls in zip(items, styles):
         ax.plot(range(1, len(ys) + 1), ys, ls, label=label, linewidth=2)
-    ax.set_xlabel("step")
     ax.set_ylabel("MSE (standardised fields)")
     ax.set_yscale("log")
     ax.set_title("Transolver on a DrivaerML-like surface")
     ax.legend()
+    base_label, base = items[0]
+    b = np.asarray(base, dtype=np.float64)
+    for (label, ys), ls, line in zip(items[1:], styles[1:], ax.get_lines()[1:]):
+        a = np.asarray(ys, dtype=np.float64)[: b.size]
+        diff = np.abs(a - b[: a.size]) / np.maximum(np.abs(b[: a.size]), 1e-300)
+        rel.plot(range(1, a.size + 1), np.maximum(diff, _REL_FLOOR), ls, marker="o",
+                 markersize=3, color=line.get_color(), label=f"{label} vs {base_label}")
+    rel.axhline(float(np.finfo(np.float32).eps), color="grey", lw=1, ls=":",
+                label="float32 epsilon")  # fmt: skip
+    rel.set_yscale("log")
+    rel.set_xlabel("step")
+    rel.set_ylabel(f"relative difference\n(0 drawn at {_REL_FLOOR:g})")
+    rel.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+
+def _plot(path: Path, curves: dict[str, list[float]]) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = _loss_figure(curves)
     fig.savefig(path)
     plt.close(fig)
 

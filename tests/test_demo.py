@@ -28,3 +28,20 @@ def test_demo_small_matches_single_process(tmp_path, capsys):
 def test_demo_refuses_ranks_not_dividing_parts(capsys):
     assert main(["demo", "--parts", "4", "--ranks", "3"]) == 2
     assert "must divide" in capsys.readouterr().err
+
+
+def test_loss_png_has_a_relative_difference_panel(tmp_path):
+    """Issue 26: the two loss curves overlap, so the picture could not show the agreement; a
+    second panel plots |a - b| / |b| per step (0 drawn at the floor)."""
+    from meshshard.demo import _REL_FLOOR, _loss_figure, _plot
+
+    one = [1.0, 0.5, 0.25, 0.125]
+    two = [1.0, 0.5 * (1 + 3e-7), 0.25 * (1 - 1e-6), 0.125]
+    fig = _loss_figure({"1 process": one, "2 ranks": two})
+    top, rel = fig.axes
+    assert [len(line.get_ydata()) for line in top.get_lines()] == [4, 4]
+    got = rel.get_lines()[0].get_ydata()
+    np.testing.assert_allclose(got, [_REL_FLOOR, 3e-7, 1e-6, _REL_FLOOR], rtol=1e-6)
+    assert rel.get_yscale() == "log" and "relative difference" in rel.get_ylabel()
+    _plot(tmp_path / "loss.png", {"1 process": one, "2 ranks": two})
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

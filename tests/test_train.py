@@ -63,12 +63,28 @@ def test_example_trains_checkpoints_resumes_and_validates(stores, tmp_path):
     r = _example(stores, "--steps", "3", *common, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "step 3/3" in r.stderr and "validation" in r.stderr
+    assert f"saved checkpoint {ck} at step 3" in r.stderr
     assert _step_of(ck) == 3
     r = _example(stores, "--steps", "5", "--resume", "--data-parallel-mode", "fsdp", *common,
                  cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stderr and "step 4/5" in r.stderr and "step 1/5" not in r.stderr
+    assert "view tensor" not in r.stderr  # FSDP2's warning of silently wrong gradients
     assert _step_of(ck) == 5
+    # a crafted DCP .metadata: refused, its payload never runs (issue 26)
+    import pickle
+
+    from meshshard.parallel._safe_dcp import read_metadata
+    from tests.parallel.test_checkpoint_safety import _Payload
+
+    good = (ck / ".metadata").read_bytes()
+    meta = read_metadata(ck / ".metadata")
+    meta.planner_data = _Payload(tmp_path / "PWNED")
+    (ck / ".metadata").write_bytes(pickle.dumps(meta))
+    r = _example(stores, "--steps", "6", "--resume", *common, cwd=tmp_path)
+    assert r.returncode == 2 and "refused to load" in r.stderr, r.stderr[-2000:]
+    assert "resumed" not in r.stderr and not (tmp_path / "PWNED").exists()
+    (ck / ".metadata").write_bytes(good)
     (ck / "meshshard.json").write_bytes(b"garbage")
     r = _example(stores, "--steps", "6", "--resume", *common, cwd=tmp_path)
     assert r.returncode == 2 and "corrupt or unreadable checkpoint" in r.stderr

@@ -49,6 +49,13 @@ def test_drivaerml_vtk_reader_folds_vtk_output(tmp_path, capfd, monkeypatch):
     vtp = tmp_path / "run_1" / "boundary_1.vtp"
     vtp.write_bytes(vtp.read_bytes()[: vtp.stat().st_size // 2])
     monkeypatch.setenv("MESHSHARD_READER", "vtk")  # VTK's reader, not meshshard's
+    # the header check refuses the truncated file before VTK sees it (issue 26) ...
+    with pytest.raises(ValueError, match=r"truncated or corrupt VTK XML file \(the file ends"):
+        read_surface(vtp)
+    # ... so, to see VTK's own complaint folded into one line, that check is skipped here
+    import meshshard.pipelines.drivaerml as d
+
+    monkeypatch.setattr(d, "check_before_vtk", lambda path, names: None)
     capfd.readouterr()
     with pytest.raises(ValueError, match="truncated or corrupt VTK file") as info:
         read_surface(vtp)

@@ -71,5 +71,9 @@ def check_out_file(path: str | Path, flag: str = "--png", suffix: str = ".png") 
     if p.exists() and not os.access(p, os.W_OK):
         msg = f"{flag} {p}: exists and is read-only; choose another file or fix its permissions"
         raise CLIError(msg)
-    check_out_dir(p.parent, flag, shown=p)
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.exists():
+        msg = f"{flag} {p}: directory {parent} does not exist; create it or choose another path"
+        raise CLIError(msg)
+    check_out_dir(parent, flag, shown=p)
     return p

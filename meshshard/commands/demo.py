@@ -13,10 +13,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", type=int, default=4, help="shards in the store")
     parser.add_argument("--ranks", type=int, default=2, help="gloo ranks that train")
     parser.add_argument("--steps", type=int, default=30, help="training steps")
-    parser.add_argument(
-        "--method", default="hilbert", choices=["hilbert", "morton", "rcb", "metis"],
-        help="partition method",
-    )  # fmt: skip
+    from meshshard.commands.partition import METHOD_HELP, METHODS
+
+    parser.add_argument("--method", default="hilbert", choices=METHODS, help=METHOD_HELP)
     parser.add_argument("--no-png", action="store_true", help="skip the PNG renderings")
 
 
@@ -24,9 +23,10 @@ def run(args: argparse.Namespace) -> int:
     from meshshard.commands._checks import check_out_dir
     from meshshard.demo import run_demo
 
-    if args.ranks < 1 or args.parts < 1:
-        msg = f"--ranks {args.ranks} and --parts {args.parts} must be >= 1"
-        raise CLIError(msg)
+    for flag, value in (("--parts", args.parts), ("--ranks", args.ranks)):
+        if value < 1:
+            msg = f"{flag} {value} must be >= 1"
+            raise CLIError(msg)
     if args.parts % args.ranks:
         msg = f"--ranks {args.ranks} must divide --parts {args.parts}"
         raise CLIError(msg)

@@ -10,6 +10,7 @@ from pathlib import Path
 from meshshard.cli import CLIError
 from meshshard.commands.partition import (
     AUTO_FULL_CELLS,
+    METHOD_HELP,
     METHODS,
     add_geometry_args,
     build_report,
@@ -26,7 +27,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "on the fly (with --parts), or a run_i.zarr store",
     )
     parser.add_argument("--parts", "-p", type=int, help="shards (when TARGET is a mesh file)")
-    parser.add_argument("--method", "-m", choices=METHODS, default="hilbert")
+    parser.add_argument("--method", "-m", choices=METHODS, default=None,
+                        help=METHOD_HELP.replace("%(default)s", "hilbert")
+                        + " (when TARGET is a mesh file)")  # fmt: skip
     parser.add_argument("--targets", help="fraction per shard (when TARGET is a mesh file)")
     parser.add_argument("--input", help="geometry for a partition directory (default: recorded)")
     add_geometry_args(parser)
@@ -48,11 +51,34 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _readable(key: str, value: object) -> tuple[str, object]:
+    """A store-report entry for people: times as dates, hashes shortened, sizes with units
+    (``--json`` keeps the raw values)."""
+    if key.endswith("mtime_ns") and isinstance(value, int):
+        from datetime import datetime, timezone
+
+        when = datetime.fromtimestamp(value / 1e9, tz=timezone.utc)
+        return key[: -len("_ns")], when.strftime("%Y-%m-%d %H:%M:%S UTC")
+    if key in ("sha256", "crc32", "hash", "digest") and isinstance(value, str) and len(value) > 16:
+        return key, value[:12] + "..."
+    if key == "size" and isinstance(value, int):
+        return key, _bytes(value)
+    return key, value
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
 def _format_tree(d: dict, indent: int = 0) -> list[str]:
     """Indented ``key: value`` lines of a nested dict; long lists are shortened."""
     pad = "  " * indent
     lines = []
     for key, value in d.items():
+        key, value = _readable(str(key), value)
         if isinstance(value, dict):
             lines.append(f"{pad}{key}:")
             lines.extend(_format_tree(value, indent + 1))
@@ -104,8 +130,13 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
                 msg = f"{path}: no surface or volume part to render"
                 raise CLIError(msg)
             with st.stage("render"):
+                surfels = {}
+                if shown[3] == "surface":  # cells drawn as oriented patches, not dots
+                    from meshshard.pipelines.store import store_surfels
+
+                    surfels = dict(zip(("normals", "areas"), store_surfels(path)))
                 render_png(shown[0], args.png, points=shown[1], report=shown[2],
-                           solid=shown[3] == "volume")  # fmt: skip
+                           solid=shown[3] == "volume", **surfels)  # fmt: skip
             out["png"] = str(args.png)
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True, default=str))
@@ -115,7 +146,24 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
     for name in ("surface", "volume"):
         if name in out:
             print(format_report(out[name]))
+    if args.png:
+        print(f"wrote {args.png} ({shown[3]} shards)")
     return 0
+
+
+def _refuse_partition_options(target: Path, args: argparse.Namespace, what: str) -> None:
+    """A store or a partition directory holds its partition: options that would make one
+    are refused rather than ignored."""
+    options = (("--parts", args.parts), ("--method", args.method),
+               ("--targets", args.targets), ("--allow-empty", args.allow_empty or None))
+    given = [flag for flag, v in options if v is not None]
+    if given:
+        msg = (
+            f"{target}: is {what}, which holds its partition already; {', '.join(given)} "
+            "apply only to a mesh or points file (to cut a store again: meshshard preprocess "
+            "... --parts P --overwrite)"
+        )
+        raise CLIError(msg)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,7 +184,11 @@ def run(args: argparse.Namespace) -> int:
         )
         raise CLIError(msg)
     if target.suffix == ".zarr" or (target / "zarr.json").is_file():
+        _refuse_partition_options(target, args, "a store")
         return _inspect_store(target, args)
+    if target.is_dir():
+        _refuse_partition_options(target, args, "a partition directory")
+    method = args.method or "hilbert"
     enabled = progress_enabled(args.no_progress)
     with Stages("meshshard inspect", 5, enabled=enabled) as st:
         if target.is_dir():
@@ -170,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
             kind, knn = args.graph, args.knn
             part = None
         kind = kind or geom.default_graph()
-        method = args.method if part is None else ""  # "": nothing to partition here
+        method = method if part is None else ""  # "": nothing to partition here
         auto = args.metrics == "auto"
         mode = metrics_mode(args.metrics, kind, method, geom.points.shape[0])
         need_graph = mode == "full" or method == "metis"
@@ -180,10 +232,10 @@ def run(args: argparse.Namespace) -> int:
             with st.stage("graph", kind):
                 graph = geom.graph(kind, knn=knn)
         if part is None:
-            extra = {"graph": graph} if args.method == "metis" else {}
-            with st.stage("partition", args.method):
+            extra = {"graph": graph} if method == "metis" else {}
+            with st.stage("partition", method):
                 part = partition(
-                    geom.points, args.parts, method=args.method, targets=targets,
+                    geom.points, args.parts, method=method, targets=targets,
                     allow_empty=args.allow_empty, **extra,
                 )  # fmt: skip
         weights_field = part.params.get("weights_field")
@@ -196,4 +248,6 @@ def run(args: argparse.Namespace) -> int:
             rep["png"] = str(args.png)
     rep["timings"] = dict(st.timings)
     print(json.dumps(rep, indent=2, sort_keys=True) if args.json else format_report(rep))
+    if args.png and not args.json:
+        print(f"wrote {args.png}")
     return 0

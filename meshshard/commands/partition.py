@@ -12,6 +12,12 @@ from typing import Any
 from meshshard.cli import CLIError
 
 METHODS = ("hilbert", "morton", "rcb", "metis")
+#: ``--method`` help, shared by the commands that partition
+METHOD_HELP = (
+    "partitioner: hilbert (Hilbert curve of the centres; fast, the default), morton (Z-order "
+    "curve), rcb (recursive coordinate bisection; compact shards, meets targets exactly), "
+    "metis (METIS on the mesh dual or kNN graph; fewest cut edges); default: %(default)s"
+)
 #: ``--metrics auto`` builds the whole dual graph up to this many cells (a few seconds)
 AUTO_FULL_CELLS = 1_000_000
 
@@ -83,7 +89,7 @@ def add_geometry_args(parser: argparse.ArgumentParser) -> None:
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="mesh (.vtp .vtu .vtk .ply .stl) or points (.npy)")
     parser.add_argument("--parts", "-p", type=int, required=True, help="number of shards")
-    parser.add_argument("--method", "-m", choices=METHODS, default="hilbert")
+    parser.add_argument("--method", "-m", choices=METHODS, default="hilbert", help=METHOD_HELP)
     add_geometry_args(parser)
     parser.add_argument("--weights", metavar="FIELD", help="cell/point field used as weights")
     parser.add_argument("--targets", help="fraction per shard, e.g. 0.5,0.25,0.25")

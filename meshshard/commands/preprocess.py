@@ -10,9 +10,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="directory holding run_<i>/ directories")
     parser.add_argument("dst", help="output directory for run_<i>.zarr stores")
     parser.add_argument("--parts", type=int, required=True, help="shards per sample")
-    parser.add_argument(
-        "--method", default="hilbert", choices=["hilbert", "morton", "rcb", "metis"]
-    )
+    from meshshard.commands.partition import METHOD_HELP, METHODS
+
+    parser.add_argument("--method", default="hilbert", choices=METHODS, help=METHOD_HELP)
     parser.add_argument(
         "--workers",
         type=int,
@@ -84,22 +84,61 @@ def run(args: argparse.Namespace) -> int:
         graph=args.graph,
     )
     failed = [r for r in results if r.status == "failed"]
-    counts = {s: sum(r.status == s for r in results) for s in ("written", "skipped", "failed")}
-    print(
-        f"meshshard preprocess{_rank_label()}: {counts['written']} written, "
-        f"{counts['skipped']} skipped (up to date), {counts['failed']} failed -> {args.dst}"
-    )
+    keys = ("written", "skipped", "failed")
+    counts = {s: sum(r.status == s for r in results) for s in keys}
     for r in failed:
-        print(f"  {r.run}: {r.message}", file=sys.stderr)
+        print(f"  {r.run}{_rank_label()}: {r.message}", file=sys.stderr)
+    total = _total_over_ranks([counts[k] for k in keys])
+    if total is None:  # one process (or RANK/WORLD_SIZE set by hand): this rank's own runs
+        print(
+            f"meshshard preprocess{_rank_label()}: {counts['written']} written, "
+            f"{counts['skipped']} skipped (up to date), {counts['failed']} failed -> {args.dst}"
+        )
+        return 1 if failed else 0
+    world, sums = total
+    if _rank() == 0:
+        print(
+            f"meshshard preprocess: {sums[0]} written, {sums[1]} skipped (up to date), "
+            f"{sums[2]} failed over {world} ranks -> {args.dst}"
+        )
     return 1 if failed else 0
 
 
-def _rank_label() -> str:
-    """`` [rank 2/8]`` under torchrun (each rank handles and reports its own runs), else ``""``.
+def _rank() -> int:
+    import os
 
-    No process group is created to gather the counts on rank 0: ranks finish their runs at very
-    different times, and a gather would wait on the slowest under the collective timeout."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def _rank_label() -> str:
+    """`` [rank 2/8]`` when RANK/WORLD_SIZE say there are several ranks, else ``""``."""
     import os
 
     world = os.environ.get("WORLD_SIZE", "1")
     return f" [rank {os.environ.get('RANK', '0')}/{world}]" if world not in ("", "1") else ""
+
+
+def _total_over_ranks(counts: list[int]) -> tuple[int, list[int]] | None:
+    """Under torchrun: every rank's counts summed (a gloo all-reduce in a group made for it,
+    after all the work; it waits for the slowest rank, up to a day, since ranks finish their
+    runs at very different times -- torchrun ends the others when one fails). None when not
+    launched by torchrun."""
+    import datetime
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world < 2 or not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
+        return None
+    import torch
+    import torch.distributed as dist
+
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(days=1))
+    try:
+        t = torch.tensor(counts, dtype=torch.int64)
+        dist.all_reduce(t)
+        return dist.get_world_size(), [int(v) for v in t.tolist()]
+    finally:
+        if made:
+            dist.destroy_process_group()

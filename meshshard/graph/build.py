@@ -52,7 +52,9 @@ def _as_attr(a: Any, n: int) -> tuple[np.ndarray | None, str | None]:
         arr = arr[:, None]
     if arr.ndim != 2 or arr.shape[0] != n:
         return None, f"{_OP}: edge_attr has shape {arr.shape}; expected ({n}, F), one row per edge"
-    return np.ascontiguousarray(arr, dtype=np.float32), None
+    if arr.dtype.kind not in "biuf":  # kept as given (float64 stays float64): never cast
+        return None, f"{_OP}: edge_attr of dtype {arr.dtype}: expected numbers (float or int)"
+    return np.ascontiguousarray(arr), None
 
 
 def _range_gather(ptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -133,13 +135,21 @@ def _build(
             "same feature columns on every rank"
         )
         raise ValueError(msg)
+    kinds = comm.allgather_int(-1 if attr_a is None else attr_a.dtype.num)
+    if len(set(kinds)) > 1:
+        msg = (
+            f"{_OP}: ranks gave edge_attr of different dtypes (numpy type numbers {kinds}; "
+            f"this rank: {None if attr_a is None else attr_a.dtype}); give one dtype on every "
+            "rank"
+        )
+        raise ValueError(msg)
     all_rings = comm.allgather_int(rings)
     if len(set(all_rings)) > 1:
         msg = f"{_OP}: ranks asked for different rings {all_rings}; pass the same on every rank"
         raise ValueError(msg)
     width = widths[0]
     if width >= 0 and attr_a is None:
-        attr_a = np.zeros((src_a.size, width), dtype=np.float32)
+        attr_a = np.zeros((src_a.size, width), dtype=np.float32)  # (unreachable: widths agree)
 
     # 1. every edge to the owner of its target
     ids = np.stack([src_a, dst_a, eid_a], axis=1) if src_a.size else np.zeros((0, 3), np.int64)
@@ -310,7 +320,8 @@ def build_graph(
         Position of every edge in the global edge list (aligns per-edge features). Default:
         rank ``r``'s edges follow rank ``r - 1``'s (one all-gather of counts).
     edge_attr : array of shape (E_r, F), optional
-        Per-edge features, carried with the edges (float32).
+        Per-edge features (any float or integer dtype, kept as given; the same dtype on every
+        rank), carried with the edges.
     rings : int
         Ghost layers (1 for a refresh per layer; L for one refresh before L layers).
     symmetric : bool

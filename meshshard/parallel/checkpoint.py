@@ -11,6 +11,11 @@ Layout of a checkpoint ``PATH`` (a directory)::
     PATH/.metadata, PATH/__<rank>_0.distcp   DCP's files
     PATH/meshshard.json                      format, step, user extras, every tensor's shape
 
+Nothing is executed from a checkpoint: DCP's pickled ``.metadata`` is read with a restricted
+unpickler that admits only DCP's metadata classes, and non-tensor items with
+``torch.load(weights_only=True)`` (:mod:`meshshard.parallel._safe_dcp`); anything else is refused
+with a :class:`CheckpointError` naming the file.
+
 Atomic: every rank writes into ``PATH.tmp``; only after every rank finished (and the
 metadata is on disk) does rank 0 move the old ``PATH`` aside to ``PATH.old``, rename
 ``PATH.tmp`` to ``PATH`` and delete ``PATH.old``. An interrupted save therefore leaves ``PATH``
@@ -31,6 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
+
+from meshshard.parallel._safe_dcp import SafePlanner, SafeReader, UnsafeCheckpoint, read_metadata
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +156,19 @@ def _read_meta(path: Path) -> dict:
     return meta
 
 
+def _read_dcp_metadata(path: Path) -> None:
+    """DCP's ``.metadata``, read with only DCP's metadata classes admitted (never plain pickle:
+    torch's own reader would run whatever a crafted file asks for)."""
+    f = path / ".metadata"
+    try:
+        read_metadata(f)
+    except FileNotFoundError:
+        msg = f"{path}: incomplete checkpoint (no {f.name})"
+        raise CheckpointError(msg) from None
+    except (UnsafeCheckpoint, ValueError, OSError) as exc:
+        raise CheckpointError(str(exc)) from None
+
+
 def _compare(path: Path, saved: dict, want: dict) -> None:
     missing = sorted(set(want) - set(saved))
     unexpected = sorted(set(saved) - set(want))
@@ -220,6 +240,7 @@ def load_checkpoint(
             log.warning("%s missing; loading %s left by an interrupted save", path, old)
             path = old
         meta = _read_meta(path)
+        _read_dcp_metadata(path)  # refuses a .metadata that would run code, before DCP sees it
         state = _state(model, optimizer)
         want = _shapes(state)
         if optimizer is None:
@@ -231,8 +252,14 @@ def load_checkpoint(
         error = exc
     _agree(error)
     try:
-        dcp.load(state, storage_reader=dcp.FileSystemReader(path))
+        dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner(path))
+    except UnsafeCheckpoint as exc:  # raised on the coordinator before DCP's collectives
+        raise CheckpointError(str(exc)) from None
     except CheckpointException as exc:
+        for err in exc.failures.values():
+            err = err[0] if isinstance(err, tuple) else err
+            if isinstance(err, UnsafeCheckpoint):
+                raise CheckpointError(str(err)) from None
         msg = f"{path}: loading failed on rank(s) {sorted(exc.failures)}: {_first_failure(exc)}"
         raise CheckpointError(msg) from None
     set_state_dict(

@@ -211,6 +211,30 @@ def data_parallel(
 
     flat = fsdp_mesh(mesh, tuple(names) if shard_dims is None else tuple(shard_dims))
     for block in _default_blocks(model) if blocks is None else list(blocks):
+        _no_view_outputs(block)
         fully_shard(block, mesh=flat, **kwargs)
+    _no_view_outputs(model)
     fully_shard(model, mesh=flat, **kwargs)
     return model
+
+
+def _no_view_outputs(module: nn.Module) -> None:
+    """Make ``module`` return no view tensors, before FSDP2 sees them.
+
+    FSDP2 registers its pre-backward hook on a wrapped module's outputs and warns that an
+    in-place op on a *view* output would drop it (wrong gradients). A ShardTensor output of a
+    ``Linear`` on (B, N, C) inputs is a view (the op decomposes to view/mm/view at dispatch), so
+    the outputs that are views are cloned by a forward hook that runs before FSDP2's (it is
+    registered first): one copy of the module's output, nothing else changes.
+    """
+    from torch.utils._pytree import tree_map
+
+    def copy_views(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t._base is not None and t.requires_grad:
+            return t.clone()
+        return t
+
+    def hook(mod: nn.Module, args: Any, output: Any) -> Any:
+        return tree_map(copy_views, output)
+
+    module.register_forward_hook(hook)

@@ -107,8 +107,72 @@ def metis_assignment(
 ) -> np.ndarray:
     """Shard label per vertex from pymetis on a validated CSR graph.
 
-    Parts with a zero target are left out of the METIS call (they stay empty).
+    Parts with a zero target are left out of the METIS call (they stay empty). METIS bounds
+    only how far a part may exceed its target, so with small targets it may starve a part
+    (k-way has left a 1.5 % target empty): when a part with a positive target holds less than
+    its target by more than the balance bound (``ufactor`` thousandths of it, plus one vertex),
+    METIS is asked again with recursive bisection and tighter ``ufactor`` (a warning says so);
+    if no call meets the targets, a ``ValueError`` names the part and its achieved size.
     """
+    first = _metis_call(graph, parts, weights, targets, recursive, ufactor, contig, seed,
+                        objective, niter, ncuts)  # fmt: skip
+    short = _starved(first, parts, weights, targets, ufactor)
+    if short is None:
+        return first
+    rec = objective != "vol"  # the volume objective is k-way only
+    tighter = sorted({int(ufactor), *(int(ufactor) >> k for k in (1, 2, 3))}, reverse=True)
+    for u in tighter:
+        if (rec, u) == (bool(recursive), int(ufactor)) or u < 1:
+            continue
+        got = _metis_call(graph, parts, weights, targets, rec, u, contig, seed, objective,
+                          niter, ncuts)  # fmt: skip
+        if _starved(got, parts, weights, targets, ufactor) is None:
+            log.warning(
+                "metis: %s left part %d with %d (target %.0f); recursive bisection (k-way for "
+                "objective='vol') with ufactor=%d meets the targets",
+                "recursive bisection" if recursive else "k-way", *short[:3], u,
+            )  # fmt: skip
+            return got
+    p, got_size, want, low = short
+    msg = (
+        f"metis cannot meet targets={np.round(np.asarray(_targets(parts, targets)), 6).tolist()} "
+        f"on this graph: part {p} got {got_size} (target {want:.0f}, at least {low:.0f} within "
+        f"ufactor={int(ufactor)}), also with tighter balance; use method='rcb' (meets "
+        "targets by construction) or a larger target for that part"
+    )
+    raise ValueError(msg)
+
+
+def _targets(parts: int, targets: np.ndarray | None) -> np.ndarray:
+    return np.full(parts, 1.0 / parts) if targets is None else np.asarray(targets, float)
+
+
+def _starved(
+    labels: np.ndarray, parts: int, weights: np.ndarray | None, targets: np.ndarray | None,
+    ufactor: float,
+) -> tuple[int, int, float, float] | None:  # fmt: skip
+    """The first part with a positive target whose size (weight) falls short of it by more
+    than the balance bound, as ``(part, size, target size, least size allowed)``, or None."""
+    t = _targets(parts, targets)
+    w = np.ones(labels.size) if weights is None else np.asarray(weights, dtype=np.float64)
+    if labels.size == 0:
+        return None
+    total, heaviest = float(w.sum()), float(w.max())
+    sizes = np.bincount(labels, weights=w, minlength=parts)
+    want = t / t.sum() * total
+    low = want * (1.0 - float(ufactor) / 1000.0) - heaviest
+    bad = np.flatnonzero((t > 0) & (sizes < low))
+    if bad.size == 0:
+        return None
+    p = int(bad[0])
+    return p, int(round(sizes[p])), float(want[p]), float(max(low[p], 0.0))
+
+
+def _metis_call(
+    graph: Any, parts: int, weights: np.ndarray | None, targets: np.ndarray | None,
+    recursive: bool, ufactor: int, contig: bool, seed: int, objective: str,
+    niter: int | None, ncuts: int | None,
+) -> np.ndarray:  # fmt: skip
     import pymetis
 
     _check_objective(objective, recursive, niter, ncuts)

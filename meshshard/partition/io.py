@@ -28,6 +28,13 @@ MESH_SUFFIXES = (".vtp", ".vtu", ".vtk", ".ply", ".stl")
 
 def _check_file(path: str | Path, suffixes: tuple[str, ...]) -> Path:
     p = Path(path)
+    if p.is_dir():
+        what = "an empty directory" if not any(p.iterdir()) else "a directory"
+        msg = (
+            f"{p}: is {what}, not a mesh or points file; give a file "
+            f"({' '.join(suffixes)})"
+        )
+        raise ValueError(msg)
     if not p.is_file():
         msg = f"{p}: no such file"
         raise FileNotFoundError(msg)

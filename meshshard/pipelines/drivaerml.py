@@ -7,11 +7,13 @@ centres, normals, areas and non-dimensional fields, volume cell centres and fiel
 
 Reading. VTK XML files (``.vtp``, ``.vtu``) are read by :mod:`meshshard.pipelines.vtkxml`,
 which decodes only the points, the cells and the arrays named in the schema, decompressing in
-parallel; files in a layout it does not decode (ASCII, LZ4, several pieces) and other formats
-go through VTK with every other array disabled before the file is parsed. A file meshshard's
-reader finds damaged is never handed to VTK (whose readers can crash or allocate without bound
-on one): it fails with a :class:`~meshshard.pipelines.errors.InputFileError` naming the file.
-Set ``MESHSHARD_READER=vtk`` to send every file through VTK.
+parallel (zlib, LZ4, lzma); files of several pieces are read piece by piece and merged
+(:mod:`meshshard.pipelines.vtkguard`). Files in a layout it does not decode (ASCII) and other
+formats go through VTK with every other array disabled before the file is parsed. A file
+meshshard's reader finds damaged is never handed to VTK (whose readers can crash or allocate
+without bound on one): it fails with a :class:`~meshshard.pipelines.errors.InputFileError`
+naming the file. Set ``MESHSHARD_READER=vtk`` to send every file through VTK; an XML file's
+headers are then validated first, the same way, and VTK's output is checked against them.
 
 Validation. Whichever reader was used, what it returns is checked before anything is computed
 or written: point coordinates finite, offsets starting at 0, non-decreasing and ending at the
@@ -49,7 +51,14 @@ from meshshard.pipelines.geometry import (
     vtk_cells,
 )
 from meshshard.pipelines.schema import DRIVAERML, DatasetSchema, FieldSpec
-from meshshard.pipelines.vtkxml import CellMesh, UnsupportedVtkXml, VtkXmlFile, read_cells
+from meshshard.pipelines.vtkguard import check_before_vtk, check_vtk_output, read_all_pieces
+from meshshard.pipelines.vtkxml import (
+    CellMesh,
+    SeveralPieces,
+    UnsupportedVtkXml,
+    VtkXmlFile,
+    read_cells,
+)
 
 __all__ = [
     "RunData",
@@ -224,6 +233,8 @@ def _read_cells(
     if _own_reader(path, _XML_READERS):
         try:
             mesh = read_cells(path, [s.name for s in specs])
+        except SeveralPieces:  # merged by meshshard's reader: such files never reach VTK
+            return _checked(path, read_all_pieces(path, [s.name for s in specs]), specs)
         except UnsupportedVtkXml as exc:
             log.debug("%s: read with VTK (%s)", path, exc)
         else:
@@ -309,8 +320,12 @@ def _fields_present(
 
 
 def _read_vtk(path: Path, specs: tuple[FieldSpec, ...], polys: bool) -> CellMesh:
-    """:func:`_read_cells` through VTK's readers."""
+    """:func:`_read_cells` through VTK's readers. An XML file's headers are validated first
+    (:func:`~meshshard.pipelines.vtkguard.check_before_vtk`: a damaged one never reaches VTK)
+    and VTK's output is compared with the counts they declare."""
+    counts = None
     if path.suffix.lower() in _XML_READERS:
+        counts = check_before_vtk(path, [s.name for s in specs])
         mesh, names = _read_xml_vtk(path, specs)
     else:
         mesh, names = _read_cells_generic(path, specs)
@@ -320,7 +335,7 @@ def _read_vtk(path: Path, specs: tuple[FieldSpec, ...], polys: bool) -> CellMesh
     else:
         offsets, conn = vtk_cells(mesh.GetCells())
         other = 0
-    return CellMesh(
+    out = CellMesh(
         points=np.asarray(mesh.points),
         offsets=offsets,
         connectivity=conn,
@@ -328,6 +343,9 @@ def _read_vtk(path: Path, specs: tuple[FieldSpec, ...], polys: bool) -> CellMesh
         cell_array_names=names,
         n_other_cells=other,
     )
+    if counts is not None:
+        check_vtk_output(path, out, counts)
+    return out
 
 
 def _read_xml_vtk(path: Path, specs: tuple[FieldSpec, ...]):
@@ -588,14 +606,19 @@ def read_volume(
     if piece is not None:
         with VtkXmlFile(path, piece=piece) as f:
             return _volume_streamed(path, f, schema, length, drop_nan, max_cells, seed)
+    specs = schema.volume_fields
+    whole = None
     if _own_reader(path, (".vtu",)):
         try:
             with VtkXmlFile(path) as f:
                 return _volume_streamed(path, f, schema, length, drop_nan, max_cells, seed)
+        except SeveralPieces:  # merged by meshshard's reader: such files never reach VTK
+            whole = read_all_pieces(path, [s.name for s in specs])
         except UnsupportedVtkXml as exc:
             log.debug("%s: read with VTK (%s)", path, exc)
-    specs = schema.volume_fields
-    mesh, specs = _checked(path, _read_vtk(path, specs, polys=False), specs)
+    if whole is None:
+        whole = _read_vtk(path, specs, polys=False)
+    mesh, specs = _checked(path, whole, specs)
     points, offsets, conn = mesh.points, mesh.offsets, mesh.connectivity
     return _volume(
         path,

@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 METHODS = ("hilbert", "morton", "rcb", "metis")
 
 #: test hook, read in worker processes only: ``"run_2:segv"`` makes the worker that takes run_2
-#: crash for real before reading it (``segv``, ``abort``, ``exit``, ``memory``)
+#: crash for real before reading it (``segv``, ``abort``, ``exit``, ``memory``; ``bigalloc``
+#: reserves 12 GiB, which fails only under the workers' address-space cap)
 CRASH_RUN_ENV = "MESHSHARD_TEST_CRASH_RUN"
 #: test hook, read in worker processes only: a directory; each worker writes
 #: ``<run>.<pid>.held`` there after writing a run's temporary store, then waits (up to 10 min)
@@ -292,6 +293,12 @@ def process_run(
 
             dual_edges, kw["graph"] = surface_dual_adjacency(run_dir, d.source_index, schema)
             kw["objective"] = "vol"
+        if d.centers.shape[0] < parts:
+            msg = (
+                f"{run_dir}: the {part} has {d.centers.shape[0]} cells, fewer than parts={parts}: "
+                f"every shard needs a cell; use at most {d.centers.shape[0]} parts"
+            )
+            raise ValueError(msg)
         partitions[part] = partition(d.centers, parts, method=method, **kw)
         timings["partition"] = timings.get("partition", 0.0) + time.perf_counter() - t
         if halo_radius is not None:
@@ -347,8 +354,19 @@ def _safe_process(run_dir: str, dst: str, kwargs: dict, hooks: bool = False) -> 
         return RunResult(Path(run_dir).name, "failed", "", time.perf_counter() - t0, msg)
 
 
+#: this worker's address-space budget (bytes beyond what it maps; None: no cap), set by
+#: :func:`_init_worker`
+_BUDGET: int | None = None
+
+
 def _run_in_worker(run_dir: str, dst: str, kwargs: dict) -> RunResult:
-    """:func:`_safe_process` in a worker process (where the test hooks apply)."""
+    """:func:`_safe_process` in a worker process (where the test hooks apply), under an
+    address-space cap (:mod:`meshshard.pipelines._memcap`)."""
+    from meshshard.pipelines._memcap import apply_cap
+
+    d = Path(run_dir)
+    inputs = [p for p in d.iterdir() if p.is_file()] if d.is_dir() else []
+    apply_cap(_BUDGET, inputs)
     return _safe_process(run_dir, dst, kwargs, hooks=True)
 
 
@@ -368,6 +386,10 @@ def _test_hooks(name: str) -> None:
             os._exit(3)
         elif how == "memory":
             _ = bytearray(1 << 62)  # a real MemoryError from the allocator
+        elif how == "bigalloc":  # 12 GiB, never touched: fails only under the address cap
+            import numpy as np
+
+            _ = np.empty(12 << 30, dtype=np.uint8)
     hold = os.environ.get(HOLD_ENV)
     global write_store
     if hold and not getattr(write_store, "_held", False):
@@ -415,9 +437,16 @@ def _parent_logging() -> tuple[int, str | None]:
     return root.level, fmt
 
 
-def _init_worker(threads: int, log_setup: tuple[int, str | None] = (logging.WARNING, None)) -> None:
-    """A preprocessing worker process: the parent's logging, allocator tuning, and its share of
-    the CPUs for the VTK XML reader's decompression threads (workers x threads <= CPUs)."""
+def _init_worker(
+    threads: int,
+    log_setup: tuple[int, str | None] = (logging.WARNING, None),
+    budget: int | None = None,
+) -> None:
+    """A preprocessing worker process: the parent's logging, allocator tuning, its share of
+    the CPUs for the VTK XML reader's decompression threads (workers x threads <= CPUs), and
+    its address-space budget."""
+    global _BUDGET
+    _BUDGET = budget
     level, fmt = log_setup
     if fmt is not None:
         logging.basicConfig(level=level, format=fmt)
@@ -437,6 +466,16 @@ def _init_worker(threads: int, log_setup: tuple[int, str | None] = (logging.WARN
         if not blosc._MUTEX_IS_INIT:
             blosc._MUTEX, blosc._MUTEX_IS_INIT = threading.Lock(), True
     except (ImportError, AttributeError):
+        pass
+
+
+def _remove_if_empty(dst: Path) -> None:
+    """Remove ``dst`` (made by this call) when no run left anything in it: a failed or
+    interrupted first run leaves no empty output directory behind. Another rank writing into
+    it keeps it (the removal of a non-empty directory fails, and is ignored)."""
+    try:
+        dst.rmdir()
+    except OSError:
         pass
 
 
@@ -521,6 +560,7 @@ def preprocess_runs(
     dirs = [_safe_child(src, n, "run") for n in names]
     for n in names:
         _safe_child(dst, f"{n}.zarr", "run")
+    created = not dst.exists()  # removed again if nothing is written into it
     env_rank, env_world = _env_rank()
     rank = env_rank if rank is None else rank
     world_size = env_world if world_size is None else world_size
@@ -541,15 +581,17 @@ def preprocess_runs(
                 results[d] = _safe_process(d, str(dst), kwargs)
                 bar.update(1)
         elif mine:
+            from meshshard.pipelines._memcap import MEMORY_ENV, worker_budget
             from meshshard.pipelines._workers import TaskError, WorkerDied, WorkerPool
             from meshshard.pipelines.vtkxml import usable_cpus
 
             n = min(workers, len(mine))
             threads = max(1, usable_cpus() // n)
+            budget = worker_budget(n)
             pool = WorkerPool(
                 n,
                 initializer=_init_worker,
-                initargs=(threads, _parent_logging()),
+                initargs=(threads, _parent_logging(), budget),
                 on_exit=functools.partial(_clean_after_worker, dst),
             )
             with pool:
@@ -557,6 +599,9 @@ def preprocess_runs(
                 for i, got in pool.imap_unordered(_run_in_worker, tasks):
                     if isinstance(got, (WorkerDied, TaskError)):
                         text = got.message if isinstance(got, WorkerDied) else str(got)
+                        if isinstance(got, WorkerDied) and budget is not None:
+                            text += (f"; its address space was capped at {budget / 2**30:.1f} "
+                                     f"GiB beyond its files ({MEMORY_ENV})")  # fmt: skip
                         msg = f"{text} while preprocessing {mine[i]}; the other runs went on"
                         secs = got.seconds if isinstance(got, WorkerDied) else 0.0
                         got = RunResult(Path(mine[i]).name, "failed", "", secs, msg)
@@ -564,6 +609,8 @@ def preprocess_runs(
                     bar.update(1)
     finally:
         bar.close()
+        if created and world_size == 1:  # (ranks share dst: one might be about to write)
+            _remove_if_empty(dst)
     out = [results[d] for d in mine]
     log.info(
         "rank %d/%d: %s",

@@ -632,6 +632,24 @@ def inspect_store(path: str | Path) -> dict:
     return out
 
 
+def store_surfels(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """The surface's cell normals (N, 3) and areas (N,), in the order of
+    :func:`store_partition`'s centres: with them the inspector draws each cell as a small
+    oriented patch (stores keep no connectivity)."""
+    group, attrs = open_store(path)
+    if attrs.get("surface") is None:
+        msg = f"{path}: has no surface part"
+        raise StoreError(msg)
+    perm = read_array(group, path, "surface_perm").astype(np.int64, copy=False)
+    order = np.empty_like(perm)
+    order[np.argsort(perm, kind="stable")] = np.arange(perm.size)
+    normals = read_array(group, path, "surface_normals")
+    areas = read_array(group, path, "surface_areas")
+    out_n, out_a = np.empty_like(normals), np.empty_like(areas)
+    out_n[order], out_a[order] = normals, areas
+    return out_n, out_a
+
+
 def store_partition(path: str | Path, part: str = "surface"):
     """The :class:`~meshshard.partition.Partition` a store was written with, and the cell
     centres in source order, for the partition inspector.

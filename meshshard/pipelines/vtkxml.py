@@ -3,7 +3,7 @@
 ``pyvista.read`` (VTK's XML readers) decodes every array of a file in one thread and builds VTK
 objects around them. Preprocessing needs the points, the cell connectivity and a few named
 cell arrays, so this reader memory-maps the file, walks its XML tags without parsing the data
-between them, and decodes only those arrays: base64 with ``binascii``, zlib/lzma blocks in a
+between them, and decodes only those arrays: base64 with ``binascii``, zlib/LZ4/lzma blocks in a
 thread pool (both release the GIL, so blocks of one array decompress while the next array's
 base64 is decoded), and raw appended data as zero-copy views of the mapping.
 :meth:`VtkXmlFile.pieces` streams one array in consecutive pieces (a few decoded ahead on the
@@ -13,8 +13,9 @@ fields in memory.
 What it reads: one ``<Piece>`` (or, with ``piece=``, any one of several) of ``PolyData``
 (its polygons) or ``UnstructuredGrid`` (any cells; of polyhedra their point lists, not their
 face streams); inline ``binary`` or ``appended`` (raw or base64) data; no compression,
-``vtkZLibDataCompressor`` or ``vtkLZMADataCompressor``; UInt32 or UInt64 headers; either byte
-order. Anything else -- ASCII data, LZ4, several pieces with none chosen, another dataset type
+``vtkZLibDataCompressor``, ``vtkLZ4DataCompressor`` (with the ``lz4`` package) or
+``vtkLZMADataCompressor``; UInt32 or UInt64 headers; either byte
+order. Anything else -- ASCII data, several pieces with none chosen, another dataset type
 -- raises :class:`UnsupportedVtkXml`,
 and the caller may read the file with VTK instead. A *damaged* file raises
 :class:`CorruptVtkXml` (an :class:`~meshshard.pipelines.errors.InputFileError` naming the file)
@@ -23,11 +24,11 @@ malformed or truncated XML, negative or absurd counts, offsets or block headers,
 not add up, blocks that do not decompress to their declared size, connectivity out of range.
 Every size is checked against the file before a buffer is allocated: uncompressed data must lie
 in the file, and a compressed block may not claim more than its compressor can produce from its
-bytes (1032:1 for zlib). Blocks are inflated with their output bounded by their declared size,
-so a decompression bomb fails after producing at most that. Every decoded array is checked
-against the counts in the XML (points, cells, connectivity length, offsets monotone and ending
-at the connectivity length, vertex ids in range), so a file that passes is internally
-consistent.
+bytes (1032:1 for zlib, 256:1 for LZ4). Blocks are inflated with their output bounded by their
+declared size, so a decompression bomb fails after producing at most that. Every decoded array
+is checked against the counts in the XML (points, cells, connectivity length, offsets monotone
+and ending at the connectivity length, vertex ids in range), so a file that passes is
+internally consistent.
 """
 
 from __future__ import annotations
@@ -49,12 +50,19 @@ import numpy as np
 
 from meshshard.pipelines.errors import InputFileError
 
-__all__ = ["CellMesh", "CorruptVtkXml", "UnsupportedVtkXml", "VtkXmlFile", "read_cells"]
+__all__ = [
+    "CellMesh", "CorruptVtkXml", "SeveralPieces", "UnsupportedVtkXml", "VtkXmlFile", "read_cells",
+]  # fmt: skip
 
 
 class UnsupportedVtkXml(ValueError):
-    """The file is well formed but uses a feature this reader does not decode (ASCII data, LZ4,
+    """The file is well formed but uses a feature this reader does not decode (ASCII data,
     several pieces, another dataset type); VTK may read it instead."""
+
+
+class SeveralPieces(UnsupportedVtkXml):
+    """The file holds several ``<Piece>`` elements and none was chosen (read them with
+    :func:`meshshard.pipelines.vtkguard.read_all_pieces`)."""
 
 
 class CorruptVtkXml(InputFileError):
@@ -113,14 +121,18 @@ _TYPES = {
     "Float32": "f4",
     "Float64": "f8",
 }
-_DECOMPRESS = {"vtkZLibDataCompressor": "zlib", "vtkLZMADataCompressor": "lzma"}
+_DECOMPRESS = {
+    "vtkZLibDataCompressor": "zlib",
+    "vtkLZMADataCompressor": "lzma",
+    "vtkLZ4DataCompressor": "lz4",
+}
 #: the most output a compressed block may claim per compressed byte (deflate's limit is 1032;
-#: xz reaches ~7000 on long runs of zeros), plus a constant for headers
-_RATIO = {"zlib": 1032, "lzma": 1 << 16}
+#: LZ4's is 255; xz reaches ~7000 on long runs of zeros), plus a constant for headers
+_RATIO = {"zlib": 1032, "lz4": 256, "lzma": 1 << 16}
 _RATIO_SLACK = 1024
 #: VTK types this reader does not decode (VTK may read them); any other unknown type is damage
 _OTHER_TYPES = ("String", "Char", "Bit", "IdType")
-_OTHER_COMPRESSORS = ("vtkLZ4DataCompressor",)
+_OTHER_COMPRESSORS: tuple[str, ...] = ()
 _OTHER_KINDS = (
     "ImageData", "RectilinearGrid", "StructuredGrid", "HyperTreeGrid", "Table",
     "PPolyData", "PUnstructuredGrid", "PImageData", "PRectilinearGrid", "PStructuredGrid",
@@ -260,6 +272,11 @@ class _Decoder:
         if comp is not None and comp not in _DECOMPRESS:
             raise CorruptVtkXml(f"compressor={comp!r} is not a VTK compressor")
         self.decompress = _DECOMPRESS.get(comp) if comp else None
+        if self.decompress == "lz4":
+            try:
+                import lz4.block  # noqa: F401
+            except ImportError:  # lz4 is a dependency; without it VTK reads the file
+                raise UnsupportedVtkXml("LZ4 data without the lz4 package") from None
         self.size = len(mm)
         self.appended = layout.appended
         self.pool = pool
@@ -582,6 +599,8 @@ class _Decoder:
 def _inflate(kind: str, data, size: int, b: int) -> bytes:
     """Block ``b``'s ``size`` bytes from its compressed ``data``, never producing more than
     ``size + 1`` bytes (a block that inflates past its declared size fails right there)."""
+    if kind == "lz4":
+        return _inflate_lz4(data, size, b)
     d = zlib.decompressobj() if kind == "zlib" else lzma.LZMADecompressor()
     err = zlib.error if kind == "zlib" else lzma.LZMAError
     try:
@@ -591,6 +610,21 @@ def _inflate(kind: str, data, size: int, b: int) -> bytes:
     if len(got) > size:
         raise CorruptVtkXml(f"block {b} inflates past the {size} bytes its header declares")
     if not d.eof or len(got) != size:
+        raise CorruptVtkXml(f"block {b} is {len(got)} bytes, its header declares {size}")
+    return got
+
+
+def _inflate_lz4(data, size: int, b: int) -> bytes:
+    """An LZ4 block (VTK writes raw LZ4 blocks, no frame) into at most ``size`` bytes: LZ4
+    fails on output past the buffer, and a shorter output is checked here."""
+    import lz4.block
+
+    try:
+        got = lz4.block.decompress(bytes(data), uncompressed_size=size) if size else b""
+    except lz4.block.LZ4BlockError as exc:
+        raise CorruptVtkXml(f"block {b} does not decompress (or inflates past the {size} bytes "
+                            f"its header declares): {exc}") from None  # fmt: skip
+    if len(got) != size:
         raise CorruptVtkXml(f"block {b} is {len(got)} bytes, its header declares {size}")
     return got
 
@@ -720,13 +754,14 @@ class VtkXmlFile:
         #: main cells (polygons of PolyData) of every piece, from the XML alone
         self.piece_cells = [_int_attr(p, main, 0) for p in layout.pieces]
         if self._piece is None and len(layout.pieces) != 1:
-            raise UnsupportedVtkXml(f"{len(layout.pieces)} pieces")
+            raise SeveralPieces(f"{len(layout.pieces)} pieces")
         at = 0 if self._piece is None else self._piece
         if not 0 <= at < len(layout.pieces):
             msg = f"piece={at} out of range: the file has {len(layout.pieces)} pieces"
             raise ValueError(msg)
         piece = layout.pieces[at]
         self.kind = kind
+        self.piece_attrs = piece
         self.n_points = _int_attr(piece, "NumberOfPoints")
         arrays = [a for a in layout.arrays
                   if a.path[:3] == ("VTKFile", kind, "Piece") and a.piece == at]  # fmt: skip
@@ -755,6 +790,7 @@ class VtkXmlFile:
             raise CorruptVtkXml(f"<{cells_tag}> without one offsets and one connectivity")
         self._off = off_a[0] if self._n_main else None
         self._con = con_a[0] if self._n_main else None
+        self._arrays = arrays  # this piece's, for vtkguard's checks
         self._cells = {a.attrs.get("Name", ""): a for a in reversed(_pick(arrays, "CellData"))}
         self.cell_array_names = [a.attrs.get("Name", "") for a in _pick(arrays, "CellData")]
 

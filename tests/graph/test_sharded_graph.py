@@ -243,3 +243,34 @@ def test_dual_graph_from_each_ranks_cells(P: int) -> None:
         np.testing.assert_array_equal(a["depth"], b["depth"])
         assert a["n_owned_edges"] == b["n_owned_edges"] > 0
         assert a["owned"] == b["owned"] and a["all"] == b["all"]
+
+
+def test_edge_attr_dtype_is_kept_or_refused() -> None:
+    """Issue 26: float64 edge features were cast to float32 silently. They keep their dtype
+    (and values, bit for bit); a non-numeric dtype, or ranks that disagree, are refused."""
+    import meshshard.graph.build as gb
+    from meshshard.graph import build_all
+    from meshshard.graph._comm import run_threads
+
+    prob = problem(CASES[2][0], 2)
+    part, ei = prob["partition"], prob["edge_index"]
+    attr = np.random.default_rng(0).normal(size=(ei.shape[1], 2)) * 1e-9 + 1.0  # float64
+    for dtype in (np.float64, np.int32, np.float32):
+        a = attr.astype(dtype)
+        for g in build_all(part, ei, edge_attr=a):
+            assert g.edge_attr.numpy().dtype == dtype
+            np.testing.assert_array_equal(g.edge_attr.numpy(), g.local_edges(a))
+    with pytest.raises(ValueError, match="edge_attr of dtype <U1: expected numbers"):
+        build_all(part, ei, edge_attr=np.full((ei.shape[1], 1), "x"))
+
+    partition, inverse = gb._prepare(part)
+    src, dst = gb._edge_rows(ei)
+
+    def mixed(comm):
+        a = attr.astype(np.float64 if comm.rank == 0 else np.float32)
+        s, d, eid, at, routed = gb._owned_slice(partition, comm.rank, src, dst, a)
+        return gb._build(comm, partition, inverse, s, d, eid, at, rings=1, symmetric=False,
+                         routed=routed)  # fmt: skip
+
+    with pytest.raises(ValueError, match="ranks gave edge_attr of different dtypes"):
+        run_threads(mixed, 2)

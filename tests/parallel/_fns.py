@@ -73,9 +73,12 @@ def full_grads(m) -> dict:
     return out
 
 
-def data_parallel_run(rank, world_size, mode, shard_dims, steps, extra=None, compile=None):
+def data_parallel_run(rank, world_size, mode, shard_dims, steps, extra=None, compile=None,
+                      inplace=False):
     """2x2 mesh; each data group trains on its own sample with ``mode`` over "data";
-    ``compile="sharded"`` applies compile_sharded (aot_eager) to the model first."""
+    ``compile="sharded"`` applies compile_sharded (aot_eager) to the model first; ``inplace``
+    scales the model's output in place before the loss (FSDP2 drops its pre-backward hook
+    when that output is a view)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.parallel import data_parallel
@@ -93,18 +96,27 @@ def data_parallel_run(rank, world_size, mode, shard_dims, steps, extra=None, com
     out = m(c, f)
     report = {"out": out.full_tensor().detach(), "group": d}
     losses, grads = [], None
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = mse(m, c, f, t)
-        loss.backward()
-        if grads is None:
-            grads = full_grads(m)
-        # the loss of the whole batch (mean over data groups), for the comparison
-        lt = torch.tensor([loss.item()])
-        torch.distributed.all_reduce(lt, group=mesh.get_group("data"))
-        losses.append(lt.item() / 2)
-        opt.step()
-    report.update(grads=grads, losses=losses, weights=full_params(m))
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            opt.zero_grad()
+            if inplace:
+                loss = ((m(c, f).mul_(1.0) - t) ** 2).mean()
+            else:
+                loss = mse(m, c, f, t)
+            loss.backward()
+            if grads is None:
+                grads = full_grads(m)
+            # the loss of the whole batch (mean over data groups), for the comparison
+            lt = torch.tensor([loss.item()])
+            torch.distributed.all_reduce(lt, group=mesh.get_group("data"))
+            losses.append(lt.item() / 2)
+            opt.step()
+    report.update(grads=grads, losses=losses, weights=full_params(m),
+                  view_warnings=[str(w.message)[:120] for w in caught
+                                 if "view tensor" in str(w.message)])  # fmt: skip
     if compile == "sharded":
         report["compiled layouts"] = len(inner.forward.entries)
     return report

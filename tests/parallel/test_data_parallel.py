@@ -26,6 +26,14 @@ def test_matches_single_process(mode, shard_dims, extra, reference):
                                 timeout=120))
 
 
+def test_fsdp_with_an_in_place_op_on_the_output_matches_single_process(reference):
+    """Issue 26: FSDP2 warned once per rank that the model returned a view (an in-place op on
+    it would drop the pre-backward hook: wrong gradients). The output is no view now; an
+    in-place op on it gives the single-process gradients, and no warning."""
+    _check(reference, run_ranks(_fns.data_parallel_run, 4, "fsdp", None, STEPS, None, None,
+                                True, timeout=120))
+
+
 def test_compile_sharded_under_data_parallel_matches_single_process(reference):
     # the whole model compiled (collectives over "domain" inside its graphs), wrapped by DDP or
     # FSDP2 on the root over "data": the wrapper's hooks and gradient reductions still see
@@ -51,6 +59,7 @@ def _check(reference, reports):
             torch.testing.assert_close(rep["grads"][name], g, rtol=1e-4, atol=1e-6,
                                        msg=lambda m, n=name, r=rank: f"rank {r} grad {n}: {m}")
         assert rep["losses"] == pytest.approx(losses, rel=1e-5)
+        assert not rep.get("view_warnings"), rep["view_warnings"]  # FSDP2: "wrong gradients"
         for name, w in weights.items():
             torch.testing.assert_close(rep["weights"][name], w, rtol=1e-4, atol=1e-6)
 

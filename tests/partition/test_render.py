@@ -66,3 +66,32 @@ def test_render_prints_no_x_server_noise(cube, tmp_path, capfd):
     render_png(partition(centres, 2), tmp_path / "q.png", mesh=grid)
     err = capfd.readouterr().err
     assert "bad X server" not in err and "DISPLAY" not in err, err
+
+
+def test_surface_from_cell_centres_is_drawn_opaque():
+    """Issue 26: a store keeps cell centres, normals and areas, no connectivity; its surface
+    was drawn as dots, through which the far side shows. With normals and areas each centre
+    becomes a patch: cut a sphere into the half facing the camera (shard 0, blue) and the far
+    half (shard 1, orange); the front view then shows (almost) no orange, as the mesh does."""
+    from meshshard.partition.render import _side_direction
+
+    sphere = pv.Sphere(theta_resolution=120, phi_resolution=90).compute_normals(
+        cell_normals=True, point_normals=False)  # fmt: skip
+    sphere = sphere.compute_cell_sizes(length=False, volume=False)
+    centres = cell_centers(sphere)
+    d = _side_direction(centres)
+    part = Partition.from_assignment(((centres - centres.mean(0)) @ d < 0).astype(np.int64), 2)
+
+    def far_side_share(images):
+        img = images[0].astype(int)  # the "front" view
+        orange = img[..., 0] > img[..., 2] + 60
+        blue = img[..., 2] > img[..., 0] + 60
+        return orange.sum() / max(1, orange.sum() + blue.sum())
+
+    mesh = far_side_share(render_views(part, mesh=sphere, on="cells", solid=False)[0])
+    dots = far_side_share(render_views(part, points=centres, solid=False)[0])
+    surf = far_side_share(render_views(part, points=centres, solid=False,
+                                       normals=np.asarray(sphere.cell_data["Normals"]),
+                                       areas=np.asarray(sphere.cell_data["Area"]))[0])  # fmt: skip
+    assert surf <= mesh + 0.01, (surf, mesh, dots)
+    assert dots > surf + 0.02, (surf, mesh, dots)  # the dots let the far side through

@@ -73,6 +73,31 @@ def write_vtk(mesh, path, mode="appended-raw", compressor="None", header="UInt32
     return path
 
 
+def write_two_pieces(mesh, path, compressor="None") -> Path:
+    """``mesh`` written by VTK's XML writer as two ``<Piece>`` elements (appended raw data);
+    VTK writes the whole mesh into each, and its readers return them concatenated."""
+    from vtkmodules import vtkIOXML
+
+    path = Path(path)
+    cls = vtkIOXML.vtkXMLPolyDataWriter if path.suffix == ".vtp" else None
+    w = (cls or vtkIOXML.vtkXMLUnstructuredGridWriter)()
+    w.SetInputData(mesh)
+    w.SetFileName(str(path))
+    w.SetNumberOfPieces(2)
+    w.SetDataModeToAppended()
+    w.EncodeAppendedDataOff()
+    getattr(w, f"SetCompressorTypeTo{compressor}")()
+    assert w.Write() == 1
+    return path
+
+
+def set_array_attr(raw: bytes, name: str, key: str, value, *, nth: int = 0) -> bytes:
+    """``raw`` with attribute ``key`` of the ``nth`` DataArray named ``name`` set to ``value``."""
+    hits = list(re.finditer(rb'<DataArray[^>]*Name="' + name.encode() + rb'"[^>]*>', raw))
+    m = hits[nth]
+    return raw[: m.start()] + set_attr(m.group(0), key, value) + raw[m.end() :]
+
+
 def set_attr(raw: bytes, key: str, value, *, nth: int = 0) -> bytes:
     """``raw`` with the ``nth`` ``key="..."`` attribute set to ``value``."""
     hits = list(re.finditer(rb'\b' + key.encode() + rb'="[^"]*"', raw))

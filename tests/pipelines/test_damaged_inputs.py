@@ -23,10 +23,12 @@ from tests.pipelines._damage import (
     append_block,
     array_tag,
     run_child,
+    set_array_attr,
     set_attr,
     surface_mesh,
     volume_mesh,
     words,
+    write_two_pieces,
     write_vtk,
 )
 
@@ -139,6 +141,26 @@ def damaged(tmp_path_factory):
         bomb = _bomb(kind, nbytes)
         put(f"bomb_{kind}", append_block(
             raw, "pMeanTrim", words([1, declared, declared, len(bomb)]) + bomb))  # fmt: skip
+    # issue 26, item 3: damaged LZ4 (VTK aborted on these); decoded by meshshard's reader now
+    raw_lz4 = write_vtk(mesh, root / "l4.vtp", "appended-raw", "LZ4", block=1024).read_bytes()
+    lz4_bomb = __import__("lz4.block", fromlist=["x"]).compress(bytes(64 << 20), store_size=False)
+    head = words([1, declared, declared, len(lz4_bomb)])
+    put("bomb_lz4", append_block(raw_lz4, "pMeanTrim", head + lz4_bomb))
+    put("lz4_size_mismatch", append_block(
+        raw_lz4, "pMeanTrim", words([1, 1 << 20, 1 << 20, 64]) + bytes(64)))  # fmt: skip
+    put("lz4_garbage_block", append_block(
+        raw_lz4, "pMeanTrim", words([1, declared, declared, 64]) + bytes([0xFF]) * 64))  # fmt: skip
+    bad = bytearray(raw_lz4)
+    at = len(bad) - 600  # inside the last arrays' compressed blocks
+    bad[at : at + 40] = bytes([0xF0]) * 40
+    put("lz4_flipped", bytes(bad))
+    put("lz4_truncated", raw_lz4[: int(len(raw_lz4) * 0.9)])
+    # issue 26, item 2: two pieces, the second piece's field at appended offset -8 (VTK read
+    # the 8 bytes before it as values: 1e15 pressures, exit 0)
+    for suffix, m in ((".vtp", mesh), (".vtu", volume_mesh())):
+        two = write_two_pieces(m, root / f"two{suffix}").read_bytes()
+        put(f"pieces_offset_minus_8{suffix[1:]}",
+            set_array_attr(two, "pMeanTrim", "offset", -8, nth=1), suffix)  # fmt: skip
     # an ASCII file (a layout VTK reads) with an absurd count: refused before VTK sees it
     w = __import__("vtkmodules.vtkIOXML", fromlist=["x"]).vtkXMLPolyDataWriter()
     w.SetInputData(mesh)
@@ -190,8 +212,10 @@ def test_damaged_vtk_files_fail_clearly_in_bounded_memory(tmp_path, damaged):
     assert "more than the file holds" in msgs["b64_blocks_2_32"]
     assert "NumberOfPolys=1152921504606846976 cannot fit in a file of" in msgs["ascii_polys_2_60"]
     declared = surface_mesh().n_cells * 4
-    for kind in ("zlib", "lzma"):
+    for kind in ("zlib", "lzma", "lz4"):
         assert f"inflates past the {declared} bytes" in msgs[f"bomb_{kind}"]
+    for suffix in ("vtp", "vtu"):
+        assert "offset=-8 outside the appended data" in msgs[f"pieces_offset_minus_8{suffix}"]
     # item 7: what is wrong, in words (no bare IndexError, no "array is too big")
     n_points = surface_mesh().n_points
     assert f"points: {12 * n_points} bytes, expected {12 * (n_points - 1)} " in (
@@ -290,4 +314,28 @@ def test_no_store_is_written_from_a_damaged_file(tmp_path, damaged, case):
     res = preprocess_runs(tmp_path / "src", tmp_path / "out", parts=2, volume=False)
     assert [r.status for r in res] == ["failed"]
     assert res[0].message.startswith("CorruptVtkXml: ") and "boundary_1.vtp: " in res[0].message
-    assert not list((tmp_path / "out").iterdir())
+    assert not (tmp_path / "out").exists()  # not even the (empty) output directory
+
+
+def test_vtk_reader_on_hostile_headers_fails_clearly(tmp_path, damaged):
+    """Issue 26, item 4: with MESHSHARD_READER=vtk every damaged file above is refused by the
+    header check before VTK sees it (no SIGSEGV/SIGABRT, no allocation without bound): a
+    one-line error naming the file, under the same address-space limit."""
+    spec = tmp_path / "cases.json"
+    spec.write_text(json.dumps([[k, str(v)] for k, v in damaged.items()]))
+    rc, res, err = run_child(
+        "import os; os.environ['MESHSHARD_READER'] = 'vtk'\n" + CHILD, str(spec), "vtk",
+        limit_mb=LIMIT_MB, timeout=300,
+    )  # fmt: skip
+    assert rc == 0 and res is not None, f"child died (rc={rc}): {err[-3000:]}"
+    got = {r["case"]: r for r in res["results"]}
+    assert got["good"]["ok"], got["good"]
+    for name, rec in got.items():
+        if name == "good":
+            continue
+        assert not rec["ok"], f"{name}: read without error"
+        assert rec["input_error"], f"{name}: {rec['type']}: {rec['msg']}"
+        assert rec["msg"].startswith(rec["path"]), f"{name}: {rec['msg']}"
+        assert "\n" not in rec["msg"], name
+    for name in ("offset_minus_8", "pieces_offset_minus_8vtp", "pieces_offset_minus_8vtu"):
+        assert "offset=-8 outside the appended data" in got[name]["msg"], got[name]

@@ -342,3 +342,34 @@ def test_summary_is_rank_labelled_under_torchrun(runs_src, tmp_path, capsys, mon
     out = capsys.readouterr().out
     assert out.startswith("meshshard preprocess [rank 1/2]: 1 written, 0 skipped")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run_2.zarr"]  # runs 1::2
+
+
+def test_worker_address_space_is_capped(three_runs, reference, tmp_path):
+    """Issue 26, item 4: a run whose reader reserves far more than the worker's budget fails
+    alone with a MemoryError naming it (without the cap the 12 GiB reservation succeeds, and
+    the run would be written)."""
+    from meshshard.pipelines._memcap import MEMORY_ENV
+
+    out = tmp_path / "out"
+    res = _run(three_runs, out, **{CRASH_RUN_ENV: "run_2:bigalloc", MEMORY_ENV: "1G"})
+    assert res.returncode == 1, res.stderr
+    assert "2 written, 0 skipped (up to date), 1 failed" in res.stdout
+    assert "run_2: MemoryError: Unable to allocate 12.0 GiB" in res.stderr
+    assert "Traceback" not in res.stderr
+    _same_stores(out, reference, ["run_1", "run_3"])
+
+
+def test_worker_memory_setting_is_checked(three_runs, tmp_path):
+    from meshshard.pipelines._memcap import MEMORY_ENV, worker_budget
+
+    res = _run(three_runs, tmp_path / "out", **{MEMORY_ENV: "lots"})
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"{MEMORY_ENV}='lots': expected a size such as 12G" in res.stderr
+    os.environ[MEMORY_ENV] = "1.5G"
+    try:
+        assert worker_budget(4) == int(1.5 * 2**30)
+        os.environ[MEMORY_ENV] = "off"
+        assert worker_budget(4) is None
+    finally:
+        del os.environ[MEMORY_ENV]
+    assert worker_budget(1) >= 2 << 30
