@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "TrainConfig",
+    "build_inputs",
     "geometric_features",
     "load_sample",
     "make_model",
@@ -119,18 +120,22 @@ def load_sample(
     coords = data["surface_mesh_centers"].float()
     normals = data["surface_normals"].float()
     target = data["surface_fields"].float()
+    coords_n, features = build_inputs(coords, normals, knn=knn)
     with torch.no_grad():
-        geo = geometric_features(coords, normals, knn)
-        coords_n = _standardise(coords)
-        geo = _standardise(geo)
         if standardise_target:
             target = _standardise(target)
+    return {"coords": coords_n, "features": features, "target": target.unsqueeze(0)}
+
+
+def build_inputs(coords: torch.Tensor, normals: torch.Tensor, *, knn: int):
+    """The model's inputs from centres and normals (N, 3): standardised coordinates
+    (1, N, 3) and features (1, N, 3 + 4) = normals and standardised kNN features, with the
+    sample's global statistics. Collective when sharded (kNN, means)."""
+    with torch.no_grad():
+        geo = _standardise(geometric_features(coords, normals, knn))
+        coords_n = _standardise(coords)
     features = torch.cat([normals, geo], dim=-1)
-    return {
-        "coords": coords_n.unsqueeze(0),
-        "features": features.unsqueeze(0),
-        "target": target.unsqueeze(0),
-    }
+    return coords_n.unsqueeze(0), features.unsqueeze(0)
 
 
 def make_model(cfg: TrainConfig, fun_dim: int, out_dim: int) -> torch.nn.Module:
