@@ -45,17 +45,16 @@ def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
                  max_points_per_chunk: int | None = None,
                  reference_area: float | None = None) -> dict[str, Any]:
     """The metrics of one run (every rank gets them). Collective when distributed."""
-    from meshshard.apps.predict import DEFAULT_CHUNK, check_fields, predict_rows
+    from meshshard.apps.predict import DEFAULT_CHUNK, _truth, check_fields, predict_rows
 
     group = mesh.get_group() if mesh is not None else None
     t0 = time.perf_counter()
     rows = read_surface_rows(source, group)
     if mf is not None:
-        check_fields(mf, rows, source, need_truth=True)
-        cols = mf.field_columns()
-        true = np.concatenate([rows.fields[:, slice(*rows.columns[n])] for n in cols], axis=1)
+        cols = check_fields(mf, rows, source, need_truth=True)
         pred = predict_rows(mf, rows, mesh=mesh,
                             max_points_per_chunk=max_points_per_chunk or DEFAULT_CHUNK)
+        cols, true = _truth(cols, rows, pred)
     else:
         names = [n for n in (PRESSURE, WALL_SHEAR) if n in rows.columns]
         if len(names) < 2:

@@ -60,26 +60,32 @@ def _dist() -> tuple[int, int]:
     return 0, 1
 
 
-def check_fields(mf: ModelFile, rows: SurfaceRows, source: Any, *, need_truth: bool) -> bool:
-    """Whether the run holds the truth of every field the model predicts. A run with none of
-    them is fine for predict (a new car); one with some but not all is an error (another
-    dataset or units), and so is any missing field when ``need_truth``.
+def _optional() -> set[str]:
+    from meshshard.pipelines.schema import DRIVAERML
+
+    return {f.name for f in DRIVAERML.surface_fields if not f.required}
+
+
+def check_fields(mf: ModelFile, rows: SurfaceRows, source: Any, *, need_truth: bool
+                 ) -> dict[str, tuple[int, int]]:
+    """The model's output columns of the fields whose truth the run holds. A run with none of
+    them is fine for predict (a new car); one that lacks a required field the model predicts
+    while holding others is an error (another dataset or units), and so is any missing
+    required field when ``need_truth``. Optional fields (``CpMeanTrim``) may be absent.
 
     Raises
     ------
     ValueError
         Naming the run, the missing field and the fields present.
     """
-    want = [f[0] for f in mf.fields]
-    have = [n for n in want if n in rows.columns]
-    if len(have) == len(want):
-        return True
-    if have or need_truth:
-        missing = [n for n in want if n not in rows.columns][0]
-        msg = (f"{source}: has no field {missing!r}, which {mf.path} predicts (fields present: "
-               f"{sorted(rows.columns)})")
+    cols = mf.field_columns()
+    present = {n: c for n, c in cols.items() if n in rows.columns}
+    missing = [n for n in cols if n not in rows.columns and n not in _optional()]
+    if missing and (present or need_truth):
+        msg = (f"{source}: has no field {missing[0]!r}, which {mf.path} predicts (fields "
+               f"present: {sorted(rows.columns)})")
         raise ValueError(msg)
-    return False
+    return {} if missing else present
 
 
 def model_inputs(rows: SurfaceRows, knn: int, mesh: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,6 +133,15 @@ def predict_rows(mf: ModelFile, rows: SurfaceRows, *, mesh: Any = None,
     mean = torch.tensor(mf.scales["target_mean"], dtype=y.dtype)
     std = torch.tensor(mf.scales["target_std"], dtype=y.dtype)
     return (y[0] * std + mean).numpy()
+
+
+def _truth(cols: dict, rows: SurfaceRows, pred: np.ndarray):
+    """The true fields laid out like the model's output (absent columns: the prediction,
+    so they add nothing to the sums), and the columns to compare."""
+    true = pred.copy()
+    for n, (a, b) in cols.items():
+        true[:, a:b] = rows.fields[:, slice(*rows.columns[n])]
+    return cols, true
 
 
 def gather_rows(arrays: dict[str, np.ndarray], group: Any = None) -> dict[str, np.ndarray] | None:
@@ -219,8 +234,7 @@ def predict_run(
                                "max_points_per_chunk": max_points_per_chunk,
                                "seconds": {"read_partition": t_read, "inputs_model": t_model}}
     if truth:
-        cols = mf.field_columns()
-        true = np.concatenate([rows.fields[:, slice(*rows.columns[n])] for n in cols], axis=1)
+        cols, true = _truth(truth, rows, pred)
         summary["rel_l2"] = field_errors(pred, true, cols, group=group)
         kw = {"reference_area": reference_area, "group": group}
         summary["forces_pred"] = force_coefficients(pred, cols, rows.normals, rows.areas, **kw)

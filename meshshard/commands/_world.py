@@ -11,7 +11,6 @@ def join_world() -> tuple[int, int, Any]:
     CPU/CUDA DeviceMesh over it (collective); alone, a world of one and ``mesh=None``."""
     import torch
     import torch.distributed as dist
-
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.distributed import init
