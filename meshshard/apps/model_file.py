@@ -174,7 +174,10 @@ def save_model(
 
     _builtin()
     inner = model.module if hasattr(model, "module") else model
-    name = class_name or type(inner).__name__
+    # the registered class itself or its nearest registered base (FSDP2 makes a subclass)
+    known = {c: n for n, c in _REGISTRY.items()}
+    found = next((known[c] for c in type(inner).__mro__ if c in known), type(inner).__name__)
+    name = class_name or found
     if _REGISTRY.get(name) is None:
         msg = f"model class {name!r} is not registered; call register_model_class first"
         raise ModelFileError(msg)
