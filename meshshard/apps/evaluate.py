@@ -114,6 +114,9 @@ def format_table(result: dict[str, Any]) -> str:
     out.append(f"R^2 drag {_fmt(s['r2_cd'])}   R^2 lift {_fmt(s['r2_cl'])}   mean |dCd| "
                f"{_fmt(s['mean_abs_dcd'])}   " + "   ".join(
                    f"mean L2 {f} {_fmt(v)}" for f, v in s["mean_rel_l2"].items()))
+    if len(rows) < 3:
+        out.append(f"(R^2 measures the spread of drag across runs: over {len(rows)} run(s) it "
+                   "says little)")
     return "\n".join(out)
 
 
