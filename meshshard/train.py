@@ -79,6 +79,13 @@ def geometric_features(coords: torch.Tensor, normals: torch.Tensor, k: int) -> t
     dist_, idx = ops.knn(coords, k, loop=False)
     # one exchange for both: the same neighbour rows are requested for coordinates and normals
     nb = ops.gather_neighbors(torch.cat([coords, normals], dim=-1), idx)  # (N, k, 6)
+    return features_from_neighbours(coords, normals, dist_, nb, k)
+
+
+def features_from_neighbours(coords: torch.Tensor, normals: torch.Tensor, dist_: torch.Tensor,
+                             nb: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`geometric_features` of rows whose neighbour distances (n, k) and neighbour
+    coordinates + normals (n, k, 6) are known (pointwise: any subset of rows)."""
     nb_coords, nb_normals = nb[..., :3], nb[..., 3:]
     mean_d = torch.log(dist_.mean(dim=1, keepdim=True) + 1e-6)
     kth_d = torch.log(dist_[:, k - 1 :] + 1e-6)

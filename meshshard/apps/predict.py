@@ -88,18 +88,29 @@ def check_fields(mf: ModelFile, rows: SurfaceRows, source: Any, *, need_truth: b
     return {} if missing else present
 
 
-def model_inputs(rows: SurfaceRows, knn: int, mesh: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def model_inputs(rows: SurfaceRows, knn: int, mesh: Any, chunk: int | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's model inputs (1, n, 3) and (1, n, 7), built as in training (collective
-    when ``mesh`` spans several ranks: exact kNN and global statistics)."""
+    when ``mesh`` spans several ranks: exact kNN and global statistics); with ``chunk``, the
+    neighbour rows are gathered ``chunk`` rows at a time
+    (:func:`~meshshard.apps.features.chunked_inputs`)."""
     from meshshard.train import build_inputs
 
     c = torch.from_numpy(rows.centers)
     n = torch.from_numpy(rows.normals)
-    if mesh is not None and mesh.size() > 1:
+    multi = mesh is not None and mesh.size() > 1
+    if multi or chunk is not None:
+        from torch.distributed.device_mesh import init_device_mesh
+
         from meshshard.shardtensor import Shard, from_local
 
+        mesh = mesh if mesh is not None else init_device_mesh("cpu", (1,))
         c = from_local(c, mesh, [Shard(0)], sharding_shapes=rows.sizes, validate=False)
         n = from_local(n, mesh, [Shard(0)], sharding_shapes=rows.sizes, validate=False)
+        if chunk is not None:
+            from meshshard.apps.features import chunked_inputs
+
+            return chunked_inputs(c, n, knn=knn, chunk=chunk, sizes=rows.sizes)
         coords, feats = build_inputs(c, n, knn=knn)
         return coords.to_local(), feats.to_local()
     return build_inputs(c, n, knn=knn)
@@ -112,7 +123,7 @@ def predict_rows(mf: ModelFile, rows: SurfaceRows, *, mesh: Any = None,
     distributed."""
     from meshshard.apps.chunked import chunked_forward
 
-    coords, feats = model_inputs(rows, int(mf.inputs.get("knn", 8)), mesh)
+    coords, feats = model_inputs(rows, int(mf.inputs.get("knn", 8)), mesh, max_points_per_chunk)
     model = mf.model
     with torch.no_grad():
         if max_points_per_chunk is None:
