@@ -5,6 +5,19 @@ from __future__ import annotations
 import os
 from typing import Any
 
+_OWNED: list[bool] = []
+
+
+def leave_world(code: int) -> int:
+    """After a command under torchrun that joined the group itself: tear the groups down and
+    leave at once (:func:`meshshard.distributed.shutdown`; gloo may abort in the interpreter's
+    teardown otherwise). Elsewhere (tests, a caller's own group) it returns ``code``."""
+    if _OWNED:
+        from meshshard.distributed import shutdown
+
+        shutdown(exit_code=code)
+    return code
+
 
 def join_world() -> tuple[int, int, Any]:
     """``(rank, world, mesh)``: under torchrun (``RANK`` set) join the group and build a 1-D
@@ -15,7 +28,10 @@ def join_world() -> tuple[int, int, Any]:
 
     from meshshard.distributed import init
 
+    joined = not dist.is_initialized() and "RANK" in os.environ
     rank, world = init()
+    if joined:
+        _OWNED.append(True)
     if world == 1 and "RANK" not in os.environ:
         return rank, world, None
     dev = "cuda" if dist.get_backend() == "nccl" and torch.cuda.is_available() else "cpu"

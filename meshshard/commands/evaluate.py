@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(msg)
     check_out_dir(args.out)
     from meshshard.apps.evaluate import evaluate_runs, format_table
-    from meshshard.commands._world import join_world
+    from meshshard.commands._world import join_world, leave_world
 
     rank, _, mesh = join_world()
     res = evaluate_runs(expand(args.runs), args.out, checkpoint=args.checkpoint, mesh=mesh,
@@ -56,4 +56,4 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(res))
         for k, v in res["files"].items():
             print(f"  {k}: {v}")
-    return 0
+    return leave_world(0)

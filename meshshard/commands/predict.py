@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(msg)
     check_out_dir(args.out)
     from meshshard.apps.predict import predict_run
-    from meshshard.commands._world import join_world
+    from meshshard.commands._world import join_world, leave_world
 
     rank, world, mesh = join_world()
     s = predict_run(args.checkpoint, args.run, args.out, mesh=mesh,
@@ -43,4 +43,4 @@ def run(args: argparse.Namespace) -> int:
         print(line)
         for k, v in s["files"].items():
             print(f"  {k}: {v}")
-    return 0
+    return leave_world(0)

@@ -6,10 +6,21 @@ from __future__ import annotations
 def load_rank(rank: int, world: int, store: str, root: str) -> dict:
     """This rank's rows of a curator store through load_shard (plain and as ShardTensors) and
     through ShardedRunDataset."""
+    import zarr
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.pipelines import ShardedRunDataset, load_shard
 
+    reads: list = []  # every row selection of a part array, to show no rank reads it whole
+    orig = zarr.Array.__getitem__
+
+    def spy(self, sel):
+        name = self.path.rsplit("/", 1)[-1]
+        if name.startswith(("surface_", "volume_")):
+            reads.append((name, sel))
+        return orig(self, sel)
+
+    zarr.Array.__getitem__ = spy
     keys = ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fields",
             "surface_perm")
     plain = load_shard(store, rank, world, part="surface", keys=keys)
@@ -24,4 +35,5 @@ def load_rank(rank: int, world: int, store: str, root: str) -> dict:
         "ds_perm": item["surface_perm"].to_local().numpy(),
         "vol": load_shard(store, rank, world, part="volume")["volume_fields"].numpy(),
         "stl": load_shard(store, rank, world, part="stl")["stl_faces"].shape,
+        "reads": [(n, (s.start, s.stop) if isinstance(s, slice) else repr(s)) for n, s in reads],
     }

@@ -76,6 +76,14 @@ def test_curator_store_loads_on_ranks(curator, world):
         np.testing.assert_array_equal(o["st_local"], o["plain"]["surface_fields"])
         np.testing.assert_array_equal(o["ds_perm"], o["plain"]["surface_perm"])
         assert o["stl"][1] == 3
+    # each rank read only its slice of every part array: rows [N r / W, N (r + 1) / W)
+    n = pts.shape[0]
+    nv = g["volume_fields"].shape[0]
+    for r, o in enumerate(out):
+        assert o["reads"], "no reads recorded"
+        for name, sel in o["reads"]:
+            rows = nv if name.startswith("volume_") else n
+            assert sel == (rows * r // world, rows * (r + 1) // world), (name, sel)
     vol = np.concatenate([o["vol"] for o in out])
     assert vol.shape == (g["volume_fields"].shape[0], 5)
 
