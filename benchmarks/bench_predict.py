@@ -82,7 +82,7 @@ def surface_slice(n: int, lo: int, hi: int) -> dict[str, np.ndarray]:
 
 
 def predict_rank(rank: int, world: int, n: int, chunk: int, knn: int, unchunked: bool,
-                 mmap_threshold: int) -> dict:
+                 mmap_threshold: int, features: str = "knn") -> dict:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -107,12 +107,18 @@ def predict_rank(rank: int, world: int, n: int, chunk: int, knn: int, unchunked:
                         moved["surface_areas"], moved["surface_fields"], moved["surface_perm"],
                         sizes, {}, {}, 1.0, 1.0, "bench", "bench")
         del moved
-    m = sizes[rank]
     in_bytes = sum(a.nbytes for a in (s.centers, s.normals, s.areas, s.perm))
+    m = sizes[rank]
     out["read_partition"] = {"s": ph.seconds, "peak_mb": ph.peak / 2**20,
                              "input_mb": in_bytes / 2**20}
     with Peak() as pf:
-        coords, feats = model_inputs(s, knn, mesh, None if unchunked else chunk)
+        if features == "knn":
+            coords, feats = model_inputs(s, knn, mesh, None if unchunked else chunk)
+        else:  # stand-in inputs of the same shapes: the model phase alone, at any size
+            coords = torch.from_numpy(s.centers).unsqueeze(0)
+            g = torch.Generator().manual_seed(rank)
+            feats = torch.cat([torch.from_numpy(s.normals),
+                               torch.randn(m, 4, generator=g)], dim=1).unsqueeze(0)
     f_bytes = coords.numel() * 4 + feats.numel() * 4
     out["features"] = {"s": pf.seconds, "peak_mb": pf.peak / 2**20,
                        "work_mb": (pf.peak - pf.base - f_bytes) / 2**20}
@@ -142,6 +148,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", default="1,2")
     ap.add_argument("--chunk", type=int, default=1 << 16, help="points per chunk per rank")
     ap.add_argument("--knn", type=int, default=8)
+    ap.add_argument("--features", choices=("knn", "synthetic"), default="knn",
+                    help="knn: predict's kNN features; synthetic: stand-in inputs of the same "
+                         "shapes (the model phase alone, for sizes whose kNN does not fit)")
     ap.add_argument("--unchunked", action="store_true", help="the unchunked forward instead")
     ap.add_argument("--mmap-threshold", type=int, default=0,
                     help="glibc mmap/trim threshold in bytes, as meshshard predict sets it "
@@ -151,7 +160,8 @@ def main(argv=None) -> int:
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     ranks = [int(r) for r in args.ranks.split(",")]
     results = []
-    print(f"model {MODEL}, kNN-{args.knn} features, "
+    feat = f"kNN-{args.knn} features" if args.features == "knn" else "synthetic features"
+    print(f"model {MODEL}, {feat}, mmap threshold {args.mmap_threshold or 'glibc default'}, "
           + ("unchunked" if args.unchunked else f"chunk {args.chunk:,} points per rank"))
     print(f"{'points':>11} {'ranks':>5} {'rows/rank':>10} {'read+part s':>11} {'feat s':>7} "
           f"{'model s':>8} {'total s':>8} {'feat work MB':>12} {'model work MB':>13} "
@@ -160,7 +170,7 @@ def main(argv=None) -> int:
         for w in ranks:
             t0 = time.perf_counter()
             out = run_ranks(predict_rank, w, n, args.chunk, args.knn, args.unchunked,
-                            args.mmap_threshold, timeout=3600)
+                            args.mmap_threshold, args.features, timeout=3600)
             wall = time.perf_counter() - t0
             worst = {k: max(o[k]["s"] for o in out) for k in ("read_partition", "features",
                                                                "model")}
