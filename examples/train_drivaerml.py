@@ -14,6 +14,10 @@ shear stress.
         --steps 200 --checkpoint ckpt/transolver
     torchrun --standalone --nproc-per-node 4 examples/train_drivaerml.py STORES \
         --data-parallel 2 --data-parallel-mode fsdp --resume --checkpoint ckpt/transolver
+    meshshard predict ckpt/transolver-model RAW/run_1 --out predictions
+
+At the end it also writes a model checkpoint (``--model-out``, default
+``<checkpoint>-model``) that ``meshshard predict`` and ``meshshard evaluate`` read.
 
 Without torchrun it runs as one process (world size 1).
 """
@@ -58,6 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="checkpoint directory (torch.distributed.checkpoint)")
     ap.add_argument("--checkpoint-every", type=int, default=50)
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    ap.add_argument("--model-out", type=Path, default=None,
+                    help="model checkpoint for meshshard predict/evaluate, written at the end "
+                         "(default: <checkpoint>-model)")
     return ap.parse_args(argv)
 
 
@@ -143,6 +150,17 @@ def main(argv=None) -> int:
                 log.info("saved checkpoint %s at step %d", saved, step + 1)
         check_collective("barrier", detail="after the checkpoint")  # debug mode only
         dist.barrier()
+    # the model with its class, config, field names and scales: what `meshshard predict` reads
+    from meshshard.apps.export import export_surface_model
+
+    model_out = args.model_out or args.checkpoint.with_name(args.checkpoint.name + "-model")
+    export_surface_model(  # collective (the full state dict is gathered); rank 0 writes
+        model_out, model,
+        model_config=cfg.model_kwargs(first["features"].shape[-1], first["target"].shape[-1]),
+        knn=cfg.knn, store=train_runs[0], target_mean=scale["mean"].tolist(),
+        target_std=scale["std"].tolist(), extra={"steps": cfg.steps, "runs": len(train_runs)})
+    if rank == 0:
+        log.info("model checkpoint for meshshard predict: %s", model_out)
     if val_runs:
         errs = []
         with torch.no_grad():

@@ -24,6 +24,8 @@ _COMMANDS = {
     "partition": "cut a mesh or point cloud into shards and write the Partition",
     "inspect": "report partition quality like gpmetis (--json, --png)",
     "preprocess": "DrivaerML runs -> partition-aware sharded zarr stores",
+    "predict": "a trained model on one run, domain-parallel: fields back in VTK, a PNG",
+    "evaluate": "errors and drag/lift of a model (or the truth) over runs: table, JSON, PNG",
     "demo": "the main job on built-in data: generate, preprocess, inspect, train domain-parallel",
 }
 

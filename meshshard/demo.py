@@ -1,12 +1,16 @@
 """The main job on built-in data (what ``make demo`` runs).
 
-1. generate a DrivaerML-like run (``boundary_1.vtp`` of ~200k cells, ``drivaer_1.stl``),
-2. preprocess it into a partition-aware sharded zarr store (4 shards),
+1. generate two DrivaerML-like runs (``boundary_<i>.vtp`` of ~200k cells, ``drivaer_<i>.stl``):
+   run 1 to train on, run 2 unseen,
+2. preprocess them into partition-aware sharded zarr stores (4 shards),
 3. print the partition inspector's report and render the shards to a PNG,
 4. train the reference Transolver on one process, then on 2 gloo ranks that each load only
    their shards as ShardTensors and add exact kNN features with :mod:`meshshard.ops`;
-   rank 0 prints the loss per step and its largest difference from the one-process run,
-5. write the loss curves to a PNG and the numbers to ``losses.json``.
+   rank 0 prints the loss per step and its largest difference from the one-process run;
+   write the loss curves to a PNG, the numbers to ``losses.json``, and the trained model as
+   a model checkpoint (``model/``),
+5. ``meshshard predict`` on the unseen run (2 ranks, chunked): its VTK with the predicted
+   fields and a pressure PNG; ``meshshard evaluate`` on both runs: the table and its PNG.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ def train_rank(
     cfg_dict: dict,
     reference: list[float] | None,
     show: bool,
+    export: str | None = None,
 ) -> dict[str, Any]:
     """Rank function: load this rank's shards, add kNN features, train; return the losses."""
     import torch
@@ -69,8 +74,35 @@ def train_rank(
         pred = model(sample["coords"], sample["features"])
         l2_p = relative_l2(pred, sample["target"], slice(0, 1))
         l2_wss = relative_l2(pred, sample["target"], slice(1, 4))
+    if export:  # the target scaling load_sample applied, for predictions in store units
+        from meshshard.apps.export import export_surface_model
+        from meshshard.pipelines import load_shard
+
+        raw = load_shard(store, rank, world_size, mesh=mesh, keys=("surface_fields",))
+        t = raw["surface_fields"].float()
+        mean, std = t.mean(dim=0), t.std(dim=0) + 1e-6
+        export_surface_model(export, model, model_config=cfg.model_kwargs(
+            sample["features"].shape[-1], sample["target"].shape[-1]), knn=cfg.knn,
+            store=store, target_mean=mean.full_tensor().tolist(),
+            target_std=std.full_tensor().tolist(), extra={"trained_by": "meshshard demo"})
     return {"losses": losses, "sizes": list(sizes), "n_local": int(n_local),
             "rel_l2_p": l2_p, "rel_l2_wss": l2_wss}
+
+
+def apps_rank(rank: int, world_size: int, model: str, run_dir: str, stores: list[str],
+              out: str, chunk: int, png: bool) -> dict[str, Any]:
+    """Rank function: ``meshshard predict`` on ``run_dir`` and ``evaluate`` on ``stores``."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.apps.evaluate import evaluate_runs, format_table
+    from meshshard.apps.predict import predict_run
+
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("domain",))
+    pred = predict_run(model, run_dir, Path(out) / "predict", mesh=mesh,
+                       max_points_per_chunk=chunk, png=png)
+    ev = evaluate_runs(stores, Path(out) / "evaluate", checkpoint=model, mesh=mesh,
+                       max_points_per_chunk=chunk, png=png)
+    return {"predict": pred, "evaluate": ev, "table": format_table(ev) if rank == 0 else ""}
 
 
 #: relative differences of 0 are drawn here (a log axis has no 0)
@@ -132,6 +164,7 @@ def run_demo(
     method: str = "hilbert",
     png: bool = True,
     config: TrainConfig | None = None,
+    chunk: int = 1 << 16,
 ) -> dict[str, Any]:
     """Run the whole demo; return a summary (files written, losses, largest difference)."""
     from meshshard.partition.report import format_report, render_png, report
@@ -145,12 +178,14 @@ def run_demo(
     cfg.steps = steps
     files: dict[str, str] = {}
 
-    _say(f"[1/4] generating a DrivaerML-like run with ~{cells:,} surface cells in {raw}")
+    _say(f"[1/5] generating two DrivaerML-like runs with ~{cells:,} surface cells in {raw} "
+         "(run_1 to train on, run_2 unseen)")
     t0 = time.perf_counter()
     make_synthetic_run(raw, index=1, surface_cells=cells, volume_cells=0)
+    make_synthetic_run(raw, index=2, surface_cells=int(cells * 0.9), volume_cells=0, seed=2)
     _say(f"      done in {time.perf_counter() - t0:.1f} s")
 
-    _say(f"[2/4] preprocessing into {parts} {method} shards -> {stores}")
+    _say(f"[2/5] preprocessing into {parts} {method} shards -> {stores}")
     t0 = time.perf_counter()
     results = preprocess_runs(raw, stores, parts=parts, method=method, volume=False,
                               progress=False)
@@ -162,7 +197,7 @@ def run_demo(
     files["store"] = str(store)
     _say(f"      {store} in {time.perf_counter() - t0:.1f} s")
 
-    _say("[3/4] partition report (surface cells, kNN-8 graph)")
+    _say("[3/5] partition report (surface cells, kNN-8 graph)")
     from meshshard.partition.graph import knn_graph
 
     part, points = store_partition(store, part="surface")
@@ -189,14 +224,16 @@ def run_demo(
         files["partition_png"] = str(png_path)
         _say(f"      shards rendered to {png_path}")
 
-    _say(f"[4/4] training the Transolver for {cfg.steps} steps: 1 process, then {ranks} ranks")
+    _say(f"[4/5] training the Transolver for {cfg.steps} steps: 1 process, then {ranks} ranks")
     t0 = time.perf_counter()
     ref = run_ranks(train_rank, 1, str(store), asdict(cfg), None, True, timeout=3600)[0]
     t_one = time.perf_counter() - t0
     _say(f"      1 process: {t_one:.1f} s, final loss {ref['losses'][-1]:.6f}")
     t0 = time.perf_counter()
+    model_dir = out / "model"
     dist = run_ranks(train_rank, ranks, str(store), asdict(cfg), ref["losses"], True,
-                     timeout=3600)
+                     str(model_dir), timeout=3600)
+    files["model"] = str(model_dir)
     t_dist = time.perf_counter() - t0
     losses = dist[0]["losses"]
     diffs = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref["losses"])]
@@ -223,10 +260,27 @@ def run_demo(
         files["loss_png"] = str(loss_png)
     js = out / "losses.json"
     files["losses_json"] = str(js)
+    _say(f"[5/5] meshshard predict on the unseen run_2 and meshshard evaluate on both runs "
+         f"({ranks} ranks, chunks of {chunk:,} points)")
+    t0 = time.perf_counter()
+    res = run_ranks(apps_rank, ranks, str(model_dir), str(raw / "run_2"),
+                    [str(stores / "run_1.zarr"), str(stores / "run_2.zarr")], str(out), chunk,
+                    png, timeout=3600)[0]
+    pred, ev = res["predict"], res["evaluate"]
+    _say(f"      predict + evaluate in {time.perf_counter() - t0:.1f} s; run_2 "
+         f"({pred['cells']:,} cells) relative L2 "
+         + ", ".join(f"{k} {v:.3f}" for k, v in pred["rel_l2"].items()))
+    files.update({f"predict_{k}": v for k, v in pred["files"].items()})
+    files.update({f"evaluate_{k}": v for k, v in ev["files"].items()})
+    summary["evaluate"] = ev["summary"]
     summary["files"] = files
     js.write_text(json.dumps(summary, indent=2))
     _say("files:")
     for k, v in files.items():
         _say(f"  {k}: {v}")
+    _say("meshshard evaluate (the trained model on run_1, seen, and run_2, unseen):")
+    _say(res["table"])
+    if "png" in ev["files"]:
+        _say(f"evaluation PNG: {ev['files']['png']}")
     sys.stdout.flush()
     return summary

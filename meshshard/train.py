@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "TrainConfig",
+    "build_inputs",
     "geometric_features",
     "load_sample",
     "make_model",
@@ -78,6 +79,13 @@ def geometric_features(coords: torch.Tensor, normals: torch.Tensor, k: int) -> t
     dist_, idx = ops.knn(coords, k, loop=False)
     # one exchange for both: the same neighbour rows are requested for coordinates and normals
     nb = ops.gather_neighbors(torch.cat([coords, normals], dim=-1), idx)  # (N, k, 6)
+    return features_from_neighbours(coords, normals, dist_, nb, k)
+
+
+def features_from_neighbours(coords: torch.Tensor, normals: torch.Tensor, dist_: torch.Tensor,
+                             nb: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`geometric_features` of rows whose neighbour distances (n, k) and neighbour
+    coordinates + normals (n, k, 6) are known (pointwise: any subset of rows)."""
     nb_coords, nb_normals = nb[..., :3], nb[..., 3:]
     mean_d = torch.log(dist_.mean(dim=1, keepdim=True) + 1e-6)
     kth_d = torch.log(dist_[:, k - 1 :] + 1e-6)
@@ -119,18 +127,22 @@ def load_sample(
     coords = data["surface_mesh_centers"].float()
     normals = data["surface_normals"].float()
     target = data["surface_fields"].float()
+    coords_n, features = build_inputs(coords, normals, knn=knn)
     with torch.no_grad():
-        geo = geometric_features(coords, normals, knn)
-        coords_n = _standardise(coords)
-        geo = _standardise(geo)
         if standardise_target:
             target = _standardise(target)
+    return {"coords": coords_n, "features": features, "target": target.unsqueeze(0)}
+
+
+def build_inputs(coords: torch.Tensor, normals: torch.Tensor, *, knn: int):
+    """The model's inputs from centres and normals (N, 3): standardised coordinates
+    (1, N, 3) and features (1, N, 3 + 4) = normals and standardised kNN features, with the
+    sample's global statistics. Collective when sharded (kNN, means)."""
+    with torch.no_grad():
+        geo = _standardise(geometric_features(coords, normals, knn))
+        coords_n = _standardise(coords)
     features = torch.cat([normals, geo], dim=-1)
-    return {
-        "coords": coords_n.unsqueeze(0),
-        "features": features.unsqueeze(0),
-        "target": target.unsqueeze(0),
-    }
+    return coords_n.unsqueeze(0), features.unsqueeze(0)
 
 
 def make_model(cfg: TrainConfig, fun_dim: int, out_dim: int) -> torch.nn.Module:

@@ -23,6 +23,18 @@ def test_demo_small_matches_single_process(tmp_path, capsys):
         assert Path(path).exists(), path
         assert str(path) in text  # every announced file is printed
     assert "edge cut" in text and "largest relative loss difference" in text
+    # it ends with meshshard evaluate's table and PNG, after predicting the unseen run
+    last = text.rstrip().splitlines()
+    assert last[-1] == f"evaluation PNG: {out / 'evaluate' / 'evaluation.png'}"
+    assert last[-3].startswith("R^2 drag")
+    table = (out / "evaluate" / "evaluation.txt").read_text()
+    assert "run_1" in table and "run_2" in table and "R^2 drag" in table
+    assert table.splitlines()[1].strip() in text
+    assert (out / "evaluate" / "evaluation.png").stat().st_size > 10_000
+    import pyvista as pv
+
+    vtp = pv.read(out / "predict" / "run_2" / "boundary_2.vtp")
+    assert "pMeanTrimPred" in vtp.cell_data
 
 
 def test_demo_refuses_ranks_not_dividing_parts(capsys):

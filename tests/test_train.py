@@ -85,6 +85,13 @@ def test_example_trains_checkpoints_resumes_and_validates(stores, tmp_path):
     assert r.returncode == 2 and "refused to load" in r.stderr, r.stderr[-2000:]
     assert "resumed" not in r.stderr and not (tmp_path / "PWNED").exists()
     (ck / ".metadata").write_bytes(good)
+    # the model checkpoint written after FSDP2 training loads as a plain Transolver
+    from meshshard.apps.model_file import load_model
+
+    mf = load_model(tmp_path / "ck-model", expect_class="Transolver")
+    assert mf.config["n_hidden"] == 8 and [f[0] for f in mf.fields][:2] == [
+        "pMeanTrim", "wallShearStressMeanTrim"]
+    assert len(mf.scales["target_std"]) == mf.config["out_dim"]
     (ck / "meshshard.json").write_bytes(b"garbage")
     r = _example(stores, "--steps", "6", "--resume", *common, cwd=tmp_path)
     assert r.returncode == 2 and "corrupt or unreadable checkpoint" in r.stderr

@@ -74,6 +74,34 @@ class PhysicsAttention(nn.Module):
         out_x = out_x.permute(0, 2, 1, 3).reshape(B, N, H * D)
         return self.to_out(out_x)
 
+    # Chunked inference: ``forward(x) == reduction_finish(x, reduction_partial(x))``, and
+    # ``reduction_partial`` is a sum over the points, so the sums of chunks of x add up to the
+    # whole's (meshshard.apps.chunked uses this; forward itself stays as above).
+    def _slices(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, N, _ = x.shape
+        H, D = self.heads, self.dim_head
+        fx_mid = self.in_project_fx(x).reshape(B, N, H, D).permute(0, 2, 1, 3)
+        x_mid = self.in_project_x(x).reshape(B, N, H, D).permute(0, 2, 1, 3)
+        logits = self.in_project_slice(x_mid) / self.temperature.clamp(min=1e-2)
+        return fx_mid, torch.softmax(logits, dim=-1)
+
+    def reduction_partial(self, x: torch.Tensor) -> torch.Tensor:
+        """Sums over the points of ``x`` (B, N, C): (B, H, S, 1 + D) = [weight sums, tokens]."""
+        fx_mid, w = self._slices(x)
+        return torch.cat([w.sum(dim=2).unsqueeze(-1),
+                          torch.einsum("bhnd,bhns->bhsd", fx_mid, w)], dim=-1)
+
+    def reduction_finish(self, x: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        """The output for the points of ``x`` given the sums over *all* points."""
+        B, N, _ = x.shape
+        _, w = self._slices(x)
+        slice_token = total[..., 1:] / (total[..., 0] + 1e-5).unsqueeze(-1)
+        q, k, v = self.to_q(slice_token), self.to_k(slice_token), self.to_v(slice_token)
+        attn = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * self.scale, dim=-1)
+        out_token = torch.matmul(self.dropout(attn), v)
+        out_x = torch.einsum("bhsd,bhns->bhnd", out_token, w)
+        return self.to_out(out_x.permute(0, 2, 1, 3).reshape(B, N, self.heads * self.dim_head))
+
 
 class TransolverBlock(nn.Module):
     def __init__(self, dim: int, heads: int, dim_head: int, slices: int, mlp_ratio: int = 2,

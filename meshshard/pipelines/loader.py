@@ -78,7 +78,10 @@ def load_shard(
 ) -> dict[str, Any]:
     """This rank's rows of a run store, as ShardTensors (with ``mesh``) or local tensors.
 
-    No collective: every rank computes the sharding shapes from the store's ``partition_ptr``.
+    No collective for meshshard's stores: every rank computes the sharding shapes from the
+    store's ``partition_ptr``. A physicsnemo-curator store (:mod:`.curator`) has no partition:
+    then this is a collective (every rank of ``mesh``, else of the default group, must call
+    it): each rank reads a slice and the ranks partition the rows into ``world_size`` parts.
 
     Parameters
     ----------
@@ -122,6 +125,13 @@ def load_shard(
     if mesh is not None and mesh.size(0) != world_size:
         msg = f"mesh has {mesh.size(0)} ranks but world_size={world_size}"
         raise ValueError(msg)
+    from meshshard.pipelines.curator import is_curator_store
+
+    if is_curator_store(store):  # collective: the ranks partition together
+        from meshshard.pipelines.curator import load_curator_shard
+
+        return load_curator_shard(store, rank, world_size, mesh=mesh, part=part, keys=keys,
+                                  device=device)
     group, attrs = open_store(store)
     if part != "stl" and attrs.get(part) is None:
         msg = f"{store}: has no {part} part; preprocess it with --{part}"

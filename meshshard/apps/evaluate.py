@@ -1,0 +1,171 @@
+"""``meshshard evaluate``: a model (or the truth itself) over a set of runs, as engineers read it.
+
+Per run: relative L2 error of every predicted surface field, and drag and lift coefficients
+integrated from the surface pressure and wall shear (:mod:`~meshshard.apps.forces`), predicted
+against true. Over the runs: R^2 of predicted against true drag and lift. Rank 0 writes
+``OUT/evaluation.txt`` (the table), ``OUT/evaluation.json`` and ``OUT/evaluation.png``
+(:func:`~meshshard.apps.figures.evaluate_png`).
+
+Without a checkpoint the prediction *is* the truth (errors 0, R^2 1 given two runs or more):
+a check of the reading and the integration, whose coefficients the tests compare with an
+independent pyvista computation.
+
+Every run is read and predicted domain-parallel, as in :mod:`~meshshard.apps.predict`; the
+metrics are sums all-reduced over the ranks, nothing is gathered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meshshard.apps.figures import r_squared
+from meshshard.apps.forces import PRESSURE, WALL_SHEAR, field_errors, force_coefficients
+from meshshard.apps.inputs import read_surface_rows
+
+__all__ = ["evaluate_runs", "format_table"]
+
+log = logging.getLogger(__name__)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
+                 max_points_per_chunk: int | None = None,
+                 reference_area: float | None = None) -> dict[str, Any]:
+    """The metrics of one run (every rank gets them). Collective when distributed."""
+    from meshshard.apps.predict import DEFAULT_CHUNK, _truth, check_fields, predict_rows
+
+    group = mesh.get_group() if mesh is not None else None
+    t0 = time.perf_counter()
+    rows = read_surface_rows(source, group)
+    if mf is not None:
+        cols = check_fields(mf, rows, source, need_truth=True)
+        pred = predict_rows(mf, rows, mesh=mesh,
+                            max_points_per_chunk=max_points_per_chunk or DEFAULT_CHUNK)
+        cols, true = _truth(cols, rows, pred)
+    else:
+        names = [n for n in (PRESSURE, WALL_SHEAR) if n in rows.columns]
+        if len(names) < 2:
+            missing = [n for n in (PRESSURE, WALL_SHEAR) if n not in rows.columns][0]
+            msg = f"{source}: has no field {missing!r} (fields present: {sorted(rows.columns)})"
+            raise ValueError(msg)
+        cols, c = {}, 0
+        for n in names:
+            a, b = rows.columns[n]
+            cols[n] = (c, c + b - a)
+            c += b - a
+        true = np.concatenate([rows.fields[:, slice(*rows.columns[n])] for n in names], axis=1)
+        pred = true
+    kw = {"reference_area": reference_area, "group": group}
+    fp = force_coefficients(pred, cols, rows.normals, rows.areas, **kw)
+    ft = force_coefficients(true, cols, rows.normals, rows.areas, **kw)
+    return {"run": rows.name, "source": str(source), "cells": rows.n_total,
+            "rel_l2": field_errors(pred, true, cols, group=group),
+            "cd_true": ft["cd"], "cd_pred": fp["cd"], "cl_true": ft["cl"], "cl_pred": fp["cl"],
+            "reference_area": ft["reference_area"], "forces_true": ft, "forces_pred": fp,
+            "seconds": time.perf_counter() - t0}
+
+
+def _clean(v: Any) -> Any:
+    """JSON without NaN: nan -> null."""
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if isinstance(v, (float, np.floating)):
+        return None if math.isnan(v) else float(v)
+    return v
+
+
+def _fmt(v: float, spec: str = ".4f") -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The text table of :func:`evaluate_runs`' result."""
+    rows = result["runs"]
+    fields = sorted({k for r in rows for k in r["rel_l2"]})
+    head = ["run", "cells"] + [f"L2 {f}" for f in fields] + [
+        "Cd true", "Cd pred", "dCd", "Cl true", "Cl pred", "dCl"]
+    body = []
+    for r in rows:
+        body.append([r["run"], f"{r['cells']:,}"] + [_fmt(r["rel_l2"].get(f), ".4f")
+                                                     for f in fields] + [
+            _fmt(r["cd_true"]), _fmt(r["cd_pred"]), _fmt(r["cd_pred"] - r["cd_true"], "+.4f"),
+            _fmt(r["cl_true"]), _fmt(r["cl_pred"]), _fmt(r["cl_pred"] - r["cl_true"], "+.4f")])
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    line = "  ".join(h.rjust(w) for h, w in zip(head, widths))
+    out = [f"model: {result['model'] or 'none (truth against truth)'}", line, "-" * len(line)]
+    out += ["  ".join(c.rjust(w) for c, w in zip(b, widths)) for b in body]
+    s = result["summary"]
+    out.append("-" * len(line))
+    out.append(f"R^2 drag {_fmt(s['r2_cd'])}   R^2 lift {_fmt(s['r2_cl'])}   mean |dCd| "
+               f"{_fmt(s['mean_abs_dcd'])}   " + "   ".join(
+                   f"mean L2 {f} {_fmt(v)}" for f, v in s["mean_rel_l2"].items()))
+    if len(rows) < 3:
+        out.append(f"(R^2 measures the spread of drag across runs: over {len(rows)} run(s) it "
+                   "says little)")
+    return "\n".join(out)
+
+
+def evaluate_runs(
+    sources: Sequence[str | Path],
+    out: str | Path,
+    *,
+    checkpoint: str | Path | None = None,
+    mesh: Any = None,
+    max_points_per_chunk: int | None = None,
+    reference_area: float | None = None,
+    png: bool = True,
+) -> dict[str, Any]:
+    """Evaluate ``checkpoint`` (or the truth, without one) on every run of ``sources``; rank 0
+    writes the table, JSON and PNG to ``out``. Collective when distributed."""
+    from meshshard.apps.predict import ensure_world
+
+    ensure_world()
+    mf = None
+    if checkpoint is not None:
+        from meshshard.apps.model_file import load_model
+        from meshshard.apps.predict import PREDICT_CLASSES
+
+        mf = load_model(checkpoint, expect_class=PREDICT_CLASSES)
+    if not sources:
+        msg = "no runs to evaluate"
+        raise ValueError(msg)
+    runs = [evaluate_one(s, mf, mesh=mesh, max_points_per_chunk=max_points_per_chunk,
+                         reference_area=reference_area) for s in sources]
+    fields = sorted({k for r in runs for k in r["rel_l2"]})
+    summary = {
+        "r2_cd": r_squared([r["cd_pred"] for r in runs], [r["cd_true"] for r in runs]),
+        "r2_cl": r_squared([r["cl_pred"] for r in runs], [r["cl_true"] for r in runs]),
+        "mean_abs_dcd": float(np.mean([abs(r["cd_pred"] - r["cd_true"]) for r in runs])),
+        "mean_rel_l2": {f: float(np.mean([r["rel_l2"][f] for r in runs if f in r["rel_l2"]]))
+                        for f in fields},
+    }
+    result = {"model": str(checkpoint) if checkpoint else None, "runs": runs,
+              "summary": summary, "files": {}}
+    if _rank() == 0:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        text = format_table(result)
+        (out / "evaluation.txt").write_text(text + "\n")
+        result["files"]["table"] = str(out / "evaluation.txt")
+        if png:
+            from meshshard.apps.figures import evaluate_png
+
+            result["files"]["png"] = str(evaluate_png(runs, out / "evaluation.png"))
+        result["files"]["json"] = str(out / "evaluation.json")
+        (out / "evaluation.json").write_text(json.dumps(_clean(result), indent=1))
+    return result

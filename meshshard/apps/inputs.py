@@ -1,0 +1,214 @@
+"""One run's surface, read domain-parallel from any of the sources ``predict``/``evaluate`` take.
+
+Sources:
+
+- a run directory ``run_<i>/`` (``boundary_<i>.vtp``): every rank reads the surface file (its
+  cells' geometry is needed to write the VTK back), keeps the rows ``[N r / W, N (r+1) / W)``,
+  and the ranks partition them together;
+- a meshshard store ``run_<i>.zarr``: :func:`~meshshard.pipelines.load_shard` when the world
+  size divides its parts (no collective, no repartition), else each rank reads a row slice and
+  the ranks repartition;
+- a physicsnemo-curator store: :func:`~meshshard.pipelines.curator.load_curator_shard`.
+
+Every path returns this rank's rows in partition order, with the source row of each
+(``perm``) and every rank's row count. Fields are non-dimensional; missing fields are allowed
+(a new car has none), they are simply absent from ``columns``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SurfaceRows", "read_surface_rows", "source_kind"]
+
+log = logging.getLogger(__name__)
+
+_KEYS = ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fields",
+         "surface_perm")
+
+
+@dataclass
+class SurfaceRows:
+    """This rank's surface rows of one run (numpy, partition order).
+
+    Attributes
+    ----------
+    centers, normals : ndarray (n, 3) float32
+    areas : ndarray (n,) float32
+    fields : ndarray (n, F) float32, non-dimensional (F = 0 without fields)
+    perm : ndarray (n,) int64
+        Source row (cell id in the VTK file; row in the store's source order) of each row.
+    sizes : list of int
+        Rows of every rank.
+    columns : dict name -> [start, stop]
+    scales : dict name -> factor the raw values were divided by
+    u_inf, rho : float
+    kind : {"run", "store", "curator"}
+    name : str
+        Run name (``run_3``).
+    vtk : Path or None
+        The surface VTK file (run directories), to copy with the predictions.
+    n_source_cells : int
+    """
+
+    centers: np.ndarray
+    normals: np.ndarray
+    areas: np.ndarray
+    fields: np.ndarray
+    perm: np.ndarray
+    sizes: list
+    columns: dict
+    scales: dict
+    u_inf: float
+    rho: float
+    kind: str
+    name: str
+    vtk: Path | None = None
+    n_source_cells: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_total(self) -> int:
+        return int(sum(self.sizes))
+
+
+def source_kind(path: str | Path) -> str:
+    """``"run"``, ``"store"`` or ``"curator"``; FileNotFoundError/ValueError otherwise."""
+    from meshshard.pipelines.curator import is_curator_store
+
+    p = Path(path)
+    if not p.exists():
+        msg = f"{p}: no such run directory or store"
+        raise FileNotFoundError(msg)
+    if is_curator_store(p):
+        return "curator"
+    if (p / "zarr.json").is_file():
+        return "store"
+    if p.is_dir():
+        return "run"
+    msg = f"{p}: neither a run directory (run_<i>/ with boundary_<i>.vtp) nor a zarr store"
+    raise ValueError(msg)
+
+
+def _rank_world(group: Any) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    return 0, 1
+
+
+def _partitioned(rows: dict[str, np.ndarray], group: Any, world: int) -> tuple[dict, list]:
+    if world == 1:
+        return rows, [int(rows["surface_mesh_centers"].shape[0])]
+    from meshshard.partition.distributed import partition_distributed, redistribute_rows
+
+    dp = partition_distributed(rows["surface_mesh_centers"], world, group, "hilbert")
+    return redistribute_rows(rows, dp, group), dp.sizes.tolist()
+
+
+def _slice(n: int, rank: int, world: int) -> tuple[int, int]:
+    return n * rank // world, n * (rank + 1) // world
+
+
+def _from_run(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
+    from meshshard.pipelines.drivaerml import read_surface, run_index
+    from meshshard.pipelines.schema import DRIVAERML
+
+    i = run_index(path)
+    vtp = path / DRIVAERML.surface_file.format(i=i)
+    # fields optional: a new car has none
+    schema = replace(DRIVAERML, surface_fields=tuple(replace(f, required=False)
+                                                     for f in DRIVAERML.surface_fields))
+    s = read_surface(vtp, schema=schema)
+    lo, hi = _slice(s.centers.shape[0], rank, world)
+    rows = {"surface_mesh_centers": s.centers[lo:hi], "surface_normals": s.normals[lo:hi],
+            "surface_areas": s.areas[lo:hi], "surface_fields": s.fields[lo:hi],
+            "surface_perm": s.source_index[lo:hi]}
+    n_source, meta = s.n_source_cells, (s.columns, s.scales)
+    del s
+    moved, sizes = _partitioned(rows, group, world)
+    return _rows(moved, sizes, meta, "run", path.name, vtp, n_source, DRIVAERML.u_inf,
+                 DRIVAERML.rho)
+
+
+def _rows(moved, sizes, meta, kind, name, vtk, n_source, u_inf, rho) -> SurfaceRows:
+    columns, scales = meta
+    f = moved["surface_fields"]
+    return SurfaceRows(
+        centers=np.ascontiguousarray(moved["surface_mesh_centers"], dtype=np.float32),
+        normals=np.ascontiguousarray(moved["surface_normals"], dtype=np.float32),
+        areas=np.ascontiguousarray(moved["surface_areas"], dtype=np.float32),
+        fields=np.ascontiguousarray(f.reshape(f.shape[0], -1), dtype=np.float32),
+        perm=np.ascontiguousarray(moved["surface_perm"], dtype=np.int64),
+        sizes=[int(x) for x in sizes], columns=dict(columns), scales=dict(scales),
+        u_inf=float(u_inf), rho=float(rho), kind=kind, name=name, vtk=vtk,
+        n_source_cells=int(n_source))
+
+
+def _from_store(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
+    from meshshard.pipelines import load_shard
+    from meshshard.pipelines.store import StoreError, open_store, read_array
+
+    g, attrs = open_store(path)
+    sa = attrs.get("surface")
+    if sa is None:
+        msg = f"{path}: has no surface part; preprocess it with --surface"
+        raise StoreError(msg)
+    keys = [k for k in _KEYS if k in attrs.get("arrays", {})]
+    if "surface_fields" not in keys or "surface_perm" not in keys:
+        msg = f"{path}: lacks surface_fields or surface_perm; rerun meshshard preprocess"
+        raise StoreError(msg)
+    ds = attrs.get("dataset") or {}
+    u_inf, rho = ds.get("u_inf", 38.889), ds.get("rho", 1.0)
+    nparts = int(attrs["nparts"])
+    if nparts % world == 0:
+        got = load_shard(path, rank, world, part="surface", keys=keys)
+        moved = {k: got[k].numpy() for k in keys}
+        sizes = got["sharding_sizes"].tolist()
+    else:
+        n = int(sa["partition_ptr"][-1])
+        lo, hi = _slice(n, rank, world)
+        rows = {k: read_array(g, path, k, slice(lo, hi)) for k in keys}
+        moved, sizes = _partitioned(rows, group, world)
+    n_source = int(sa.get("n_source_cells") or sum(sizes))
+    return _rows(moved, sizes, (sa.get("columns") or {}, sa.get("scales") or {}), "store",
+                 path.name.removesuffix(".zarr"), None, n_source, u_inf, rho)
+
+
+def _from_curator(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
+    from meshshard.pipelines.curator import curator_info, load_curator_shard
+
+    _, info = curator_info(path)
+    got = load_curator_shard(path, rank, world, group=group, part="surface", keys=_KEYS)
+    moved = {k: got[k].numpy() for k in _KEYS}
+    return _rows(moved, got["sharding_sizes"].tolist(),
+                 (info["columns"]["surface"], info["scales"]["surface"]), "curator",
+                 path.name.removesuffix(".zarr"), None, info["rows"]["surface"],
+                 info["u_inf"], info["rho"])
+
+
+def read_surface_rows(source: str | Path, group: Any = None) -> SurfaceRows:
+    """This rank's surface rows of ``source`` (see the module notes).
+
+    Collective when ``torch.distributed`` is initialised with more than one rank (except for
+    a meshshard store whose parts the ranks divide): every rank of ``group`` must call it.
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        No such source; not a run directory or store; damaged files (named).
+    """
+    path = Path(source)
+    kind = source_kind(path)
+    rank, world = _rank_world(group)
+    if kind == "run":
+        return _from_run(path, group, rank, world)
+    if kind == "store":
+        return _from_store(path, group, rank, world)
+    return _from_curator(path, group, rank, world)

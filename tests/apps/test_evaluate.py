@@ -1,0 +1,99 @@
+"""``meshshard evaluate``: truth against truth gives drag and lift equal to an independent
+computation with pyvista's cell normals and areas (to 1e-6), from run directories, meshshard
+stores and curator stores, on 1 and 2 ranks; with a model, the table, JSON and PNG, and R^2
+as defined."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from meshshard.apps.evaluate import evaluate_one, evaluate_runs
+from meshshard.apps.figures import r_squared
+from meshshard.cli import main
+from meshshard.testing.distributed import run_ranks
+from tests.apps._fns import cli_rank
+
+U_INF, RHO = 38.889, 1.0  # DRIVAERML's reference values (the synthetic runs use them)
+
+
+def pyvista_coefficients(vtp, a_ref: float | None = None) -> dict:
+    """Drag and lift from pyvista's own cell normals and areas and the raw VTK arrays."""
+    import pyvista as pv
+
+    m = pv.read(vtp).compute_cell_sizes(length=False, area=True, volume=False)
+    m = m.compute_normals(cell_normals=True, point_normals=False, consistent_normals=False,
+                          auto_orient_normals=False, split_vertices=False)
+    n = np.asarray(m.cell_data["Normals"], dtype=np.float64)
+    area = np.asarray(m.cell_data["Area"], dtype=np.float64)
+    q = RHO * U_INF**2
+    p = np.asarray(m.cell_data["pMeanTrim"], dtype=np.float64) / q
+    tau = np.asarray(m.cell_data["wallShearStressMeanTrim"], dtype=np.float64) / q
+    force = ((-p[:, None] * n + tau) * area[:, None]).sum(axis=0)
+    if a_ref is None:
+        a_ref = 0.5 * float((np.abs(n[:, 0]) * area).sum())
+    return {"cd": 2 * force[0] / a_ref, "cl": 2 * force[2] / a_ref, "a_ref": a_ref}
+
+
+def _close(a: float, b: float, tol: float = 1e-6) -> bool:
+    return abs(a - b) <= tol * abs(b)
+
+
+@pytest.mark.parametrize("a_ref", [None, 2.31])
+def test_truth_equals_pyvista(trained, a_ref):
+    for i in (1, 2, 3):
+        ref = pyvista_coefficients(trained["raw"] / f"run_{i}" / f"boundary_{i}.vtp", a_ref)
+        sources = [trained["raw"] / f"run_{i}", trained["stores"] / f"run_{i}.zarr"]
+        if i == 2:
+            sources.append(trained["curator"])
+        for src in sources:
+            r = evaluate_one(src, reference_area=a_ref)
+            assert _close(r["cd_true"], ref["cd"]), (src, r["cd_true"], ref["cd"])
+            assert _close(r["cl_true"], ref["cl"]), (src, r["cl_true"], ref["cl"])
+            assert _close(r["reference_area"], ref["a_ref"])
+            assert r["cd_pred"] == r["cd_true"] and all(v == 0 for v in r["rel_l2"].values())
+
+
+def test_truth_on_two_ranks(trained, tmp_path):
+    argv = [["evaluate", str(trained["raw"] / "run_2"), str(trained["curator"]),
+             str(trained["stores"] / "run_3.zarr"), "--out", str(tmp_path), "--no-png"]]
+    out = run_ranks(cli_rank, 2, argv, timeout=300)
+    assert out[0][0][0] == 0 and out[1][0][0] == 0, out
+    res = json.loads((tmp_path / "evaluation.json").read_text())
+    refs = [pyvista_coefficients(trained["raw"] / f"run_{i}" / f"boundary_{i}.vtp")
+            for i in (2, 2, 3)]
+    for r, ref in zip(res["runs"], refs):
+        assert _close(r["cd_true"], ref["cd"]) and _close(r["cl_true"], ref["cl"])
+    assert "R^2 drag 1.0000" in out[0][0][1]
+
+
+def test_with_model_table_json_png(trained, tmp_path, capsys):
+    rc = main(["evaluate", str(trained["stores"]), "--checkpoint", str(trained["ckpt"]),
+               "--out", str(tmp_path), "--max-points-per-chunk", "500"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    res = json.loads((tmp_path / "evaluation.json").read_text())
+    assert [r["run"] for r in res["runs"]] == ["run_1", "run_2", "run_3"]
+    table = (tmp_path / "evaluation.txt").read_text()
+    assert table.strip() in text
+    for r in res["runs"]:
+        assert r["run"] in table and r["rel_l2"]["pMeanTrim"] > 0
+        assert f"{r['cd_pred']:.4f}" in table
+    cd_p = [r["cd_pred"] for r in res["runs"]]
+    cd_t = [r["cd_true"] for r in res["runs"]]
+    assert res["summary"]["r2_cd"] == pytest.approx(r_squared(cd_p, cd_t))
+    t = np.asarray(cd_t)
+    manual = 1 - ((np.asarray(cd_p) - t) ** 2).sum() / ((t - t.mean()) ** 2).sum()
+    assert res["summary"]["r2_cd"] == pytest.approx(manual)
+    assert (tmp_path / "evaluation.png").stat().st_size > 10_000
+    # the model's predictions differ from the truth, so does its drag
+    assert all(r["cd_pred"] != r["cd_true"] for r in res["runs"])
+
+
+def test_no_runs_and_bad_runs(trained, tmp_path):
+    with pytest.raises(ValueError, match="no runs"):
+        evaluate_runs([], tmp_path)
+    rc = main(["evaluate", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
+    assert rc == 2
