@@ -82,6 +82,23 @@ except ImportError:  # pragma: no cover - torch without functorch
         return None
 
 
+def _carrier_names(spec: ASpec) -> list[str]:
+    return [f"_sz{i}_{r}" for i, s in enumerate(spec.sizes) if s is not None
+            for r in range(len(s))]
+
+
+def _global_strides(local: torch.Tensor, shape: tuple) -> tuple:
+    """Contiguous strides of the global ``shape`` in the dim order of ``local``'s memory."""
+    st = local.stride()
+    order = sorted(range(len(shape)), key=lambda d: (-st[d], d))  # outermost first
+    out = [0] * len(shape)
+    acc = 1
+    for d in reversed(order):
+        out[d] = acc
+        acc = acc * shape[d]
+    return tuple(out)
+
+
 _DISPATCH: list = [None]
 _EMPTY: dict = {}
 _SPECS: dict = {}
@@ -107,32 +124,38 @@ class AtenShardTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, local: torch.Tensor, spec: ASpec, requires_grad: bool = False):
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, spec.shape, dtype=local.dtype, device=local.device,
-            requires_grad=requires_grad,
-        )
+        if local.is_contiguous():
+            r = torch.Tensor._make_wrapper_subclass(
+                cls, spec.shape, dtype=local.dtype, device=local.device,
+                requires_grad=requires_grad,
+            )
+        else:  # claim the local piece's memory order (a permuted view stays one), so tracing
+            # does not copy every tangent to match contiguous outer strides
+            r = torch.Tensor._make_wrapper_subclass(
+                cls, spec.shape, strides=_global_strides(local, spec.shape), dtype=local.dtype,
+                device=local.device, requires_grad=requires_grad,
+            )
         r._local = local
         r._spec = spec
         if type(local) is not torch.Tensor:  # tracing (fake/functional): carriers now, in mode
-            for i, s in enumerate(spec.sizes):
-                if s is not None:
-                    getattr(r, f"_sizes{i}")
+            for name in _carrier_names(spec):
+                getattr(r, name)
         return r
 
     # ---------------------------------------------------------------- tracing
+    # One carrier per rank and sharded mesh dim: a 0-d byte expanded to (size,). One carrier of
+    # shape (n_0, n_1, ...) was tried first; AOTAutograd copied it (n_0 * n_1 bytes, 2.5 GB at
+    # 45k x 55k points). A 1-d carrier costs at most its size in bytes if copied.
     def __tensor_flatten__(self):
-        names = ["_local"]
-        for i, s in enumerate(self._spec.sizes):
-            if s is not None:
-                names.append(f"_sizes{i}")
-        return names, (self._spec.mesh, self._spec.placements)
+        return ["_local", *_carrier_names(self._spec)], (self._spec.mesh, self._spec.placements)
 
     def __getattr__(self, name: str) -> Any:
         # made on first use (only tracing flattens), one per wrapper: dynamo refuses one
         # inner tensor shared by two inputs
-        if name.startswith("_sizes"):
+        if name.startswith("_sz"):
+            i, r = (int(v) for v in name[3:].split("_"))
             local = self.__dict__["_local"]
-            c = local.new_empty((), dtype=torch.uint8).expand(*self._spec.sizes[int(name[6:])])
+            c = local.new_empty((), dtype=torch.uint8).expand(self._spec.sizes[i][r])
             self.__dict__[name] = c
             return c
         raise AttributeError(name)
@@ -141,15 +164,15 @@ class AtenShardTensor(torch.Tensor):
     def __tensor_unflatten__(inner: dict, ctx: tuple, outer_size, outer_stride):
         mesh, placements = ctx
         sizes = tuple(
-            tuple(inner[f"_sizes{i}"].shape) if isinstance(p, SHARDED) else None
+            tuple(inner[f"_sz{i}_{r}"].shape[0] for r in range(mesh.size(i)))
+            if isinstance(p, SHARDED) else None
             for i, p in enumerate(placements)
         )
         spec = make_spec(mesh, placements, sizes, tuple(outer_size))
         out = AtenShardTensor(inner["_local"], spec, requires_grad=False)
-        for i in range(len(placements)):
-            c = inner.get(f"_sizes{i}")
-            if c is not None:
-                out.__dict__[f"_sizes{i}"] = c
+        for name, c in inner.items():
+            if name != "_local":
+                out.__dict__[name] = c
         return out
 
     # ---------------------------------------------------------------- dispatch
