@@ -22,8 +22,11 @@ Methods: ``metis`` (METIS' default objective, the edge cut), ``metis_vol`` (METI
 a ``_strong`` suffix on any METIS method adds ``ncuts=8, niter=40`` (e.g.
 ``metis_vol_fm4_strong``),
 ``kaminpar`` / ``kaminpar_strong`` / ``kaminpar_eco`` (KaMinPar presets; needs
-``pip install meshshard[kaminpar]``) and ``hilbert``. ``--ghosts-only`` builds the ranks'
-graphs and reports the ghost rows (exact, independent of load) without running the model.
+``pip install meshshard[kaminpar]``), ``hypergraph`` / ``hypergraph_deterministic_quality`` /
+``hypergraph_quality`` / ... (Mt-KaHyPar presets on the refresh hypergraph, the ghost rows
+exactly; needs ``pip install meshshard[hypergraph]``) and ``hilbert``. ``--ghosts-only``
+builds the ranks' graphs and reports the ghost rows (exact, independent of load) without
+running the model.
 
     python benchmarks/bench_gnn.py                       # ~1M cells, 1/2/4 ranks
     python benchmarks/bench_gnn.py --cells 100000 --ranks 1,2
@@ -241,6 +244,10 @@ def main(argv=None) -> int:
                 elif method.startswith("kaminpar"):  # kaminpar, kaminpar_strong, kaminpar_eco
                     preset = method.partition("_")[2] or "default"
                     kw = {"graph": prob["adj"], "preset": preset}
+                elif method.startswith("hypergraph"):  # hypergraph, hypergraph_quality, ...
+                    preset = method.partition("_")[2] or "deterministic"
+                    kw = {"graph": prob["adj"], "preset": preset,
+                          "deterministic": preset.startswith("deterministic")}  # fmt: skip
                 part = partition(prob["centres"], p, method=method.split("_")[0], **kw)
                 np.savez(workdir / f"part_{method}_{p}.npz", assignment=part.assignment,
                          order=part.order, sizes=part.sizes)  # fmt: skip
