@@ -11,7 +11,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dst", help="output directory for run_<i>.zarr stores")
     parser.add_argument("--parts", type=int, required=True, help="shards per sample")
     parser.add_argument(
-        "--method", default="hilbert", choices=["hilbert", "morton", "rcb", "metis"]
+        "--method", default="hilbert", choices=["hilbert", "morton", "rcb", "metis", "hypergraph"],
+        help="hypergraph: fewest ghost rows (needs pip install meshshard[hypergraph]); with "
+        "--graph dual, metis and hypergraph cut the surface's dual graph",
     )
     parser.add_argument(
         "--workers",
