@@ -5,7 +5,9 @@ one refresh of L rings before L local layers) it reports per rank: the graph bui
 time per layer (wall and CPU), ghost rows moved per layer, saved activations (bytes autograd
 keeps for backward, counted once per storage) and peak RSS growth during the step. The
 one-process baseline is the plain model on the whole graph (``FullGraph``, no meshshard).
-"vs 1 process" is the wall-time ratio (the target); "CPU vs 1 process" the slowest rank's CPU
+"refresh (ms)" is the halo alone: the slowest rank's median wall time of one ghost refresh of an
+(owned rows, hidden) tensor, 20 refreshes, a barrier before each. "vs 1 process" is the
+wall-time ratio (the target); "CPU vs 1 process" the slowest rank's CPU
 time over the one process's: what the wall ratio becomes when every rank has a core to itself,
 so read it when the machine is shared.
 
@@ -22,8 +24,11 @@ Methods: ``metis`` (METIS' default objective, the edge cut), ``metis_vol`` (METI
 a ``_strong`` suffix on any METIS method adds ``ncuts=8, niter=40`` (e.g.
 ``metis_vol_fm4_strong``),
 ``kaminpar`` / ``kaminpar_strong`` / ``kaminpar_eco`` (KaMinPar presets; needs
-``pip install meshshard[kaminpar]``) and ``hilbert``. ``--ghosts-only`` builds the ranks'
-graphs and reports the ghost rows (exact, independent of load) without running the model.
+``pip install meshshard[kaminpar]``), ``hypergraph`` / ``hypergraph_deterministic_quality`` /
+``hypergraph_quality`` / ... (Mt-KaHyPar presets on the refresh hypergraph, the ghost rows
+exactly; needs ``pip install meshshard[hypergraph]``) and ``hilbert``. ``--ghosts-only``
+builds the ranks' graphs and reports the ghost rows (exact, independent of load) without
+running the model.
 
     python benchmarks/bench_gnn.py                       # ~1M cells, 1/2/4 ranks
     python benchmarks/bench_gnn.py --cells 100000 --ranks 1,2
@@ -185,9 +190,28 @@ def rank_step(rank, world, workdir, config):
     dist.barrier()
     wall, cpu, act, rss = _timed_steps(model, x, ea, plug, part.num_points, config["repeat"])
     sync_gradients(model.parameters())
+    refresh = _refresh_seconds(g, H, 20)
     return {"build": build, "wall": wall, "cpu": cpu, "act": act, "rss": rss,
             "owned": g.n_owned, "ghost": g.n_ghost, "recv_per_refresh": g.ghost_rows_moved(),
-            "refreshes": plug.refreshes}  # fmt: skip
+            "refreshes": plug.refreshes, "refresh": refresh}  # fmt: skip
+
+
+def _refresh_seconds(g, hidden: int, times: int) -> float:
+    """Median wall seconds of one ghost refresh of a (owned rows, hidden) float tensor: what a
+    layer pays for its halo alone (collective; a barrier before each)."""
+    import torch.distributed as dist
+
+    from meshshard.graph import refresh_ghosts
+
+    h = torch.randn(g.n_owned, hidden)
+    refresh_ghosts(h, g)  # warm-up
+    out = []
+    for _ in range(times):
+        dist.barrier()
+        t = time.perf_counter()
+        refresh_ghosts(h, g)
+        out.append(time.perf_counter() - t)
+    return float(np.median(out))
 
 
 def main(argv=None) -> int:
@@ -241,6 +265,10 @@ def main(argv=None) -> int:
                 elif method.startswith("kaminpar"):  # kaminpar, kaminpar_strong, kaminpar_eco
                     preset = method.partition("_")[2] or "default"
                     kw = {"graph": prob["adj"], "preset": preset}
+                elif method.startswith("hypergraph"):  # hypergraph, hypergraph_quality, ...
+                    preset = method.partition("_")[2] or "deterministic"
+                    kw = {"graph": prob["adj"], "preset": preset,
+                          "deterministic": preset.startswith("deterministic")}  # fmt: skip
                 part = partition(prob["centres"], p, method=method.split("_")[0], **kw)
                 np.savez(workdir / f"part_{method}_{p}.npz", assignment=part.assignment,
                          order=part.order, sizes=part.sizes)  # fmt: skip
@@ -256,9 +284,9 @@ def main(argv=None) -> int:
             return _ghosts_table(workdir, ranks, args, seconds)
         print("| P | method | strategy | ghost rows / refresh | refreshes / step | "
               "ghost rows / layer | ghost floats / step | build (s) | step wall (s) | "
-              "per layer (ms) | CPU (s) | vs 1 process | CPU vs 1 process | "
+              "per layer (ms) | refresh (ms) | CPU (s) | vs 1 process | CPU vs 1 process | "
               "activations/rank (MB) | ratio | ideal 1.2/P | RSS growth/rank (MB) |")
-        print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         base = None
         configs = [(1, "-", "-")] + [
             (p, m, s)
@@ -285,7 +313,9 @@ def main(argv=None) -> int:
             print(f"| {p} | {method} | {strategy} | {ghost_rows:,} | {refreshes} | "
                   f"{per_layer_rows:,.0f} | {ghost_rows * width:,} | "
                   f"{max(r['build'] for r in reps):.2f} | {wall:.2f} | "
-                  f"{1000 * wall / args.layers:.0f} | {cpu:.2f} | {wall / base[0]:.2f}x | "
+                  f"{1000 * wall / args.layers:.0f} | "
+                  f"{1000 * max(r.get('refresh', 0.0) for r in reps):.2f} | "
+                  f"{cpu:.2f} | {wall / base[0]:.2f}x | "
                   f"{cpu / max(base[2], 1e-9):.2f}x | "
                   f"{act:,.0f} | {act / base[1]:.3f} | {1.2 / p:.3f} | {rss:,.0f} |",
                   flush=True)  # fmt: skip

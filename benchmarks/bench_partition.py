@@ -11,11 +11,19 @@ by count), edge cut on the symmetric kNN-8 graph, halo volume (1-ring ghost rows
 - ``pymetis``: ``pymetis.part_graph`` (k-way, ufactor 30, seed 0, same as meshshard) on the
   prebuilt graph; time of the METIS call only. The graph build is reported on its own line.
 
+``--objective volume`` compares the partitioners on what a halo refresh pays instead: ghost rows
+(1-ring and 2-ring), edge cut, imbalance and CPU time of METIS (cut and vol), KaMinPar (default
+and strong), the hypergraph method at each preset and Hilbert, on a uniform kNN-8 point set and a
+gmsh tet volume (dual graph), with ratios to KaMinPar-strong and METIS in the same run
+(``benchmarks/bench_volume.py``).
+
 Usage::
 
     python benchmarks/bench_partition.py                       # 1e6 and 1e7 points, P = 8, 64
     python benchmarks/bench_partition.py --sizes 2e5 --parts 8 # quick
     python benchmarks/bench_partition.py --sizes 1e7 --methods morton,hilbert,rcb
+    python benchmarks/bench_partition.py --objective volume --sizes 2e5 --parts 4,16
+    python benchmarks/bench_partition.py --objective volume   # 1M points / 1M tets, P = 4, 16, 64
 """
 
 from __future__ import annotations
@@ -58,12 +66,24 @@ def evaluate(graph, assignment: np.ndarray, parts: int) -> tuple[float, int, int
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1e6,1e7", help="comma-separated point counts")
-    ap.add_argument("--parts", default="8,64", help="comma-separated part counts")
+    ap.add_argument("--objective", choices=("cut", "volume"), default="cut",
+                    help="cut: the SFC/RCB/METIS table; volume: ghost rows of every "
+                    "graph/hypergraph partitioner (bench_volume.py)")  # fmt: skip
+    ap.add_argument("--sizes", default=None, help="comma-separated point counts")
+    ap.add_argument("--parts", default=None, help="comma-separated part counts")
     ap.add_argument("--clouds", default="uniform,car-shell")
-    ap.add_argument("--methods", default="morton,hilbert,rcb,metis,pymetis")
+    ap.add_argument("--datasets", default="knn,gmsh", help="--objective volume: knn, gmsh")
+    ap.add_argument("--methods", default=None)
+    ap.add_argument("--cache", default=None, help="where the gmsh mesh is kept (.npy)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.objective == "volume":
+        from bench_volume import volume_main
+
+        return volume_main(args)
+    args.sizes = args.sizes or "1e6,1e7"
+    args.parts = args.parts or "8,64"
+    args.methods = args.methods or "morton,hilbert,rcb,metis,pymetis"
 
     import pymetis
 

@@ -12,7 +12,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", type=int, required=True, help="shards per sample")
     from meshshard.commands.partition import METHOD_HELP, METHODS
 
-    parser.add_argument("--method", default="hilbert", choices=METHODS, help=METHOD_HELP)
+    parser.add_argument(
+        "--method", default="hilbert", choices=(*METHODS, "hypergraph"),
+        help=METHOD_HELP + "; hypergraph: fewest ghost rows (needs pip install "
+        "meshshard[hypergraph]); with --graph dual, metis and hypergraph cut the surface's "
+        "dual graph",
+    )
     parser.add_argument(
         "--workers",
         type=int,

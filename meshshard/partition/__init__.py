@@ -1,6 +1,7 @@
 """Partitioners for unstructured meshes and point clouds, and the record of a cut.
 
-Front door: :func:`partition` (``method="hilbert" | "morton" | "rcb" | "metis"``). Every
+Front door: :func:`partition` (``method="hilbert" | "morton" | "rcb" | "metis" | "kaminpar" |
+"hypergraph"``). Every
 method takes per-point ``weights`` and per-shard ``targets`` and returns a :class:`Partition`.
 Heavy pieces (scipy.sparse graphs, pymetis, pyvista) load on first use.
 """
@@ -23,6 +24,8 @@ _LAZY = {
     "refine_volume": "meshshard.partition.volrefine",
     "communication_volume": "meshshard.partition.volrefine",
     "halo_plan": "meshshard.partition.halo",
+    "ghost_rows": "meshshard.partition.halo",
+    "hypergraph": "meshshard.partition.hypergraph",
     "halo_plan_graph": "meshshard.partition.halo",
     "halo_plan_radius": "meshshard.partition.halo",
     "read_points": "meshshard.partition.io",

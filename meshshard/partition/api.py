@@ -17,6 +17,7 @@ _METHODS: dict[str, str | Callable[..., Partition]] = {
     "rcb": "meshshard.partition.rcb:rcb",
     "metis": "meshshard.partition.graphpart:metis",
     "kaminpar": "meshshard.partition.kaminpar_part:kaminpar",  # optional: meshshard[kaminpar]
+    "hypergraph": "meshshard.partition.hypergraph:hypergraph",  # optional: meshshard[hypergraph]
 }
 
 
@@ -71,7 +72,10 @@ def partition(
     method : {"hilbert", "morton", "rcb", "metis"} or a registered name
         ``"metis"`` takes ``graph=`` (scipy.sparse adjacency, e.g. from :func:`dual_graph`)
         or builds a symmetric kNN graph (``knn=8``) of the points; ``"kaminpar"`` takes the
-        same graphs (optional: ``pip install meshshard[kaminpar]``; ``preset``, ``epsilon``).
+        same graphs (optional: ``pip install meshshard[kaminpar]``; ``preset``, ``epsilon``);
+        ``"hypergraph"`` minimises the ghost rows of a ``rings``-deep refresh exactly, with
+        Mt-KaHyPar on the same graphs (optional: ``pip install meshshard[hypergraph]``;
+        ``preset``, ``epsilon``, ``rings``, ``init``, ``vcycles``).
     weights : array of shape (N,), optional
         Non-negative per-point work to balance.
     targets : array of shape (P,), optional

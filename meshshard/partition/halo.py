@@ -18,7 +18,14 @@ import numpy as np
 from meshshard.partition._validation import as_points, check_graph, unique_int
 from meshshard.partition.record import HaloPlan, Partition
 
-__all__ = ["halo_plan", "halo_plan_graph", "halo_plan_radius", "plan_from_pairs"]
+__all__ = [
+    "ghost_keys",
+    "ghost_rows",
+    "halo_plan",
+    "halo_plan_graph",
+    "halo_plan_radius",
+    "plan_from_pairs",
+]
 
 
 def plan_from_pairs(
@@ -67,6 +74,54 @@ def plan_from_pairs(
     return plan
 
 
+def ghost_keys(assignment: np.ndarray, g: Any, rings: int) -> list[np.ndarray]:
+    """Sorted ``shard * N + vertex`` keys of the ghosts of every shard, one array per depth
+    ``1 .. rings`` (cumulative: depth ``d`` holds every outside vertex within ``d`` hops of the
+    shard). ``g`` is a validated CSR graph; breadth-first, one ring per step, vectorised."""
+    a = np.asarray(assignment, dtype=np.int64)
+    n = a.size
+    deg = np.diff(g.indptr)
+    nn = max(n, 1)
+    ghosts = np.zeros(0, dtype=np.int64)  # sorted (shard * n + vertex) keys of ghosts so far
+    out: list[np.ndarray] = []
+    frontier_p, frontier_v = a.copy(), np.arange(n, dtype=np.int64)
+    for _ in range(int(rings)):
+        reps = deg[frontier_v]
+        starts = np.repeat(g.indptr[frontier_v] - np.cumsum(reps) + reps, reps)
+        nbr = g.indices[starts + np.arange(reps.sum())].astype(np.int64)
+        cand = unique_int(np.repeat(frontier_p, reps) * nn + nbr)
+        cand = cand[a[cand % nn] != cand // nn]  # not the shard's own rows
+        if ghosts.size and cand.size:
+            pos = np.minimum(np.searchsorted(ghosts, cand), ghosts.size - 1)
+            cand = cand[ghosts[pos] != cand]  # not reached on an earlier ring
+        if cand.size:
+            ghosts = np.sort(np.concatenate([ghosts, cand]))
+        out.append(ghosts)
+        frontier_p, frontier_v = cand // nn, cand % nn
+    return out
+
+
+def ghost_rows(partition: Partition, graph: Any, rings: int = 2) -> list[int]:
+    """Ghost rows a refresh ``d`` hops deep moves, for ``d = 1 .. rings``: the distinct
+    (shard, outside row) pairs with the row within ``d`` hops of the shard along ``graph``
+    (equal to ``halo_plan_graph(partition, graph, d).halo_sizes().sum()``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from meshshard.partition import knn_graph, partition
+    >>> pts = np.random.default_rng(0).random((500, 3))
+    >>> one, two = ghost_rows(partition(pts, 4), knn_graph(pts, 6), rings=2)
+    >>> two > one > 0
+    True
+    """
+    if isinstance(rings, bool) or not isinstance(rings, (int, np.integer)) or rings < 1:
+        msg = f"rings={rings!r} must be an int >= 1"
+        raise ValueError(msg)
+    g = check_graph(graph, partition.num_points)
+    return [int(k.size) for k in ghost_keys(partition.assignment, g, int(rings))]
+
+
 def halo_plan_graph(partition: Partition, graph: Any, rings: int = 1) -> HaloPlan:
     """Ghost layers ``rings`` hops deep along ``graph``.
 
@@ -97,24 +152,8 @@ def halo_plan_graph(partition: Partition, graph: Any, rings: int = 1) -> HaloPla
     if isinstance(rings, bool) or not isinstance(rings, (int, np.integer)) or rings < 1:
         msg = f"rings={rings!r} must be an int >= 1"
         raise ValueError(msg)
-    a = partition.assignment
-    deg = np.diff(g.indptr)
+    ghosts = ghost_keys(partition.assignment, g, int(rings))[-1]
     nn = max(n, 1)
-    ghosts = np.zeros(0, dtype=np.int64)  # sorted (shard * n + vertex) keys of ghosts so far
-    frontier_p, frontier_v = a.copy(), np.arange(n, dtype=np.int64)
-    for _ in range(int(rings)):
-        reps = deg[frontier_v]
-        starts = np.repeat(g.indptr[frontier_v] - np.cumsum(reps) + reps, reps)
-        nbr = g.indices[starts + np.arange(reps.sum())].astype(np.int64)
-        cand = unique_int(np.repeat(frontier_p, reps) * nn + nbr)
-        cand = cand[a[cand % nn] != cand // nn]  # not the shard's own rows
-        if ghosts.size and cand.size:
-            pos = np.minimum(np.searchsorted(ghosts, cand), ghosts.size - 1)
-            cand = cand[ghosts[pos] != cand]  # not reached on an earlier ring
-        if cand.size == 0:
-            break
-        ghosts = np.sort(np.concatenate([ghosts, cand]))
-        frontier_p, frontier_v = cand // nn, cand % nn
     dest, ghost = ghosts // nn, ghosts % nn
     return plan_from_pairs(partition, dest, ghost, kind="graph", params={"rings": int(rings)})
 

@@ -8,6 +8,9 @@ Definitions (gpmetis' where they exist):
 - communication volume (METIS ``-objtype=vol``): sum over vertices ``v`` of the number of
   *other* shards holding a neighbour of ``v``.
 - halo size of shard ``p``: distinct vertices of other shards adjacent to ``p`` (1-ring ghosts).
+- ghost rows at depth ``d``: distinct (shard, outside vertex) pairs with the vertex within ``d``
+  hops of the shard: the rows a ``d``-ring refresh moves (``d = 1`` is the halo volume; a GNN
+  whose layers refresh a ``k``-ring halo pays depth ``k``).
 - neighbours of shard ``p``: shards sharing at least one edge with ``p``.
 - components of shard ``p``: connected components of the subgraph induced by ``p``.
 """
@@ -53,6 +56,9 @@ def metrics(
     graph: Any = None,
     points: Any = None,
     weights: Any = None,
+    *,
+    depths: Any = (1, 2),
+    plan: Any = None,
 ) -> dict[str, Any]:
     """Quality numbers of ``partition`` as a JSON-serialisable dict.
 
@@ -67,6 +73,11 @@ def metrics(
         Original-order coordinates; enables per-shard bounding boxes.
     weights : array of shape (N,), optional
         Per-point work for the weighted imbalance.
+    depths : sequence of int
+        Refresh depths (rings) whose ghost rows are counted along ``graph``.
+    plan : HaloPlan, optional
+        A halo plan of this partition: its ghost rows are reported as ``ghost_rows_plan`` and,
+        for a graph plan of ``k`` rings, depth ``k`` is added to ``depths``.
 
     Returns
     -------
@@ -75,7 +86,8 @@ def metrics(
         ``most_overweight_part``, ``empty_parts`` and, when available, ``imbalance_weighted``,
         ``num_edges``, ``edge_cut``, ``comm_volume``, ``halo_sizes``, ``halo_volume``,
         ``neighbours`` (per shard), ``neighbours_stats``, ``components`` (per shard),
-        ``noncontiguous_parts``, ``bbox_min``/``bbox_max`` (per shard, None when empty).
+        ``noncontiguous_parts``, ``ghost_rows`` (``{"1": ..., "2": ...}``, one entry per
+        depth), ``ghost_rows_plan``, ``bbox_min``/``bbox_max`` (per shard, None when empty).
 
     Examples
     --------
@@ -110,8 +122,18 @@ def metrics(
         out["loads"] = loads.tolist()
         out["imbalance_weighted"] = wimb
         out["most_overweight_part"] = wworst
+    want = _depths(depths, plan, partition)
     if graph is not None:
-        out.update(_graph_metrics(check_graph(graph, n), a, P))
+        from meshshard.partition.halo import ghost_keys
+
+        g = check_graph(graph, n)
+        out.update(_graph_metrics(g, a, P))
+        if want:
+            keys = ghost_keys(a, g, max(want))
+            out["ghost_rows"] = {str(d): int(keys[d - 1].size) for d in want}
+    if plan is not None:
+        out["ghost_rows_plan"] = int(np.asarray(plan.halo_sizes()).sum())
+        out["ghost_rows_plan_kind"] = {"kind": plan.kind, **dict(plan.params)}
     if points is not None:
         pts = as_points(points)
         if pts.shape[0] != n:
@@ -119,6 +141,25 @@ def metrics(
             raise ValueError(msg)
         out.update(_bboxes(partition, pts))
     return out
+
+
+def _depths(depths: Any, plan: Any, partition: Partition) -> list[int]:
+    """Validated, sorted refresh depths (plus a graph plan's rings)."""
+    vals = [] if depths is None else list(depths)
+    for d in vals:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+            msg = f"depths={depths!r}: every depth must be an int >= 1 (rings of a refresh)"
+            raise ValueError(msg)
+    if plan is not None:
+        if int(plan.offsets[-1]) != partition.num_points or plan.nparts != partition.nparts:
+            msg = (
+                f"plan is for {plan.nparts} shards of {int(plan.offsets[-1])} rows; the "
+                f"partition has {partition.nparts} shards of {partition.num_points}"
+            )
+            raise ValueError(msg)
+        if plan.kind == "graph" and "rings" in plan.params:
+            vals.append(int(plan.params["rings"]))
+    return sorted({int(d) for d in vals})
 
 
 def _graph_metrics(g: Any, a: np.ndarray, P: int) -> dict[str, Any]:

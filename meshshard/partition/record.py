@@ -166,12 +166,14 @@ class Partition:
         sizes = np.bincount(assignment, minlength=nparts)
         return cls(assignment, order, sizes, method=method, params=params or {})
 
-    def metrics(self, graph: Any = None, points: Any = None, weights: Any = None) -> dict:
-        """Quality numbers (imbalance, edge cut, communication volume, halos, neighbours,
-        components, bounding boxes); see :func:`meshshard.partition.quality.metrics`."""
+    def metrics(self, graph: Any = None, points: Any = None, weights: Any = None,
+                **options: Any) -> dict:  # fmt: skip
+        """Quality numbers (imbalance, edge cut, communication volume, ghost rows per refresh
+        depth, halos, neighbours, components, bounding boxes); see
+        :func:`meshshard.partition.quality.metrics` (``depths``, ``plan``)."""
         from meshshard.partition.quality import metrics
 
-        return metrics(self, graph=graph, points=points, weights=weights)
+        return metrics(self, graph=graph, points=points, weights=weights, **options)
 
     # ------------------------------------------------------------------ data movement
     def apply(self, array: Any) -> Any:

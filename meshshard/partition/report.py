@@ -26,6 +26,8 @@ def report(
     *,
     timings: dict[str, float] | None = None,
     source: str | None = None,
+    depths: Any = (1, 2),
+    plan: Any = None,
 ) -> dict[str, Any]:
     """Everything the inspector prints, as a JSON-serialisable dict.
 
@@ -42,13 +44,17 @@ def report(
         Seconds per phase (e.g. ``{"partition": 0.3, "graph": 1.2}``).
     source : str, optional
         Where the data came from (file path), echoed in the report.
+    depths : sequence of int
+        Refresh depths whose ghost rows are reported (``ghost_rows``).
+    plan : HaloPlan, optional
+        A halo plan of the partition (its ghost rows, and its depth for a graph plan).
 
     Returns
     -------
     dict
         :func:`meshshard.partition.metrics` plus ``params``, ``timings`` and ``source``.
     """
-    d = metrics(partition, graph=graph, points=points, weights=weights)
+    d = metrics(partition, graph=graph, points=points, weights=weights, depths=depths, plan=plan)
     d["params"] = dict(partition.params)
     d["timings"] = dict(timings or {})
     if source is not None:
@@ -94,6 +100,9 @@ def format_report(d: dict[str, Any]) -> str:
             f"  halo volume: {_n(d['halo_volume'])} ghost rows "
             f"(per part min {_n(halo.min())}, max {_n(halo.max())}, avg {halo.mean():,.1f})"
         )
+        if d.get("ghost_rows"):
+            per = ", ".join(f"{k}-ring {_n(v)}" for k, v in d["ghost_rows"].items())
+            lines.append(f"  ghost rows per refresh depth: {per}")
         nb = d["neighbours_stats"]
         lines.append(
             f"  neighbours per part: max {nb['max']}, min {nb['min']}, avg {nb['mean']:.2f}"
@@ -110,6 +119,9 @@ def format_report(d: dict[str, Any]) -> str:
         lines.append(f"  edge cut, volume, halos and contiguity: {d['graph_metrics']}")
     else:
         lines.append("  (no graph: edge cut, volume, halos and contiguity not computed)")
+    if "ghost_rows_plan" in d:
+        kind = ", ".join(f"{k}={v}" for k, v in d.get("ghost_rows_plan_kind", {}).items())
+        lines.append(f"  ghost rows of the halo plan ({kind}): {_n(d['ghost_rows_plan'])}")
     if d.get("timings"):
         t = ", ".join(f"{k} {v:.3f} s" for k, v in d["timings"].items())
         lines.append(f"  time: {t}")

@@ -126,3 +126,22 @@ def test_kaminpar_refine_and_tries(cloud):
     assert best.sizes.max() <= np.floor(1.03 * len(cloud) / 4)
     with pytest.raises(ValueError, match="tries=0"):
         partition(cloud, 4, method="kaminpar", graph=g, tries=0)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_parhip_file_holds_the_graph_and_weights(grid_graph, tmp_path, weighted):
+    """The binary file KaMinPar reads back is the graph itself: every neighbour list, every
+    vertex weight (and the isolated vertex), no text formatting in between."""
+    g = grid_graph.tocsr()
+    n = g.shape[0]
+    vw = np.arange(n, dtype=np.int64) % 7 + 1 if weighted else None
+    path = str(tmp_path / "g.parhip")
+    kp_mod._write_parhip(path, g, vw)
+    kg = kaminpar.load_graph(path, kaminpar.GraphFileFormat.PARHIP)
+    assert kg.n() == n and kg.m() == g.nnz
+    for v in (0, 1, 457, n - 2, n - 1):
+        got = sorted(u for u, _ in kg.neighbors(v))
+        assert got == sorted(g.indices[g.indptr[v] : g.indptr[v + 1]].tolist())
+        assert kg.node_weight(v) == (1 if vw is None else vw[v])
+    labels = np.arange(n) % 3
+    assert kaminpar.edge_cut(kg, labels.tolist()) == _cut(g, labels)

@@ -97,3 +97,59 @@ def test_missing_graph_and_wrong_world_size(graph_store, runs_src, tmp_path):
           "--runs", "run_2", "--no-progress"])  # fmt: skip
     with pytest.raises(StoreError, match="--graph dual"):
         load_graph_shard(tmp_path / "run_2.zarr", 0, 2)
+
+
+@pytest.fixture(scope="module")
+def hyper_store(runs_src, tmp_path_factory):
+    pytest.importorskip("mtkahypar")
+    dst = tmp_path_factory.mktemp("hstores")
+    code = main(["preprocess", "drivaerml", str(runs_src), str(dst), "--parts", "3",
+                 "--method", "hypergraph", "--surface", "--graph", "dual", "--runs", "run_1",
+                 "--no-progress"])  # fmt: skip
+    assert code == 0
+    return dst / "run_1.zarr"
+
+
+def test_hypergraph_with_graph_dual_stores_the_same_kind_of_shards(hyper_store, graph_store,
+                                                                   runs_src):  # fmt: skip
+    """preprocess --method hypergraph --graph dual cuts the dual graph itself and stores graph
+    shards exactly as METIS' store does: each rank's shard equals the one built from the
+    stored partition, and the ghosts stored are the dual graph's 1-ring ghost rows."""
+    from meshshard.partition import metrics
+
+    part, _ = store_partition(hyper_store)
+    assert part.method == "hypergraph" and part.params["graph"] == "given"
+    mesh = pv.read(runs_src / "run_1" / "boundary_1.vtp")
+    adj = dual_graph(mesh)
+    coo = adj.tocoo()
+    want = build_all(part, np.stack([coo.row, coo.col]), symmetric=True)
+    ghosts = 0
+    for rank in range(3):
+        g, w = load_graph_shard(hyper_store, rank, 3), want[rank]
+        np.testing.assert_array_equal(g.nodes, part.inverse[w.nodes])
+        np.testing.assert_array_equal(g.edge_index.numpy(), w.edge_index.numpy())
+        assert g.n_owned_edges == w.n_owned_edges
+        ghosts += g.n_ghost
+    ours = metrics(part, graph=adj)
+    assert ghosts == ours["ghost_rows"]["1"] > 0
+    info, ref = inspect_store_graph(hyper_store), inspect_store_graph(graph_store)
+    assert set(info) == set(ref) and info["kind"] == "dual" and info["nparts"] == 3
+    metis_part, _ = store_partition(graph_store)
+    assert ours["ghost_rows"]["1"] <= 1.1 * metrics(metis_part, graph=adj)["ghost_rows"]["1"]
+
+
+def inspect_store_graph(path):
+    from meshshard.pipelines import inspect_store
+
+    return inspect_store(path)["surface_graph"]
+
+
+def test_hypergraph_without_mtkahypar_fails_before_reading(runs_src, tmp_path, monkeypatch,
+                                                           capsys):  # fmt: skip
+    from meshshard.partition import hypergraph as hg_mod
+
+    monkeypatch.setattr(hg_mod, "WITH_MTKAHYPAR", False)
+    code = main(["preprocess", "drivaerml", str(runs_src), str(tmp_path / "out"), "--parts", "2",
+                 "--method", "hypergraph", "--graph", "dual", "--no-progress"])  # fmt: skip
+    assert code == 2 and r"pip install meshshard[hypergraph]" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
