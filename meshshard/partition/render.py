@@ -4,8 +4,10 @@ One PNG, three panels and a title:
 
 - two 3-D views (pyvista, off-screen) coloured by shard. A volume mesh or a 3-D point cloud
   is shown *exploded* (every shard moved away from the centre along the direction of its
-  centroid) and *cut open* (the octant facing the camera removed), so shards inside the
-  domain are visible; a surface is shown from two opposite sides; flat data from above;
+  centroid) and *cut open* (the half facing the camera removed, through the centre of the
+  cells or, where a shard would still show in neither view, through a hidden shard's
+  centroid), so shards inside the domain are visible; a surface is shown from two opposite
+  sides; flat data from above;
 - a bar chart of the part sizes against their targets, coloured like the shards, with a
   legend of the sizes;
 - a title with the method, P, imbalance and edge cut.
@@ -24,7 +26,7 @@ import numpy as np
 
 from meshshard.partition.record import Partition
 
-__all__ = ["VIEW_BOXES", "render_png", "render_views", "shard_palette"]
+__all__ = ["VIEW_BOXES", "render_png", "render_views", "shard_palette", "shown_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -247,11 +249,14 @@ def render_views(
     row_centres = centres if kind == "cells" else data
     live = np.flatnonzero(partition.sizes > 0)
     if volume:
-        # exploded: move each shard outwards; cut open: drop the octant facing the camera
+        # exploded: move each shard outwards
         shift = _EXPLODE * (cent - centre)
         d = _view_direction((cent + shift)[live])
-        octant = ((row_centres - centre) * np.sign(d) > 0).all(axis=1)
-        views = [("exploded", shift, None, d), ("cut open", None, ~octant, d)]
+        # cut open: drop the half facing the camera, through the centre of the cells (where
+        # a graded volume is densest, so the small inner shards cross the cut); an octant
+        # left the inner shards of a dome-shaped volume hidden behind the outer ones
+        near = (row_centres - centre) @ d > 0
+        views = [("exploded", shift, None, d), ("cut open", None, ~near, d)]
     elif flat:
         views = [("from above", None, None, None)]
         size = (2 * size + 10, size)
@@ -261,48 +266,105 @@ def render_views(
         views = [("front", None, None, d), ("back", None, None, back)]
     images, captions = [], []
     window = list(size) if isinstance(size, tuple) else [size, size]
+    scene = (kind, data, shard, P, colours, patches, centre, span, window, volume)
     with capture_vtk_output() as vtk_log:
         for caption, shift, keep, direction in views:
-            pl = pv.Plotter(off_screen=True, window_size=window)
-            pl.background_color = "white"
-            for p in range(P):
-                sel = shard == p
-                if keep is not None:
-                    sel &= keep
-                ids = np.flatnonzero(sel)
-                if ids.size == 0:
-                    continue
-                if kind == "cells":
-                    piece = _surface(data.extract_cells(ids))
-                    if shift is not None:
-                        piece.points = np.asarray(piece.points) + shift[p]
-                    pl.add_mesh(piece, color=colours[p], ambient=0.55, diffuse=0.5,
-                                specular=0.0, smooth_shading=False)  # fmt: skip
-                elif patches is not None:
-                    piece = _surfels(data[ids], patches[0][ids], patches[1][ids])
-                    pl.add_mesh(piece, color=colours[p], ambient=0.55, diffuse=0.5,
-                                specular=0.0)  # fmt: skip
-                else:
-                    xyz = data[ids] + (shift[p] if shift is not None else 0.0)
-                    px = 7 if len(data) < 2e4 else 5 if len(data) < 2e5 else 2
-                    pl.add_points(xyz, color=colours[p], point_size=px,
-                                  render_points_as_spheres=len(data) < 2e5, ambient=0.55,
-                                  diffuse=0.5)  # fmt: skip
-            if direction is None:
-                pl.view_xy()
-            else:
-                d = np.asarray(direction, dtype=np.float64)
-                pl.camera.focal_point = centre
-                pl.camera.position = centre + 3 * span * d / np.linalg.norm(d)
-                pl.camera.up = (0, 0, 1)
-            pl.reset_camera()
-            pl.camera.zoom(1.0 if volume else 1.1)
-            images.append(np.asarray(pl.screenshot(return_img=True))[..., :3])
-            pl.close()
+            images.append(_render_view(pv, scene, shift, keep, direction))
             captions.append(caption)
+        if volume and len(live) > 1:
+            _best_views(pv, scene, images, captions, row_centres, live, views[1][3])
     if vtk_log.messages():
         log.debug("VTK while rendering: %s", vtk_log.summary(limit=5))
     return images, captions
+
+
+def _render_view(pv: Any, scene: tuple, shift: Any, keep: Any, direction: Any) -> np.ndarray:
+    """One off-screen view of the shards (cells as surfaces, patches or points)."""
+    kind, data, shard, P, colours, patches, centre, span, window, volume = scene
+    pl = pv.Plotter(off_screen=True, window_size=window)
+    pl.background_color = "white"
+    for p in range(P):
+        sel = shard == p
+        if keep is not None:
+            sel &= keep
+        ids = np.flatnonzero(sel)
+        if ids.size == 0:
+            continue
+        if kind == "cells":
+            piece = _surface(data.extract_cells(ids))
+            if shift is not None:
+                piece.points = np.asarray(piece.points) + shift[p]
+            pl.add_mesh(piece, color=colours[p], ambient=0.55, diffuse=0.5,
+                        specular=0.0, smooth_shading=False)  # fmt: skip
+        elif patches is not None:
+            piece = _surfels(data[ids], patches[0][ids], patches[1][ids])
+            pl.add_mesh(piece, color=colours[p], ambient=0.55, diffuse=0.5,
+                        specular=0.0)  # fmt: skip
+        else:
+            xyz = data[ids] + (shift[p] if shift is not None else 0.0)
+            px = 7 if len(data) < 2e4 else 5 if len(data) < 2e5 else 2
+            pl.add_points(xyz, color=colours[p], point_size=px,
+                          render_points_as_spheres=len(data) < 2e5, ambient=0.55,
+                          diffuse=0.5)  # fmt: skip
+    if direction is None:
+        pl.view_xy()
+    else:
+        d = np.asarray(direction, dtype=np.float64)
+        pl.camera.focal_point = centre
+        pl.camera.position = centre + 3 * span * d / np.linalg.norm(d)
+        pl.camera.up = (0, 0, 1)
+    pl.reset_camera()
+    pl.camera.zoom(1.0 if volume else 1.1)
+    img = np.asarray(pl.screenshot(return_img=True))[..., :3]
+    pl.close()
+    return img
+
+
+#: a shard counts as shown when at least this many pixels have its colour
+_MIN_SHOWN_PX = 20
+
+
+def shown_shards(image: np.ndarray, parts: int) -> np.ndarray:
+    """Pixels of each shard's colour (under any lighting factor in [0.5, 1.05]) in a view."""
+    px = np.asarray(image, dtype=np.float64).reshape(-1, 3)
+    counts = np.zeros(parts, dtype=np.int64)
+    for p, c in enumerate(shard_palette(parts).astype(np.float64)):
+        k = px @ c / (c @ c)
+        resid = np.abs(px - k[:, None] * c).max(axis=1)
+        counts[p] = int(((k >= 0.5) & (k <= 1.05) & (resid <= 10)).sum())
+    return counts
+
+
+def _best_views(pv: Any, scene: tuple, images: list, captions: list,
+                row_centres: np.ndarray, live: np.ndarray, d: np.ndarray) -> None:
+    """Replace the two volume views (in place) by the pair that shows the most shards.
+
+    The first cut goes through the centre of the cells (where a graded volume is densest, so
+    small inner shards cross it). When a shard still shows in neither view, a cut just in front
+    of it is tried too (for up to four hidden shards): the whole shard stays and all that stood
+    in front of it is cut away (a thin boundary-layer shard shows its face, where a cut through
+    its middle shows only a thin ring). Of all pairs of views, the one showing the most shards
+    is kept; the exploded and centre-cut pair wins ties."""
+    P, shard = scene[3], scene[2]
+    cands = [(c, img, shown_shards(img, P) >= _MIN_SHOWN_PX) for c, img in zip(captions, images)]
+    hidden = [p for p in live if not (cands[0][2][p] or cands[1][2][p])]
+    if not hidden:
+        return
+    depth = row_centres @ d
+    for p in hidden[:4]:
+        front = float(depth[shard == p].max())
+        img = _render_view(pv, scene, None, depth <= front + 1e-9 * (abs(front) + 1.0), d)
+        cands.append((f"cut in front of shard {p}", img, shown_shards(img, P) >= _MIN_SHOWN_PX))
+    best, best_n = (0, 1), -1
+    for i in range(len(cands)):
+        for j in range(i + 1, len(cands)):
+            n = int((cands[i][2] | cands[j][2])[live].sum())
+            if n > best_n:
+                best, best_n = (i, j), n
+    images[:] = [cands[k][1] for k in best]
+    captions[:] = [cands[k][0] for k in best]
+    if best_n < len(live):
+        log.debug("render: %d of %d shards show in neither view", len(live) - best_n, len(live))
 
 
 def _title(partition: Partition, rep: dict | None) -> str:

@@ -95,3 +95,18 @@ def test_surface_from_cell_centres_is_drawn_opaque():
                                        areas=np.asarray(sphere.cell_data["Area"]))[0])  # fmt: skip
     assert surf <= mesh + 0.01, (surf, mesh, dots)
     assert dots > surf + 0.02, (surf, mesh, dots)  # the dots let the far side through
+
+
+@pytest.mark.parametrize(("method", "parts"), [("hilbert", 32), ("rcb", 16)])
+def test_every_shard_of_a_graded_car_volume_is_visible(method, parts, tmp_path):
+    # the DrivaerML-like volume: a dome of cells graded towards the car, whose thin inner
+    # shards hug the body. An octant cut left 3 (hilbert, P=32) and 1 (rcb, P=16) of them
+    # in neither view; the half cut through the centre, or in front of a hidden shard, shows
+    # them all
+    from meshshard.pipelines.synthetic import make_synthetic_run
+
+    make_synthetic_run(tmp_path, 1, surface_cells=4000, volume_cells=40000, stl_cells=0)
+    mesh = pv.read(tmp_path / "run_1" / "volume_1.vtu")
+    part = partition(cell_centers(mesh), parts, method=method)
+    counts = shard_pixels(render_png(part, tmp_path / "v.png", mesh=mesh), parts)
+    assert (counts > 0).all(), counts.tolist()
