@@ -29,24 +29,29 @@ def pressure_png(vtk: Path, png: Path, *, truth: bool = True) -> Path:
     if truth and P in data:
         lo2, hi2 = np.nanpercentile(np.asarray(data[P]), [1, 99])
         lo, hi = min(lo, lo2), max(hi, hi2)
-    pl = pv.Plotter(off_screen=True, shape=(1, len(panels)), window_size=(520 * len(panels), 420))
-    points = mesh.n_cells == 0 or mesh.n_cells == mesh.n_verts
-    for j, (name, title) in enumerate(panels):
-        pl.subplot(0, j)
-        clim = (lo, hi)
-        if name == "pDifference":
-            m = float(np.nanpercentile(np.abs(np.asarray(data[name])), 99)) or 1.0
-            clim = (-m, m)
-        pl.add_mesh(mesh.copy(deep=False), scalars=name, clim=clim,
-                    cmap="coolwarm" if name == "pDifference" else "viridis",
-                    render_points_as_spheres=points, point_size=3,
-                    scalar_bar_args={"title": title, "fmt": "%.3g"})
-        pl.add_text(title, font_size=10)
-        pl.view_isometric()
-    pl.link_views()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    pl.screenshot(str(png))
-    pl.close()
+    from meshshard._vtklog import capture_vtk_output
+
+    # VTK's "bad X server connection" before it falls back to EGL is captured, not printed
+    with capture_vtk_output():
+        pl = pv.Plotter(off_screen=True, shape=(1, len(panels)),
+                        window_size=(520 * len(panels), 420))
+        points = mesh.n_cells == 0 or mesh.n_cells == mesh.n_verts
+        for j, (name, title) in enumerate(panels):
+            pl.subplot(0, j)
+            clim = (lo, hi)
+            if name == "pDifference":
+                m = float(np.nanpercentile(np.abs(np.asarray(data[name])), 99)) or 1.0
+                clim = (-m, m)
+            pl.add_mesh(mesh.copy(deep=False), scalars=name, clim=clim,
+                        cmap="coolwarm" if name == "pDifference" else "viridis",
+                        render_points_as_spheres=points, point_size=3,
+                        scalar_bar_args={"title": title, "fmt": "%.3g"})
+            pl.add_text(title, font_size=10)
+            pl.view_isometric()
+        pl.link_views()
+        png.parent.mkdir(parents=True, exist_ok=True)
+        pl.screenshot(str(png))
+        pl.close()
     return png
 
 
