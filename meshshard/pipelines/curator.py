@@ -217,21 +217,9 @@ def load_curator_shard(
         dp = partition_distributed(rows[f"{part}_mesh_centers"], world_size, grp, method)
         moved = redistribute_rows(rows, dp, grp)
         sizes = dp.sizes.tolist()
-    from meshshard.pipelines.loader import _device
+    from meshshard.pipelines.loader import _device, wrap_rows
 
-    dev = _device(mesh, device)
-    out: dict[str, Any] = {}
-    for k in keys:
-        local = torch.from_numpy(np.ascontiguousarray(moved[k])).to(dev)
-        if mesh is None:
-            out[k] = local
-        else:
-            from meshshard.shardtensor import Shard, from_local
-
-            out[k] = from_local(local, mesh, [Shard(0)], sharding_shapes=sizes, validate=False)
-    if mesh is None:
-        out["sharding_sizes"] = torch.tensor(sizes, dtype=torch.int64)
-    return out
+    return wrap_rows({k: moved[k] for k in keys}, mesh, sizes, _device(mesh, device))
 
 
 def write_curator_store(

@@ -148,16 +148,24 @@ def load_shard(
     ptr = rank_rows(attrs[part]["partition_ptr"], world_size, store=str(store))
     sizes = np.diff(ptr).tolist()
     lo, hi = int(ptr[rank]), int(ptr[rank + 1])
+    return wrap_rows({k: read_array(group, store, k, slice(lo, hi)) for k in keys}, mesh, sizes,
+                     dev)
+
+
+def wrap_rows(rows: dict[str, np.ndarray], mesh: Any, sizes: Any, dev: Any) -> dict[str, Any]:
+    """This rank's rows of each array as tensors on ``dev``: ShardTensors sharded on dim 0 with
+    every rank's ``sizes`` on a ``mesh``, or plain tensors plus ``sharding_sizes`` without one.
+    No collective: every rank derives the same sizes, so no shape all-gather is needed."""
+    import torch
+
     out: dict[str, Any] = {}
-    for k in keys:
-        local = torch.from_numpy(np.ascontiguousarray(read_array(group, store, k, slice(lo, hi))))
-        local = local.to(dev)
+    for k, arr in rows.items():
+        local = torch.from_numpy(np.ascontiguousarray(arr)).to(dev)
         if mesh is None:
             out[k] = local
         else:
             from meshshard.shardtensor import Shard, from_local
 
-            # every rank derives the same sizes from the store: no shape all-gather needed
             out[k] = from_local(local, mesh, [Shard(0)], sharding_shapes=sizes, validate=False)
     if mesh is None:
         out["sharding_sizes"] = torch.tensor(sizes, dtype=torch.int64)
