@@ -208,11 +208,6 @@ def _all_gather_v(t: torch.Tensor, dim: int, sizes: tuple, mesh, i: int,
     return torch.cat(pieces).movedim(0, dim)
 
 
-def _offset(spec, i: int) -> Any:
-    c = _coord(spec.mesh)[1][i]
-    return sum(spec.sizes[i][:c])
-
-
 def to_replicate_local(local: torch.Tensor, spec) -> torch.Tensor:
     """The full tensor from a local piece (collective over non-Replicate mesh dims)."""
     for i, p in enumerate(spec.placements):
@@ -244,10 +239,6 @@ def _narrow(t: torch.Tensor, dim: int, sizes: tuple, c: int, blocks: int = 1) ->
     shape = list(t.shape)
     shape[dim] = blocks * sizes[c]
     return t.unflatten(dim, (blocks, -1)).narrow(dim + 1, off, sizes[c]).reshape(shape)
-
-
-def _wrap(local: torch.Tensor, spec) -> AtenShardTensor:
-    return AtenShardTensor(local, spec)
 
 
 def _local_shape(spec) -> list:
