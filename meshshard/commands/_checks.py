@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from meshshard.cli import CLIError
 
-__all__ = ["check_out_dir", "check_out_file"]
+__all__ = ["check_inference_args", "check_out_dir", "check_out_file"]
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -77,3 +78,14 @@ def check_out_file(path: str | Path, flag: str = "--png", suffix: str = ".png") 
         raise CLIError(msg)
     check_out_dir(parent, flag, shown=p)
     return p
+
+
+def check_inference_args(args: Any) -> None:
+    """The options ``predict`` and ``evaluate`` share: a positive chunk budget and a writable
+    ``--out``, checked before any rank reads a file."""
+    from meshshard.cli import CLIError
+
+    if args.max_points_per_chunk < 1:
+        msg = f"--max-points-per-chunk {args.max_points_per_chunk} must be >= 1"
+        raise CLIError(msg)
+    check_out_dir(args.out)

@@ -38,13 +38,9 @@ def expand(paths: list[str]) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshshard.cli import CLIError
-    from meshshard.commands._checks import check_out_dir
+    from meshshard.commands._checks import check_inference_args
 
-    if args.max_points_per_chunk < 1:
-        msg = f"--max-points-per-chunk {args.max_points_per_chunk} must be >= 1"
-        raise CLIError(msg)
-    check_out_dir(args.out)
+    check_inference_args(args)
     from meshshard.apps.evaluate import evaluate_runs, format_table
     from meshshard.commands._world import join_world, leave_world
 
