@@ -356,46 +356,17 @@ def _is_shape(v: Any, ndim: int) -> bool:
         _is_int(k) for k in v)
 
 
-def from_local(
+def resolve_layout(
     local: torch.Tensor,
     mesh: DeviceMesh,
     placements: Sequence[Placement],
     sharding_shapes: Any = None,
     *,
     validate: bool = True,
-) -> ShardTensor:
-    """Wrap this rank's piece as a ShardTensor (differentiable w.r.t. ``local``).
-
-    Parameters
-    ----------
-    local : Tensor
-        This rank's piece.
-    mesh : DeviceMesh
-        1-D or 2-D (e.g. ``("data", "domain")``).
-    placements : sequence of Shard(d) / Replicate() / Partial(op), one per mesh dim.
-    sharding_shapes : optional
-        Each rank's size of every sharded dim: a flat list (1-D mesh), a list per mesh dim, or a
-        dict ``{mesh_dim: sizes or local shapes}``. ``None`` infers them with one all-gather.
-    validate : bool
-        With given shapes, check them against every rank's actual local shape (one all-gather
-        of shapes, so *every* rank raises on a mismatch instead of some hanging). With
-        ``validate=False`` only this rank's shape is checked and no collective runs.
-
-    Collective: every rank of the mesh must call this (unless ``validate=False`` with
-    ``sharding_shapes`` given, or the placements are all Replicate/Partial).
-
-    Raises
-    ------
-    ValueError
-        Placements that do not match the mesh, sizes that disagree with the local tensors, or
-        local shapes that disagree outside the sharded dims.
-    """
-    if isinstance(local, ShardTensor):
-        msg = "from_local got a ShardTensor; pass its .to_local() or use .redistribute()"
-        raise TypeError(msg)
-    if not isinstance(local, torch.Tensor):
-        msg = f"from_local needs a torch.Tensor, got {type(local).__name__}"
-        raise TypeError(msg)
+) -> tuple[tuple, list, list]:
+    """Placements, every rank's sizes of each sharded dim and the global shape of a tensor whose
+    local piece on this rank is ``local`` (the checks of :func:`from_local`; collective as it
+    says). Shared by every ShardTensor class, so they accept and refuse the same layouts."""
     placements = normalize_placements(placements, mesh, local.ndim)
     sizes = _parse_sizes(sharding_shapes, placements, mesh, local.ndim)
     coord = mesh.get_coordinate()
@@ -471,6 +442,51 @@ def from_local(
     for i, p in enumerate(placements):
         if isinstance(p, Shard):
             shape[p.dim] = int(sum(sizes[i]))
+    return placements, sizes, shape
+
+
+def from_local(
+    local: torch.Tensor,
+    mesh: DeviceMesh,
+    placements: Sequence[Placement],
+    sharding_shapes: Any = None,
+    *,
+    validate: bool = True,
+) -> ShardTensor:
+    """Wrap this rank's piece as a ShardTensor (differentiable w.r.t. ``local``).
+
+    Parameters
+    ----------
+    local : Tensor
+        This rank's piece.
+    mesh : DeviceMesh
+        1-D or 2-D (e.g. ``("data", "domain")``).
+    placements : sequence of Shard(d) / Replicate() / Partial(op), one per mesh dim.
+    sharding_shapes : optional
+        Each rank's size of every sharded dim: a flat list (1-D mesh), a list per mesh dim, or a
+        dict ``{mesh_dim: sizes or local shapes}``. ``None`` infers them with one all-gather.
+    validate : bool
+        With given shapes, check them against every rank's actual local shape (one all-gather
+        of shapes, so *every* rank raises on a mismatch instead of some hanging). With
+        ``validate=False`` only this rank's shape is checked and no collective runs.
+
+    Collective: every rank of the mesh must call this (unless ``validate=False`` with
+    ``sharding_shapes`` given, or the placements are all Replicate/Partial).
+
+    Raises
+    ------
+    ValueError
+        Placements that do not match the mesh, sizes that disagree with the local tensors, or
+        local shapes that disagree outside the sharded dims.
+    """
+    if isinstance(local, ShardTensor):
+        msg = "from_local got a ShardTensor; pass its .to_local() or use .redistribute()"
+        raise TypeError(msg)
+    if not isinstance(local, torch.Tensor):
+        msg = f"from_local needs a torch.Tensor, got {type(local).__name__}"
+        raise TypeError(msg)
+    placements, sizes, shape = resolve_layout(local, mesh, placements, sharding_shapes,
+                                              validate=validate)
     spec = ShardSpec.make(mesh, placements, shape, sizes)
     return ShardTensor(local, spec)
 

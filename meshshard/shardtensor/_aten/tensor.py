@@ -224,6 +224,20 @@ class AtenShardTensor(torch.Tensor):
         """The global tensor on every rank (differentiable). Collective."""
         return _Full.apply(self)
 
+    def redistribute(self, placements=None, sizes=None) -> AtenShardTensor:
+        """This tensor in another layout (see :func:`..layout.redistribute`). Collective."""
+        from meshshard.shardtensor._aten.layout import redistribute
+
+        return redistribute(self, placements, sizes)
+
+    def sharding_sizes(self, mesh_dim: int = 0) -> tuple:
+        """Each rank's size of the tensor dim sharded by ``mesh_dim`` (uneven, zeros allowed)."""
+        s = self._spec.sizes[mesh_dim]
+        if s is None:
+            msg = f"mesh dim {mesh_dim} is {self._spec.placements[mesh_dim]}, not Shard"
+            raise ValueError(msg)
+        return s
+
     def __repr__(self) -> str:  # type: ignore[override]
         return f"AtenShardTensor(local={tuple(self._local.shape)}, {self._spec})"
 
@@ -310,6 +324,8 @@ class _Lift(torch.autograd.Function):
         return g, None
 
 
+# The backwards below are made of these same functions, so they are differentiable again
+# (double backward through to_local / full_tensor / from_local).
 class _ToLocal(torch.autograd.Function):
     @staticmethod
     def forward(x: AtenShardTensor) -> torch.Tensor:
@@ -321,7 +337,7 @@ class _ToLocal(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return AtenShardTensor(g, ctx.spec)
+        return _FromLocal.apply(g, ctx.spec)
 
 
 class _Full(torch.autograd.Function):
@@ -337,12 +353,10 @@ class _Full(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        from meshshard.shardtensor._aten.rules import from_replicate_local
+        from meshshard.shardtensor._aten.layout import grad_in_layout
 
-        spec = ctx.spec  # a Partial input's terms each get the whole gradient: Replicate
-        rep = make_spec(spec.mesh, tuple(Replicate() if isinstance(p, Partial) else p
-                                         for p in spec.placements), spec.sizes, spec.shape)
-        return AtenShardTensor(from_replicate_local(g, rep), rep)
+        spec = ctx.spec  # every rank holds the same full gradient: cut this rank's piece
+        return grad_in_layout(_FromLocal.apply(g, replicate_spec(spec.mesh, spec.shape)), spec)
 
 
 def from_local_aten(local: torch.Tensor, mesh, placements, sizes) -> AtenShardTensor:
@@ -374,14 +388,7 @@ class _FromLocal(torch.autograd.Function):
     def backward(ctx, g):
         if not isinstance(g, AtenShardTensor):
             return g, None
-        from meshshard.shardtensor._aten.rules import (
-            from_replicate_local,
-            same_layout,
-            to_replicate_local,
-        )
+        from meshshard.shardtensor._aten.layout import grad_in_layout
 
-        if same_layout(g._spec, ctx.spec):
-            return g._local, None
-        # the gradient arrived in another layout (e.g. Replicate from an expand): this rank's
-        # piece of it in the input's layout
-        return from_replicate_local(to_replicate_local(g._local, g._spec), ctx.spec), None
+        # the gradient may arrive in another layout (e.g. Replicate from an expand)
+        return _ToLocal.apply(grad_in_layout(g, ctx.spec)), None
