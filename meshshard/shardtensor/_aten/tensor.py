@@ -100,6 +100,9 @@ def _global_strides(local: torch.Tensor, shape: tuple) -> tuple:
 
 
 _DISPATCH: list = [None]
+# torch functions whose ShardTensor rule runs above autograd (filled by the rule modules): they
+# call custom ops with their own autograd formulas and sharding rules
+FUNCTION_RULES: dict = {}
 _EMPTY: dict = {}
 _SPECS: dict = {}
 
@@ -195,6 +198,9 @@ class AtenShardTensor(torch.Tensor):
             return entry(*args, **kwargs)
         if torch.is_grad_enabled():
             args, kwargs = _lift_plain(args, kwargs)
+        fn = FUNCTION_RULES.get(func)
+        if fn is not None:  # a domain-parallel rule at function level (e.g. ring attention)
+            return fn(*args, **kwargs)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 

@@ -48,6 +48,18 @@ def mha_rule(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, i
     sts = [t for t in (*args, *kwargs.values()) if isinstance(t, ShardTensor)]
     if all(t._spec.is_replicated() for t in sts):
         return replicated_apply(F.multi_head_attention_forward, args, kwargs)
+    return mha_decomposed(*args, **kwargs)
+
+
+def mha_decomposed(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
+                   in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight,
+                   out_proj_bias, training=True, key_padding_mask=None, need_weights=True,
+                   attn_mask=None, use_separate_proj_weight=False, q_proj_weight=None,
+                   k_proj_weight=None, v_proj_weight=None, static_k=None, static_v=None,
+                   average_attn_weights=True, is_causal=False):
+    """``F.multi_head_attention_forward`` as the torch functions it is made of (``F.linear``,
+    views, ``F.scaled_dot_product_attention``), each of which has a sharding rule: the
+    ShardTensor rule of every ShardTensor class. Returns ``(out, None)``."""
     if need_weights:
         msg = (
             f"{_NAME}: need_weights=True on token-sharded ShardTensors would build the whole "

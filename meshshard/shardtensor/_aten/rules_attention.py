@@ -1,0 +1,358 @@
+"""``F.scaled_dot_product_attention`` on the aten-level ShardTensor: exact ring attention over
+sharded tokens, forward and backward, eager and under ``torch.compile``.
+
+Two levels of custom ops:
+
+- ``meshshard::sdpa`` / ``meshshard::sdpa_backward`` take ShardTensors (global shapes). The
+  wrapper's ``__torch_function__`` sends ``F.scaled_dot_product_attention`` on any ShardTensor
+  here, so autograd records one node with the formula registered below, and dynamo records one
+  graph node. Their sharding rules (below autograd) choose the mode from the layouts and call
+- ``meshshard::ring_attention`` / ``meshshard::ring_attention_backward`` on the local pieces:
+  today's kernels (:mod:`meshshard.shardtensor.ring_attention`: key/value blocks round the ring
+  with send/recv overlapped with compute, merged by log-sum-exp; backward sends the dK/dV
+  partial sums behind the blocks). Under ``torch.compile`` these are opaque graph nodes with
+  fake implementations, so the ring's point-to-point schedule runs as written.
+
+Modes (per the layouts, as today's rule): query and key/value tokens sharded on the same mesh
+dim -> ``ring``; query tokens sharded, keys whole -> ``local`` (dK/dV come out Partial);
+query whole, keys sharded -> ``merge``; batch/head dims sharded alike on other mesh dims ->
+computed locally. ``attn_mask``: None, a plain or replicated tensor, or a ShardTensor sharded
+like the query rows. ``is_causal`` uses global token order. ``dropout_p > 0`` is refused.
+Second-order gradients through attention are not supported (as torch's flash kernels).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.distributed.tensor import Partial, Replicate, Shard
+
+from meshshard.shardtensor._aten.layout import redistribute_local
+from meshshard.shardtensor._aten.rules import _DIRECT, _coord, _narrow, rule
+from meshshard.shardtensor._aten.tensor import (
+    FUNCTION_RULES,
+    SHARDED,
+    AtenShardTensor,
+    make_spec,
+)
+
+_NAME = "scaled_dot_product_attention"
+_GROUPS: dict = {}  # group name -> process group, filled when a rule plans a ring
+
+
+def _group(name: str):
+    if not name:
+        return None
+    g = _GROUPS.get(name)
+    if g is None:
+        msg = f"{_NAME}: process group {name!r} is unknown in this process (plan it first)"
+        raise RuntimeError(msg)
+    return g
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _plan(mask, mode, group, kv_sizes, q_offset, causal, scale, gqa):
+    from meshshard.shardtensor.ring import Ring
+    from meshshard.shardtensor.ring_attention import AttnPlan
+
+    return AttnPlan(mode=mode, ring=Ring(_group(group)), kv_sizes=tuple(int(s) for s in kv_sizes),
+                    q_offset=int(q_offset), mask=mask, causal=causal, scale=scale,
+                    gqa_groups=gqa)
+
+
+# ------------------------------------------------------------------ local kernels (opaque)
+@torch.library.custom_op("meshshard::ring_attention", mutates_args=())
+def _ring_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              mode: str, group: str, kv_sizes: list[int], q_offset: int, causal: bool,
+              scale: float, gqa: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from meshshard.shardtensor.ring_attention import _forward
+
+    with torch.no_grad():
+        out, lse = _forward(q, k, v, _plan(mask, mode, group, kv_sizes, q_offset, causal,
+                                           scale, gqa))
+    return out.to(q.dtype), lse
+
+
+@_ring_fwd.register_fake
+def _(q, k, v, mask, mode, group, kv_sizes, q_offset, causal, scale, gqa):
+    return (q.new_empty((*q.shape[:-1], v.shape[-1])),
+            q.new_empty(q.shape[:-1], dtype=_acc(q.dtype)))
+
+
+@torch.library.custom_op("meshshard::ring_attention_backward", mutates_args=())
+def _ring_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              out: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor | None, mode: str,
+              group: str, kv_sizes: list[int], q_offset: int, causal: bool, scale: float,
+              gqa: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from meshshard.shardtensor.ring_attention import _backward
+
+    with torch.no_grad():
+        dq, dk, dv = _backward(do.contiguous(), q, k, v, out, lse,
+                               _plan(mask, mode, group, kv_sizes, q_offset, causal, scale, gqa))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@_ring_bwd.register_fake
+def _(do, q, k, v, out, lse, mask, mode, group, kv_sizes, q_offset, causal, scale, gqa):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+# ------------------------------------------------------------------ wrapper-level ops
+@torch.library.custom_op("meshshard::sdpa", mutates_args=())
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+          causal: bool, scale: float | None, gqa: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    msg = "meshshard::sdpa takes ShardTensors (F.scaled_dot_product_attention routes them)"
+    raise TypeError(msg)
+
+
+@_sdpa.register_fake
+def _(q, k, v, mask, causal, scale, gqa):
+    return (q.new_empty((*q.shape[:-1], v.shape[-1])),
+            q.new_empty(q.shape[:-1], dtype=_acc(q.dtype)))
+
+
+@torch.library.custom_op("meshshard::sdpa_backward", mutates_args=())
+def _sdpa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              out: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+              scale: float | None, gqa: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    msg = "meshshard::sdpa_backward takes ShardTensors"
+    raise TypeError(msg)
+
+
+@_sdpa_bwd.register_fake
+def _(do, q, k, v, out, lse, mask, causal, scale, gqa):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup(ctx, inputs, output) -> None:
+    q, k, v, mask, causal, scale, gqa = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1])
+    ctx.args = (mask, causal, scale, gqa)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    mask, causal, scale, gqa = ctx.args
+    if dout is None:
+        return None, None, None, None, None, None, None
+    dq, dk, dv = torch.ops.meshshard.sdpa_backward(dout, q, k, v, out, lse, mask, causal, scale,
+                                                   gqa)
+    return dq, dk, dv, None, None, None, None
+
+
+_sdpa.register_autograd(_backward, setup_context=_setup)
+
+
+def sdpa_function(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                  scale=None, enable_gqa=False):
+    """What ``F.scaled_dot_product_attention`` on a ShardTensor runs (see the module doc)."""
+    if dropout_p and dropout_p > 0:
+        msg = (
+            f"{_NAME}: dropout_p={dropout_p} on ShardTensors is not supported (the dropped "
+            "entries would not match one process); pass dropout_p=0.0 (e.g. model.eval() or "
+            "dropout=0.0 in the module)"
+        )
+        raise NotImplementedError(msg)
+    if attn_mask is not None and attn_mask.requires_grad:
+        msg = f"{_NAME}: gradients with respect to attn_mask are not supported on ShardTensors"
+        raise NotImplementedError(msg)
+    out, _ = torch.ops.meshshard.sdpa(query, key, value, attn_mask, bool(is_causal),
+                                      None if scale is None else float(scale), bool(enable_gqa))
+    return out
+
+
+# ------------------------------------------------------------------ rules
+def _spec_of(t, mesh):
+    if isinstance(t, AtenShardTensor):
+        return t._spec
+    return make_spec(mesh, (Replicate(),) * mesh.ndim, (None,) * mesh.ndim, tuple(t.shape))
+
+
+def _reduced(t, mesh):
+    """(local, spec) with Partial mesh dims summed (Replicate)."""
+    spec = _spec_of(t, mesh)
+    local = t._local if isinstance(t, AtenShardTensor) else t
+    if any(isinstance(p, Partial) for p in spec.placements):
+        pl = tuple(Replicate() if isinstance(p, Partial) else p for p in spec.placements)
+        local = redistribute_local(local, spec, pl, spec.sizes)
+        spec = make_spec(mesh, pl, spec.sizes, spec.shape)
+    return local, spec
+
+
+def _layout(q, k, v, mask, causal, scale, gqa):
+    """What both directions need: the mesh, the (Partial-reduced) specs of q, k, v, the mode
+    and the local kernel's plan arguments. Checks depend only on global shapes and layouts, so
+    every rank raises alike."""
+    from meshshard.shardtensor.handlers.attention import _validate
+
+    mesh = next(t._spec.mesh for t in (q, k, v, mask) if isinstance(t, AtenShardTensor))
+    _validate(q, k, v, mask, 0.0, causal, scale, gqa)
+    nd = q.ndim
+    if nd not in (3, 4):
+        msg = f"{_NAME}: sharded attention takes 3-d or 4-d inputs, got {nd}-d"
+        raise NotImplementedError(msg)
+    tok = nd - 2
+    qs, ks, vs = (_reduced_spec(t, mesh) for t in (q, k, v))
+    ring_dim, mode = None, "local"
+    for i in range(mesh.ndim):
+        qp, kp, vp = qs.placements[i], ks.placements[i], vs.placements[i]
+        if kp != vp or ks.sizes[i] != vs.sizes[i]:
+            msg = (f"{_NAME}: key and value are laid out differently on mesh dim {i} ({kp} vs "
+                   f"{vp}); shard them alike")
+            raise ValueError(msg)
+        for p, nm in ((qp, "query"), (kp, "key")):
+            if isinstance(p, SHARDED) and not isinstance(p, Shard):
+                msg = f"{_NAME}: {nm} has a flattened layout {p}; reshape it back first"
+                raise ValueError(msg)
+            if isinstance(p, Shard) and p.dim == nd - 1:
+                msg = f"{_NAME}: {nm} is sharded on its feature dim {p.dim}; replicate that dim"
+                raise ValueError(msg)
+        q_tok = isinstance(qp, Shard) and qp.dim == tok
+        k_tok = isinstance(kp, Shard) and kp.dim == tok
+        if q_tok or k_tok:
+            if ring_dim is not None:
+                msg = f"{_NAME}: tokens sharded on two mesh dims ({ring_dim} and {i})"
+                raise ValueError(msg)
+            if (k_tok and not (q_tok or isinstance(qp, Replicate))) or (
+                    q_tok and not (k_tok or isinstance(kp, Replicate))):
+                msg = (f"{_NAME}: on mesh dim {i} the query is {qp} and the keys {kp}: shard "
+                       f"both on their tokens (dim {tok}), or replicate one of them")
+                raise ValueError(msg)
+            ring_dim = i
+            mode = "ring" if q_tok and k_tok else ("local" if q_tok else "merge")
+        elif qp != kp or qs.sizes[i] != ks.sizes[i]:
+            msg = (f"{_NAME}: on mesh dim {i} the query is {qp} and the keys {kp}; shard "
+                   "batch/head dims of query, key and value alike")
+            raise ValueError(msg)
+        if gqa and isinstance(kp, Shard) and kp.dim == nd - 3:
+            msg = f"{_NAME}: enable_gqa with the head dim sharded is not supported"
+            raise ValueError(msg)
+    coord = _coord(mesh)[1]
+    group, kv_sizes, q_off = "", (k.shape[tok],), 0
+    if ring_dim is not None and mode != "local":
+        g = mesh.get_group(ring_dim)
+        group = g.group_name
+        _GROUPS[group] = g
+        kv_sizes = tuple(ks.sizes[ring_dim])
+    if ring_dim is not None and mode != "merge":
+        q_off = sum(qs.sizes[ring_dim][: coord[ring_dim]])
+    ml = None if mask is None else _mask_local(mask, qs, ring_dim, nd, q.dtype, mesh)
+    groups = q.shape[-3] // k.shape[-3] if gqa and nd == 4 else 1
+    sc = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    args = (ml, mode, group, list(kv_sizes), q_off, bool(causal), sc, groups)
+    return mesh, qs, ks, vs, ring_dim, mode, args
+
+
+def _reduced_spec(t, mesh):
+    spec = _spec_of(t, mesh)
+    if any(isinstance(p, Partial) for p in spec.placements):
+        pl = tuple(Replicate() if isinstance(p, Partial) else p for p in spec.placements)
+        spec = make_spec(mesh, pl, spec.sizes, spec.shape)
+    return spec
+
+
+def _local4(t, mesh, nd):
+    """The local piece with Partial dims summed, 4-d (a head dim of 1 for 3-d inputs)."""
+    local = _reduced(t, mesh)[0]
+    return local.unsqueeze(1) if nd == 3 else local
+
+
+def _mask_local(mask, qs, ring_dim, nd, dtype, mesh):
+    """This rank's query rows of the mask, every key column in global order, additive, 4-d."""
+    ms = _spec_of(mask, mesh)
+    local = mask._local if isinstance(mask, AtenShardTensor) else mask
+    rows_d = mask.ndim - 2
+    for i, p in enumerate(ms.placements):
+        qp = qs.placements[i]
+        if isinstance(p, Partial):
+            msg = f"{_NAME}: a Partial attn_mask is not supported; replicate it"
+            raise ValueError(msg)
+        if isinstance(p, SHARDED):
+            like_q = (isinstance(qp, Shard) and p == Shard(rows_d) and qp.dim == nd - 2
+                      and ms.sizes[i] == qs.sizes[i])
+            if not like_q:
+                msg = (f"{_NAME}: attn_mask {ms} is not sharded like the query rows on mesh "
+                       f"dim {i}; shard it on dim -2 with the query's sizes, or replicate it")
+                raise ValueError(msg)
+        elif i == ring_dim and isinstance(qp, Shard) and local.shape[rows_d] != 1:
+            local = _narrow(local, rows_d, qs.sizes[i], _coord(mesh)[1][i])
+    if local.dtype == torch.bool:
+        local = torch.zeros(local.shape, dtype=dtype, device=local.device).masked_fill(
+            ~local, float("-inf"))
+    else:
+        local = local.to(dtype)
+    want = 4 if nd == 4 else 3
+    while local.ndim < want:
+        local = local.unsqueeze(0)
+    return local.unsqueeze(1) if nd == 3 else local
+
+
+def _sdpa_rule(func, args, kwargs):
+    q, k, v, mask, causal, scale, gqa = args
+    mesh, qs, _, vs, _, _, largs = _layout(q, k, v, mask, causal, scale, gqa)
+    nd = q.ndim
+    ql, kl, vl = (_local4(t, mesh, nd) for t in (q, k, v))
+    out, lse = torch.ops.meshshard.ring_attention(ql, *_bcast(ql, kl, vl, gqa), *largs)
+    if nd == 3:
+        out, lse = out.squeeze(1), lse.squeeze(1)
+    ospec = make_spec(mesh, qs.placements, qs.sizes, (*qs.shape[:-1], vs.shape[-1]))
+    lspec = make_spec(mesh, qs.placements, qs.sizes, tuple(qs.shape[:-1]))
+    return AtenShardTensor(out, ospec), AtenShardTensor(lse, lspec)
+
+
+def _bcast(ql, kl, vl, gqa: bool):
+    """Keys/values of batch or head size 1 expanded to the query's (as torch broadcasts)."""
+    heads = kl.shape[1] if gqa else ql.shape[1]
+    if kl.shape[:2] != (ql.shape[0], heads):
+        kl = kl.expand(ql.shape[0], heads, *kl.shape[2:])
+        vl = vl.expand(ql.shape[0], heads, *vl.shape[2:])
+    return kl, vl
+
+
+def _sdpa_bwd_rule(func, args, kwargs):
+    do, q, k, v, out, lse, mask, causal, scale, gqa = args
+    mesh, qs, ks, vs, ring_dim, mode, largs = _layout(q, k, v, mask, causal, scale, gqa)
+    nd = q.ndim
+    ql, kl, vl, dol, outl = (_local4(t, mesh, nd) for t in (q, k, v, do, out))
+    lsel = _reduced(lse, mesh)[0]
+    if nd == 3:
+        lsel = lsel.unsqueeze(1)
+    kshape, vshape = kl.shape, vl.shape
+    kb, vb = _bcast(ql, kl, vl, gqa)
+    dq, dk, dv = torch.ops.meshshard.ring_attention_backward(dol, ql, kb, vb, outl, lsel,
+                                                             *largs)
+    dk, dv = _unbroadcast(dk, kshape), _unbroadcast(dv, vshape)
+    if nd == 3:
+        dq, dk, dv = dq.squeeze(1), dk.squeeze(1), dv.squeeze(1)
+    kpl = list(ks.placements)
+    if ring_dim is not None and mode == "local":  # each rank's queries saw all the keys
+        kpl[ring_dim] = Partial()
+    kspec = make_spec(mesh, tuple(kpl), ks.sizes, ks.shape)
+    vspec = make_spec(mesh, tuple(kpl), vs.sizes, vs.shape)
+    return AtenShardTensor(dq, qs), AtenShardTensor(dk, kspec), AtenShardTensor(dv, vspec)
+
+
+def _unbroadcast(g: torch.Tensor, shape) -> torch.Tensor:
+    """Sum a gradient over the batch/head dims a size-1 key/value was expanded along."""
+    dims = [d for d in range(len(shape)) if shape[d] == 1 and g.shape[d] != 1]
+    return g.sum(dims, keepdim=True) if dims else g
+
+
+def mha_function(*args, **kwargs):
+    """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``) on ShardTensors: run as
+    its parts, so its attention is the ring above (``need_weights=False`` required)."""
+    from meshshard.shardtensor.handlers.mha import mha_decomposed
+
+    return mha_decomposed(*args, **kwargs)
+
+
+FUNCTION_RULES[torch.nn.functional.scaled_dot_product_attention] = sdpa_function
+FUNCTION_RULES[torch.nn.functional.multi_head_attention_forward] = mha_function
+for _op, _fn in ((torch.ops.meshshard.sdpa.default, _sdpa_rule),
+                 (torch.ops.meshshard.sdpa_backward.default, _sdpa_bwd_rule)):
+    rule(_op)(_fn)
+    _DIRECT.add(_fn)

@@ -1,0 +1,139 @@
+"""Rank functions for ``test_aten_attention.py``: ``F.scaled_dot_product_attention`` and the
+reference point transformer on the aten-level ShardTensor, against one process (fp64)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import Shard
+
+
+def _mesh(world):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (world,))
+
+
+def _rows(t, sizes, rank, dim):
+    return t.narrow(dim, sum(sizes[:rank]), sizes[rank])
+
+
+def sdpa_cases(rank: int, world: int, sizes: tuple, kv_sizes: tuple) -> dict:
+    """(got, want) per case: output and the gradients of q, k, v (and of a plain weight)."""
+    from meshshard.shardtensor._aten import from_local
+
+    mesh = _mesh(world)
+    g = torch.Generator().manual_seed(sum(sizes) * 7 + sum(kv_sizes))
+    n, m = sum(sizes), sum(kv_sizes)
+    Q = torch.randn(2, 2, n, 4, generator=g, dtype=torch.float64)
+    K = torch.randn(2, 2, m, 4, generator=g, dtype=torch.float64)
+    V = torch.randn(2, 2, m, 3, generator=g, dtype=torch.float64)
+    T = torch.randn(2, 2, n, 3, generator=g, dtype=torch.float64)
+    M = torch.rand(n, m, generator=g) > 0.3
+    M[:, 0] = True  # every query sees a key
+    out: dict = {}
+
+    def sh(t, s, dim=2):
+        return from_local(_rows(t, s, rank, dim).clone(), mesh, [Shard(dim)], s) \
+            .detach().requires_grad_()
+
+    def rep(t):
+        return t.clone().requires_grad_()  # a plain tensor: lifted as Replicate
+
+    cases = {
+        "ring": (lambda: sh(Q, sizes), lambda: sh(K, kv_sizes), lambda: sh(V, kv_sizes), {}),
+        "ring causal": (lambda: sh(Q, sizes), lambda: sh(K, kv_sizes),
+                        lambda: sh(V, kv_sizes), {"is_causal": True}),
+        "ring bool mask": (lambda: sh(Q, sizes), lambda: sh(K, kv_sizes),
+                           lambda: sh(V, kv_sizes), {"attn_mask": M}),
+        "ring mask sharded like the rows": (
+            lambda: sh(Q, sizes), lambda: sh(K, kv_sizes), lambda: sh(V, kv_sizes),
+            {"attn_mask": from_local(_rows(M, sizes, rank, 0), mesh, [Shard(0)], sizes)}),
+        "local (keys whole)": (lambda: sh(Q, sizes), lambda: rep(K), lambda: rep(V), {}),
+        "merge (query whole)": (lambda: rep(Q), lambda: sh(K, kv_sizes),
+                                lambda: sh(V, kv_sizes), {"scale": 0.3}),
+    }
+    for name, (mq, mk, mv, kw) in cases.items():
+        q, k, v = mq(), mk(), mv()
+        kw_ref = dict(kw)
+        if "attn_mask" in kw_ref:
+            kw_ref["attn_mask"] = M
+        y = F.scaled_dot_product_attention(q, k, v, **kw)
+        yf = y.full_tensor() if hasattr(y, "full_tensor") else y
+        loss = (yf * T).sum()
+        grads = torch.autograd.grad(loss, [q, k, v])
+        qr, kr, vr = (t.clone().requires_grad_() for t in (Q, K, V))
+        yr = F.scaled_dot_product_attention(qr, kr, vr, **kw_ref)
+        gr = torch.autograd.grad((yr * T).sum(), [qr, kr, vr])
+        out[name + ": out"] = (yf.detach(), yr.detach())
+        for nm, a, b in zip("qkv", grads, gr):
+            out[f"{name}: d{nm}"] = (a.full_tensor() if hasattr(a, "full_tensor") else a, b)
+    # 3-d inputs (no head dim), tokens sharded
+    q3, k3, v3 = sh(Q[:, 0], sizes, 1), sh(K[:, 0], kv_sizes, 1), sh(V[:, 0], kv_sizes, 1)
+    y3 = F.scaled_dot_product_attention(q3, k3, v3).full_tensor()
+    out["3-d: out"] = (y3, F.scaled_dot_product_attention(Q[:, 0], K[:, 0], V[:, 0]))
+    try:
+        F.scaled_dot_product_attention(sh(Q, sizes), sh(K, kv_sizes), sh(V, kv_sizes),
+                                       dropout_p=0.1)
+        out["dropout refused"] = ""
+    except NotImplementedError as e:
+        out["dropout refused"] = str(e)
+    return out
+
+
+def transformer_case(rank: int, world: int, sizes: tuple, compile_too: bool) -> dict:
+    """The reference point transformer (self-attention blocks with a key-padding-free ring,
+    and the cross-attention decoder) on tokens sharded unevenly: loss, every weight gradient
+    and the input gradient against one process; optionally plain ``torch.compile`` too."""
+    import os
+
+    from meshshard.models import PointTransformer
+    from meshshard.shardtensor._aten import from_local
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/meshshard-inductor-{os.getpid()}"
+    mesh = _mesh(world)
+    n = sum(sizes)
+    g = torch.Generator().manual_seed(n)
+    X = torch.randn(1, n, 4, generator=g, dtype=torch.float64)
+    Qp = torch.randn(1, n, 3, generator=g, dtype=torch.float64)
+    Y = torch.randn(1, n, 2, generator=g, dtype=torch.float64)
+    torch.manual_seed(0)
+    model = PointTransformer(4, 2, dim=16, heads=2, depth=2, query_dim=3).to(torch.float64)
+    xr = X.clone().requires_grad_()
+    ref = ((model(xr, Qp) - Y) ** 2).mean()
+    ref_g = torch.autograd.grad(ref, [xr, *model.parameters()])
+
+    def run(fn):
+        x = from_local(_rows(X, sizes, rank, 1).clone(), mesh, [Shard(1)], sizes) \
+            .detach().requires_grad_()
+        q, y = (from_local(_rows(t, sizes, rank, 1), mesh, [Shard(1)], sizes) for t in (Qp, Y))
+        loss = ((fn(x, q) - y) ** 2).mean()
+        gs = torch.autograd.grad(loss, [x, *model.parameters()])
+        return loss.full_tensor().detach(), [gs[0].full_tensor(), *gs[1:]]
+
+    out: dict = {}
+    loss, gs = run(model)
+    out["loss"] = (loss, ref.detach())
+    for k, (a, b) in enumerate(zip(gs, ref_g)):
+        out[f"grad {k}"] = (a, b)
+    if compile_too:
+        import torch._dynamo as dynamo
+
+        dynamo.reset()
+        counts = {"compiles": 0}
+
+        def backend(gm, example_inputs):
+            counts["compiles"] += 1
+            return gm.forward
+
+        explain = dynamo.explain(model)(
+            from_local(_rows(X, sizes, rank, 1), mesh, [Shard(1)], sizes),
+            from_local(_rows(Qp, sizes, rank, 1), mesh, [Shard(1)], sizes))
+        out["graph breaks"] = explain.graph_break_count
+        dynamo.reset()
+        loss_c, gs_c = run(torch.compile(model, backend=backend))
+        out["compiled loss"] = (loss_c, ref.detach())
+        for k, (a, b) in enumerate(zip(gs_c, ref_g)):
+            out[f"compiled grad {k}"] = (a, b)
+        out["compiles"] = counts["compiles"]
+    return out

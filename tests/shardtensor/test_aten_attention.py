@@ -1,0 +1,49 @@
+"""``F.scaled_dot_product_attention`` on the aten-level ShardTensor (issue 22, porting step 3):
+ring attention over uneven token shards (empty shards, cross-attention lengths), causal and
+masked, keys whole or query whole, and the reference point transformer eager and under plain
+``torch.compile``. Oracle: torch's attention on the full tensors in one process, fp64."""
+
+import pytest
+import torch
+
+from meshshard.testing import run_ranks
+from tests.shardtensor import _aten_attention_fns as fns
+
+# fp64: the log-sum-exp merge reorders sums; measured differences are <= 1e-15 relative
+_RTOL = 1e-10
+LAYOUTS = {2: [((3, 5), (3, 5)), ((0, 8), (6, 1))], 3: [((7, 0, 13), (2, 9, 0))],
+           4: [((1, 1, 6, 0), (0, 4, 0, 4))]}
+
+
+def _close(got, want, what):
+    atol = _RTOL * float(want.abs().max()) if want.numel() else 0.0
+    torch.testing.assert_close(got, want, rtol=_RTOL, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def _sdpa(rank, world, layouts):
+    return {s: fns.sdpa_cases(rank, world, s, k) for s, k in layouts}
+
+
+@pytest.mark.parametrize("world", sorted(LAYOUTS))
+def test_attention_equals_one_process(world):
+    for rank, per in enumerate(run_ranks(_sdpa, world, LAYOUTS[world], timeout=240)):
+        for sizes, rep in per.items():
+            assert len(rep) >= 25
+            assert "dropout_p=0.1" in rep.pop("dropout refused")
+            for key, (got, want) in rep.items():
+                _close(got, want, f"rank {rank} {sizes} {key}")
+
+
+def _transformer(rank, world):
+    return {s: fns.transformer_case(rank, world, s, compile_too=(s == (5, 7)))
+            for s in ((5, 7), (0, 9))}
+
+
+def test_point_transformer_eager_and_compiled_equals_one_process():
+    for rank, per in enumerate(run_ranks(_transformer, 2, timeout=400)):
+        for sizes, rep in per.items():
+            if "graph breaks" in rep:
+                assert rep.pop("graph breaks") == 0
+                assert rep.pop("compiles") >= 1
+            for key, (got, want) in rep.items():
+                _close(got, want, f"rank {rank} {sizes} {key}")
