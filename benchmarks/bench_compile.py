@@ -10,11 +10,16 @@ The reference Transolver, forward + backward, best of ``--repeats`` after warm-u
 2. One pointwise MLP block (shallow and deep) per call: plain vs eager vs compile_local.
 3. Step time on 2 gloo ranks (uneven 45/55 split), eager vs torch.compile vs compile_local vs
    compile_sharded, at ``--points`` (default 1k, 10k, 100k), with ratios.
+4. ``--core`` (issue 22): on 2 gloo ranks (45/55), per-rank CPU time per step for one process
+   on all points, today's ShardTensor eager and under ``compile_sharded`` (the baseline), and
+   the aten-level ShardTensor (``meshshard.shardtensor._aten``, autograd on the wrapper) eager
+   and under plain ``torch.compile(model)`` (compilations counted).
 Compile time (first step minus a steady step) is reported separately. Graph breaks of
 ``torch.compile(model)`` are counted with ``torch._dynamo.explain``.
 
     python benchmarks/bench_compile.py                               # full run
     python benchmarks/bench_compile.py --points 1000,10000 --repeats 5 --clock cpu   # loaded host
+    python benchmarks/bench_compile.py --core-only            # section 4 only (1k, 10k, 100k)
 """
 
 from __future__ import annotations
@@ -174,6 +179,90 @@ def scaling_rank(rank, world_size, n, repeats, threads, backend):
     return {name: _run_variant(name, backend, sc, sf, st, repeats) for name in VARIANTS}
 
 
+CORE = ("one process", "today eager", "today compile_sharded", "aten eager",
+        "aten torch.compile")
+
+
+def core_rank(rank, world_size, n, repeats, threads, backend):
+    """Section 4: per-rank CPU seconds per step (best, compile) of every CORE variant."""
+    import os
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+
+    from meshshard.models import Transolver
+    from meshshard.shardtensor import compile_sharded, from_local
+    from meshshard.shardtensor._aten import from_local as from_local_aten
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/meshshard-inductor-{os.getpid()}"
+    torch.set_num_threads(threads)
+    mesh = init_device_mesh("cpu", (world_size,))
+    first = int(n * 0.45)
+    sizes = [first, n - first]
+    full = _data(n)
+    off = sum(sizes[:rank])
+    parts = [a[:, off : off + sizes[rank]].clone() for a in full]
+    today = [from_local(a, mesh, [Shard(1)], sizes, validate=False) for a in parts]
+    aten = [from_local_aten(a, mesh, [Shard(1)], sizes, validate=False) for a in parts]
+    out = {}
+    calls = {"n": 0}
+
+    def counting(gm, example_inputs):
+        calls["n"] += 1
+        if backend == "inductor":
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, example_inputs)
+        return gm.forward
+
+    for name in CORE:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = Transolver(**MODEL)
+        fwd, data = model, aten
+        if name == "one process":
+            data = full
+        elif name.startswith("today"):
+            data = today
+            if name.endswith("compile_sharded"):
+                compile_sharded(model, backend=backend)
+        elif name.endswith("torch.compile"):
+            fwd = torch.compile(model, backend=counting)
+        c, f, t = data
+
+        def step(model=model, fwd=fwd, c=c, f=f, t=t):
+            model.zero_grad(set_to_none=True)
+            ((fwd(c, f) - t) ** 2).mean().backward()
+
+        out[name] = _time(step, repeats, "cpu")
+    out["compiles"] = calls["n"]
+    return out
+
+
+def _core_table(points, repeats, threads, backend) -> None:
+    print()
+    print("Issue 22 core, 2 gloo ranks (45/55 split), CPU ms per step, slowest rank (compile s "
+          "in brackets); overhead = variant - one process:")
+    print("| points | " + " | ".join(CORE) + " | aten compiles | aten torch.compile / today "
+          "eager | overhead today eager / aten eager / aten torch.compile (ms) |")
+    print("|---:|" + "---:|" * (len(CORE) + 3))
+    for n in points:
+        reps = run_ranks(core_rank, 2, n, repeats, threads, backend, timeout=3600)
+        best = {k: max(r[k][0] for r in reps) for k in CORE}
+        comp = {k: max(r[k][1] for r in reps) for k in CORE}
+        cells = []
+        for k in CORE:
+            cell = f"{best[k] * 1e3:.1f}"
+            if "compile" in k:
+                cell += f" [{comp[k]:.0f}]"
+            cells.append(cell)
+        base = best["one process"]
+        over = " / ".join(f"{(best[k] - base) * 1e3:+.1f}" for k in
+                          ("today eager", "aten eager", "aten torch.compile"))
+        print(f"| {n:,} | " + " | ".join(cells) + f" | {max(r['compiles'] for r in reps)} | "
+              f"{best['aten torch.compile'] / best['today eager']:.2f}x | {over} |", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--points", default="1000,10000,100000")
@@ -186,7 +275,15 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=sorted(CLOCK), default="wall",
                     help="overhead table: wall time, or this process's CPU time (steadier on "
                     "a loaded machine)")
+    ap.add_argument("--core", action="store_true", help="also run section 4 (issue 22)")
+    ap.add_argument("--core-only", action="store_true", help="run section 4 only")
     args = ap.parse_args(argv)
+    points = [int(float(s)) for s in args.points.split(",") if s]
+    if args.core_only:
+        print(f"# Transolver {MODEL}, fwd+bwd, best of {args.repeats}, backend {args.backend}, "
+              f"torch {torch.__version__}, {args.threads} thread(s)/process")
+        _core_table(points, args.repeats, args.threads, args.backend)
+        return 0
     layers = MODEL["n_layers"]
     print(f"# torch.compile benchmark: Transolver {MODEL}, fwd+bwd, best of {args.repeats}, "
           f"backend {args.backend}")
@@ -243,6 +340,8 @@ def main(argv=None) -> int:
         print(f"| {n:,} | {e * 1e3:.1f} | {tc * 1e3:.1f} | {cl * 1e3:.1f} | {cs * 1e3:.1f} | "
               f"{e / tc:.2f}x | {e / cl:.2f}x | {e / cs:.2f}x | {comp['torch.compile']:.1f} / "
               f"{comp['compile_local']:.1f} / {comp['compile_sharded']:.1f} |", flush=True)
+    if args.core:
+        _core_table(points, args.repeats, args.threads, args.backend)
     return 0
 
 
