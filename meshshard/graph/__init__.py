@@ -12,7 +12,9 @@ nodes is complete), per-edge features, and the ghost send/receive plan (1 or ``r
 - compute: :func:`refresh_ghosts` (differentiable halo refresh), :func:`aggregate`
   (sum / mean / max at targets), :class:`GhostExchange` (plugs both into a plain-torch model),
   :func:`sync_gradients` (sum replicated-parameter gradients over ranks), :func:`gcn_norm`
-  (GCN edge weights from global degrees, for PyG's ``GCNConv`` on a 1-ring graph).
+  (GCN edge weights from global degrees, for PyG's ``GCNConv`` on a 1-ring graph);
+- :class:`GraphPlug`: the same plug on ShardTensors with autograd on the wrapper (issue 22):
+  tensors in and out are ShardTensors, gradients and the loss are global with no user call.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from meshshard.graph.build import build_all, build_graph, from_adjacency, from_e
 from meshshard.graph.dual import from_cells
 from meshshard.graph.exchange import GhostExchange, aggregate, refresh_ghosts, sync_gradients
 from meshshard.graph.norm import gcn_norm, global_in_degree
+from meshshard.graph.plug import GraphPlug
 from meshshard.graph.record import ShardedGraph
 
 __all__ = [
     "GhostExchange",
+    "GraphPlug",
     "ShardedGraph",
     "aggregate",
     "build_all",

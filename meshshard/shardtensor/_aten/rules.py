@@ -826,3 +826,20 @@ def _stack(func, args, kwargs) -> Plan:
     placements = tuple(shard_like(p, p.dim + (p.dim >= dim)) if isinstance(p, SHARDED) else p
                        for p in rs.placements)
     return Plan(tuple(steps), (), None, _spec_with(rs, placements, rs.sizes, shape))
+
+
+def _fill_local(x: AtenShardTensor, value) -> None:
+    """In place: every element ``value`` (a Partial dim keeps it on coordinate 0 only)."""
+    coord = _coord(x._spec.mesh)[1]
+    keep = all(c == 0 for p, c in zip(x._spec.placements, coord) if isinstance(p, Partial))
+    x._local.fill_(value if keep else 0)
+
+
+@rule(aten.fill_.Scalar, aten.zero_.default)
+def _fill(func, args, kwargs):
+    x = args[0]
+    _fill_local(x, args[1] if func is aten.fill_.Scalar else 0)
+    return x
+
+
+_DIRECT.add(_fill)

@@ -200,7 +200,9 @@ class AtenShardTensor(torch.Tensor):
             args, kwargs = _lift_plain(args, kwargs)
         fn = FUNCTION_RULES.get(func)
         if fn is not None:  # a domain-parallel rule at function level (e.g. ring attention)
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 

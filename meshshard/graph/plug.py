@@ -1,0 +1,141 @@
+"""The graph plug for ShardTensors with autograd on the wrapper (issue 22's core): a model's
+node and edge tensors are ShardTensors in and out, and gradients and the loss are global by
+construction — no ``sync_gradients``, no loss scaling by hand.
+
+:class:`GraphPlug` implements the protocol of :class:`meshshard.models.meshgraphnet.FullGraph`
+(``edge_index``, ``begin``, ``before_layer``, ``aggregate``, ``end``) on a
+:class:`~meshshard.graph.ShardedGraph`:
+
+- node tensors come in *owned* (``Shard(0)``, the partition's sizes) and are computed on in the
+  *extended* layout (owned rows then ghost copies, see
+  :mod:`meshshard.shardtensor._aten.rules_graph`);
+- ``edge_index`` is a ``(2, E)`` ShardTensor sharded over each rank's local edges whose values
+  are extended rows of the same rank, so ``h[edge_index[0]]`` and the aggregation are local;
+- ``begin``/``before_layer`` refresh the ghosts (the only communication; differentiable);
+- ``end`` returns the owned rows: a ShardTensor with the partition's sizes, so a loss over it
+  (``.mean()``, ``.sum()``) is the global loss and a weight's ``.grad`` the global gradient.
+
+This uses the aten-level class (``meshshard.shardtensor._aten``) until it replaces today's
+ShardTensor; :class:`~meshshard.graph.GhostExchange` serves today's class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import Shard
+
+from meshshard.graph.record import ShardedGraph
+
+__all__ = ["GraphPlug"]
+
+
+def _all_sizes(n: int, group: Any, world: int) -> tuple[int, ...]:
+    if world == 1:
+        return (int(n),)
+    t = torch.tensor([int(n)], dtype=torch.int64)
+    out = [torch.zeros_like(t) for _ in range(world)]
+    dist.all_gather(out, t, group=group)
+    return tuple(int(v) for v in torch.cat(out).tolist())
+
+
+class GraphPlug:
+    """Message passing on ShardTensors over a :class:`ShardedGraph`.
+
+    Parameters
+    ----------
+    graph : ShardedGraph
+        This rank's piece (its ``group`` must be the mesh's group).
+    mesh : DeviceMesh
+        1-D, one coordinate per part, in part order.
+    strategy : {"per_layer", "once"}
+        As :class:`~meshshard.graph.GhostExchange`: a refresh before every layer, or one refresh
+        of ``layers`` rings (needs ``graph.rings >= layers``).
+    layers : int
+        Message-passing layers of the model (checked for ``"once"``).
+
+    Collective: the constructor (two all-gathers of sizes), ``begin`` and ``before_layer``
+    (and their backward).
+    """
+
+    def __init__(self, graph: ShardedGraph, mesh: Any, strategy: str = "per_layer",
+                 layers: int = 1) -> None:
+        from meshshard.shardtensor._aten import from_local
+
+        if strategy not in ("per_layer", "once"):
+            msg = f"strategy={strategy!r} must be 'per_layer' or 'once'"
+            raise ValueError(msg)
+        if strategy == "once" and graph.rings < layers:
+            msg = (f"strategy='once' with {layers} layers needs a graph with rings >= {layers}, "
+                   f"this one has {graph.rings}; build it with rings={layers} or use 'per_layer'")
+            raise ValueError(msg)
+        if mesh.ndim != 1 or mesh.size(0) != graph.nparts or \
+                mesh.get_local_rank(0) != graph.rank:
+            msg = (f"GraphPlug: the mesh {tuple(mesh.shape)} (this rank at "
+                   f"{mesh.get_coordinate()}) must be 1-D with one coordinate per part "
+                   f"({graph.nparts}), this rank at its part {graph.rank}")
+            raise ValueError(msg)
+        self.graph, self.mesh, self.strategy, self.layers = graph, mesh, strategy, int(layers)
+        group, world = mesh.get_group(0), mesh.size(0)
+        self.owned = tuple(int(v) for v in graph.sizes)
+        self.extended = _all_sizes(graph.n_local, group, world)
+        edges = _all_sizes(graph.edge_index.shape[1], group, world)
+        self.edge_sizes = edges
+        ext_off = sum(self.extended[: graph.rank])
+        plan, r = graph.plan, graph.rank
+        self._send_idx = torch.as_tensor(np.asarray(plan.send_idx[r], dtype=np.int64))
+        self._send = [int(c) for c in plan.send_counts(r)]
+        self._recv = [int(c) for c in plan.recv_counts(r)]
+        ei = graph.edge_index.to(torch.int64) + ext_off
+        self.edge_index = from_local(ei, mesh, [Shard(1)], [edges], validate=False)
+        rows = torch.arange(graph.n_owned, dtype=torch.int64) + ext_off
+        self._owned_rows = from_local(rows, mesh, [Shard(0)], [self.owned], validate=False)
+        self._like = from_local(torch.empty((graph.n_local, 0)), mesh, [Shard(0)],
+                                [self.extended], validate=False)
+        self.refreshes = 0
+
+    # ------------------------------------------------------------------ wrapping
+    def nodes(self, local: torch.Tensor) -> Any:
+        """This rank's owned-node rows as a ShardTensor (the partition's sizes)."""
+        from meshshard.shardtensor._aten import from_local
+
+        return from_local(local, self.mesh, [Shard(0)], [self.owned])
+
+    def edges(self, local: torch.Tensor) -> Any:
+        """Per-edge rows aligned to ``graph.edge_index`` as a ShardTensor."""
+        from meshshard.shardtensor._aten import from_local
+
+        return from_local(local, self.mesh, [Shard(0)], [self.edge_sizes])
+
+    # ------------------------------------------------------------------ the plug protocol
+    def _refresh(self, x: Any) -> Any:
+        from meshshard.shardtensor._aten.rules_graph import ghost_refresh
+
+        self.refreshes += 1
+        return ghost_refresh(x, self._send_idx, self._send, self._recv, list(self.owned),
+                             list(self.extended))
+
+    def begin(self, x: Any) -> Any:
+        """Owned node rows (a ShardTensor) -> the extended layout, ghosts fresh."""
+        return self._refresh(x)
+
+    def before_layer(self, h: Any, layer: int) -> Any:
+        if self.strategy == "once" or layer == 0:
+            return h
+        return self._refresh(h)
+
+    def aggregate(self, messages: Any, reduce: str = "sum") -> Any:
+        """Per-edge messages reduced at the edges' targets: the extended layout (owned rows
+        exact, ghost rows hold the in-edges held here)."""
+        from meshshard.shardtensor._aten.rules_graph import row_scatter
+
+        return row_scatter(messages, self.edge_index[1], self._like, reduce)
+
+    def end(self, h: Any) -> Any:
+        """The owned rows of an extended node tensor (the partition's sizes)."""
+        from meshshard.shardtensor._aten.rules_graph import row_gather
+
+        return row_gather(h, self._owned_rows)
