@@ -8,6 +8,10 @@ rings before ``L`` local layers (``--strategy once``; the rings are agreed betwe
 the stored edges, with ``meshshard.graph.build_graph``). With ``--compare`` rank 0 also trains
 the same model in one process on the whole graph and prints both loss curves.
 
+Node and edge tensors are ShardTensors (:class:`meshshard.graph.GraphPlug`), so the loss is a
+plain ``.mean()`` and the weights' gradients come out global: no ``sync_gradients``, no loss
+scaling by hand.
+
     torchrun --standalone --nproc-per-node 2 examples/train_meshgraphnet.py --compare
     torchrun --standalone --nproc-per-node 4 examples/train_meshgraphnet.py --strategy once
 """
@@ -23,9 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from meshshard.distributed import shutdown
-from meshshard.graph import GhostExchange, build_graph, refresh_ghosts, sync_gradients
+from meshshard.graph import GraphPlug, build_graph, refresh_ghosts
 from meshshard.models import FullGraph, MeshGraphNet
 from meshshard.partition import Partition
 from meshshard.partition.record import shard_labels
@@ -55,20 +60,17 @@ def edge_features(pos: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
     return torch.cat([rel, rel.norm(dim=1, keepdim=True)], dim=1)
 
 
-def train(model, x, edge_attr, target, plug, n_total, steps, lr, sync) -> list[float]:
-    """Adam on the global mean squared error (the sum over owned rows / global count)."""
+def train(model, x, edge_attr, target, plug, steps, lr) -> list[float]:
+    """Adam on the mean squared error. With ShardTensors (``GraphPlug``) the mean is the global
+    one and every weight's ``.grad`` the global gradient: no gradient sync, no loss scaling."""
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
     for _ in range(steps):
         opt.zero_grad()
-        loss = ((model(x, edge_attr, plug) - target) ** 2).sum() / (n_total * target.shape[1])
+        loss = ((model(x, edge_attr, plug) - target) ** 2).mean()
         loss.backward()
-        value = loss.detach().clone()
-        if sync:
-            sync_gradients(model.parameters())
-            dist.all_reduce(value)
         opt.step()
-        losses.append(float(value))
+        losses.append(float(loss.detach()))
     return losses
 
 
@@ -105,17 +107,20 @@ def main() -> int:
                             edge_ids=graph.edge_ids[: graph.n_owned_edges],
                             rings=args.layers)  # fmt: skip
     n_total = int(graph.sizes.sum())
-    pos = refresh_ghosts(data["surface_mesh_centers"] / 4.0, graph)
-    x = torch.cat([data["surface_mesh_centers"] / 4.0, data["surface_normals"]], dim=1)
-    target = data["surface_fields"]
-    plug = GhostExchange(graph, args.strategy, args.layers)
+    mesh = init_device_mesh("cpu", (world,))
+    plug = GraphPlug(graph, mesh, args.strategy, args.layers)
+    with torch.no_grad():  # input features: plain local data, wrapped once
+        pos = refresh_ghosts(data["surface_mesh_centers"] / 4.0, graph)
+        x = plug.nodes(torch.cat([data["surface_mesh_centers"] / 4.0, data["surface_normals"]],
+                                 dim=1))
+        target = plug.nodes(data["surface_fields"])
+        edge_attr = plug.edges(edge_features(pos, graph.edge_index))
     torch.manual_seed(0)
     model = MeshGraphNet(6, 4, target.shape[1], hidden=args.hidden, layers=args.layers,
                          aggr=args.reduce)  # fmt: skip
     t = time.perf_counter()
     cpu = time.process_time()
-    losses = train(model, x, edge_features(pos, graph.edge_index), target, plug, n_total,
-                   args.steps, args.lr, sync=True)  # fmt: skip
+    losses = train(model, x, edge_attr, target, plug, args.steps, args.lr)
     wall, cpu = time.perf_counter() - t, time.process_time() - cpu
     moved = [0] * world
     dist.all_gather_object(moved, (graph.n_owned, graph.n_ghost, plug.refreshes // args.steps))
@@ -137,8 +142,7 @@ def main() -> int:
         full = FullGraph(ei, n_total)
         ea = edge_features(whole["surface_mesh_centers"] / 4.0, ei)
         t = time.perf_counter()
-        ref_losses = train(ref, xs, ea, whole["surface_fields"], full, n_total, args.steps,
-                           args.lr, sync=False)  # fmt: skip
+        ref_losses = train(ref, xs, ea, whole["surface_fields"], full, args.steps, args.lr)
         ref_wall = time.perf_counter() - t
         print("step  loss (sharded)  loss (one process)  rel. diff")
         rel = [abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)]
