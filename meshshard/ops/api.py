@@ -34,16 +34,27 @@ __all__ = [
 ]
 
 
-def _is_st(t: Any) -> bool:
+def _classes() -> tuple:
     from meshshard.shardtensor import ShardTensor
+    from meshshard.shardtensor._aten import AtenShardTensor
 
-    return isinstance(t, ShardTensor)
+    return ShardTensor, AtenShardTensor
+
+
+def _is_st(t: Any) -> bool:
+    return isinstance(t, _classes())
+
+
+# The ShardTensor class of the call's inputs (today's, or the aten-level one of issue 22):
+# outputs are wrapped in the same class. Set by _layout, which every op calls first.
+_CLS: list = [None]
 
 
 def _layout(st, name: str, op: str):
     """(local, mesh, placements, mesh_dim, sizes, group) of a ShardTensor sharded on dim 0."""
     from meshshard.shardtensor import Replicate, Shard
 
+    _CLS[0] = type(st)
     pl = tuple(st.placements)
     shard_dims = [i for i, p in enumerate(pl) if isinstance(p, Shard)]
     if len(shard_dims) != 1 or pl[shard_dims[0]].dim != 0:
@@ -60,16 +71,28 @@ def _layout(st, name: str, op: str):
     return st.to_local(), mesh, pl, md, st.sharding_sizes(md), mesh.get_group(md)
 
 
-def _wrap(local: torch.Tensor, mesh, placements, sizes):
-    from meshshard.shardtensor import from_local
+def _one_class(op: str, *ts: Any) -> None:
+    kinds = {type(t) for t in ts if _is_st(t)}
+    if len(kinds) > 1:
+        names = ", ".join(sorted(k.__name__ for k in kinds))
+        msg = f"{op}: the ShardTensor inputs are of different classes ({names}); use one"
+        raise TypeError(msg)
 
-    return from_local(local, mesh, placements, sharding_shapes=list(sizes), validate=False)
+
+def _from_local():
+    if _CLS[0] is not None and _CLS[0] is not _classes()[0]:
+        from meshshard.shardtensor._aten import from_local
+    else:
+        from meshshard.shardtensor import from_local
+    return from_local
+
+
+def _wrap(local: torch.Tensor, mesh, placements, sizes):
+    return _from_local()(local, mesh, placements, sharding_shapes=list(sizes), validate=False)
 
 
 def _wrap_inferred(local: torch.Tensor, mesh, placements):
-    from meshshard.shardtensor import from_local
-
-    return from_local(local, mesh, placements, sharding_shapes=None)
+    return _from_local()(local, mesh, placements, sharding_shapes=None)
 
 
 def _pair(x, y, op: str):
@@ -82,6 +105,10 @@ def _pair(x, y, op: str):
             msg = (
                 f"{op}: x is a ShardTensor but y is a {type(y).__name__}; pass both as ShardTensors"
             )
+            raise TypeError(msg)
+        if type(y) is not type(x):
+            msg = (f"{op}: x and y are ShardTensors of different classes ({type(x).__name__}, "
+                   f"{type(y).__name__}); make both the same")
             raise TypeError(msg)
         yl, ymesh, ypl, ymd, ys, _ = _layout(y, "y", op)
         if ymesh != mesh or ymd != md:
@@ -296,6 +323,7 @@ def gather_neighbors(
     """
     if not _is_st(features):
         return H.gather_neighbors(features, index, group=group, sizes=sizes)
+    _one_class("gather_neighbors", features, index)
     fl, mesh, _, _, fs, g = _layout(features, "features", "gather_neighbors")
     if _is_st(index):
         il, imesh, ipl, _, isz, _ = _layout(index, "index", "gather_neighbors")
@@ -332,6 +360,7 @@ def scatter_to_owners(
                 "scatter_to_owners: with ShardTensors pass values, index and like= as ShardTensors"
             )
             raise TypeError(msg)
+        _one_class("scatter_to_owners", values, index, like)
         vl, mesh, _, _, _, g = _layout(values, "values", "scatter_to_owners")
         il, *_ = _layout(index, "index", "scatter_to_owners")
         _, lmesh, lpl, _, lsz, _ = _layout(like, "like", "scatter_to_owners")

@@ -1,0 +1,28 @@
+"""The neighbour ops (``meshshard.ops``) on the aten-level ShardTensor of issue 22: outputs are
+of the input's class, values equal scipy's cKDTree on the gathered points, and distances and
+gathered rows are differentiable w.r.t. the sharded inputs (oracle: one process, fp64)."""
+
+import pytest
+import torch
+
+from meshshard.testing import run_ranks
+from tests.ops import _aten_api_fns as fns
+
+LAYOUTS = {2: [(3, 5), (0, 8)], 3: [(1, 1, 6)]}
+
+
+def _run(rank, world, layouts):
+    return {s: fns.cases(rank, world, s, 2) for s in layouts}
+
+
+@pytest.mark.parametrize("world", sorted(LAYOUTS))
+def test_knn_and_gather_on_the_aten_class_equal_one_process(world):
+    for rank, per in enumerate(run_ranks(_run, world, LAYOUTS[world], timeout=240)):
+        for sizes, rep in per.items():
+            assert rep.pop("classes") is True
+            for key, (got, want) in rep.items():
+                if key == "index":
+                    assert torch.equal(got, want), (rank, sizes)
+                    continue
+                torch.testing.assert_close(got.double(), want.double(), rtol=1e-10, atol=1e-12,
+                                           msg=lambda m, k=key, s=sizes: f"{s} {k}: {m}")
