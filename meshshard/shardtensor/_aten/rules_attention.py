@@ -160,6 +160,10 @@ def sdpa_function(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     if attn_mask is not None and attn_mask.requires_grad:
         msg = f"{_NAME}: gradients with respect to attn_mask are not supported on ShardTensors"
         raise NotImplementedError(msg)
+    if torch.is_grad_enabled():  # plain q/k/v that need a gradient meet the wrappers lifted
+        from meshshard.shardtensor._aten.tensor import _lift_plain
+
+        (query, key, value), _ = _lift_plain((query, key, value), {})
     out, _ = torch.ops.meshshard.sdpa(query, key, value, attn_mask, bool(is_causal),
                                       None if scale is None else float(scale), bool(enable_gqa))
     return out

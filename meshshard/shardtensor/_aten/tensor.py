@@ -196,13 +196,13 @@ class AtenShardTensor(torch.Tensor):
             # the backward pass must run with torch-function handling on: recomputations in it
             # (reentrant checkpointing) and custom backward formulas meet plain weights too
             return entry(*args, **kwargs)
-        if torch.is_grad_enabled():
-            args, kwargs = _lift_plain(args, kwargs)
         fn = FUNCTION_RULES.get(func)
-        if fn is not None:  # a domain-parallel rule at function level (e.g. ring attention)
-            out = fn(*args, **kwargs)
+        if fn is not None:  # a rule at function level (ring attention, fused linear, ...):
+            out = fn(*args, **kwargs)  # it lifts plain tensors itself where it needs to
             if out is not NotImplemented:
                 return out
+        if torch.is_grad_enabled() and not _is_custom_op_autograd(func):
+            args, kwargs = _lift_plain(args, kwargs)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
@@ -304,6 +304,17 @@ def _grad(*args, **kwargs):
 
 _ENGINE_ENTRIES = {torch.Tensor.backward: _tensor_backward, torch.autograd.backward: _backward,
                    torch.autograd.grad: _grad}
+
+
+def _is_custom_op_autograd(func: Any) -> bool:
+    """Our custom ops, and the autograd.Function that ``torch.library.custom_op`` runs for a
+    registered autograd formula: their plain arguments (weights) are the op's own business, so
+    they are not lifted (our fused ops return plain gradients themselves)."""
+    if str(getattr(func, "_qualified_op_name", "")).startswith("meshshard::") or \
+            getattr(func, "namespace", None) == "meshshard":
+        return True  # our custom ops (called on wrappers) take plain weights as they are
+    owner = getattr(func, "__self__", None)
+    return isinstance(owner, type) and owner.__module__ == "torch._library.autograd"
 
 
 def _plain_needing_grad(a: Any) -> bool:
