@@ -82,7 +82,7 @@ def test_partition_metis_volume_objective(mesh_file, tmp_path, capsys):
         (["-p", "2", "--weights", "nope"], "no cell field 'nope'"),
         (["-p", "2", "--on", "points", "--graph", "dual"], "use --graph knn"),
         (["-p", "2", "--objective", "vol"], "--objective is a METIS option; add --method metis"),
-        (["-p", "2", "--refine", "volume"], "--refine is a METIS option; add --method metis"),
+        (["-p", "2", "--refine", "volume"], "--refine is an option of the graph methods"),
         (["-p", "2", "-m", "metis", "--tries", "0"], "--tries 0 must be >= 1"),
     ],
 )
@@ -160,3 +160,50 @@ def test_inspect_directory_with_input_override(mesh_file, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["num_points"] == 400
     assert main(["inspect", str(out), "--input", str(mesh_file / "grid.vtu")]) == 2
     assert "has 400 rows; pass the matching --input/--on" in capsys.readouterr().err
+
+
+def _have(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.mark.parametrize(("method", "module", "preset"), [
+    ("hypergraph", "mtkahypar", "deterministic"), ("kaminpar", "kaminpar", "strong")])
+def test_partition_and_inspect_with_the_extra_graph_methods(mesh_file, tmp_path, capsys,
+                                                            method, module, preset):
+    """--method kaminpar / hypergraph from the CLI: the partition, its ghost rows, and the
+    same cut again for the same seed; without the extra, a one-line error naming it."""
+    argv = ["partition", str(mesh_file / "grid.vtu"), "-p", "3", "-m", method, "--json"]
+    if not _have(module):
+        assert main([*argv, "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert module in err and len(err.splitlines()) == 1
+        return
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"p{k}"
+        assert main([*argv, "--preset", preset, "--seed", "3", "--out", str(out)]) == 0
+        m = json.loads(capsys.readouterr().out)
+        assert m["sizes"] == Partition.load(out).sizes.tolist() and m["edge_cut"] > 0
+        assert Partition.load(out).method == method
+        outs.append(Partition.load(out).assignment)
+    if method == "hypergraph":  # the deterministic preset is reproducible for a seed
+        assert np.array_equal(outs[0], outs[1])
+    assert main(["inspect", str(mesh_file / "grid.vtu"), "-p", "3", "-m", method, "--preset",
+                 preset, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sizes"]
+
+
+@pytest.mark.parametrize(("argv", "err"), [
+    (["-m", "hypergraph", "--preset", "strong"], "choose one of deterministic"),
+    (["-m", "kaminpar", "--preset", "quality"], "choose one of fast"),
+    (["-m", "metis", "--preset", "strong"], "not metis"),
+    (["-m", "rcb", "--preset", "strong"], "--preset is an option of --method kaminpar"),
+    (["-m", "rcb", "--tries", "2"], "graph methods"),
+])
+def test_partition_preset_errors_exit_2(mesh_file, tmp_path, capsys, argv, err):
+    rc = main(["partition", str(mesh_file / "grid.vtu"), "-p", "3", *argv, "--out",
+               str(tmp_path / "x")])
+    assert rc == 2
+    assert err in capsys.readouterr().err

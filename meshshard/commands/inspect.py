@@ -10,13 +10,16 @@ from pathlib import Path
 from meshshard.cli import CLIError
 from meshshard.commands.partition import (
     AUTO_FULL_CELLS,
-    METHOD_HELP,
-    METHODS,
+    CLI_METHOD_HELP,
+    CLI_METHODS,
+    GRAPH_METHODS,
     add_geometry_args,
     build_report,
     check_parts,
+    graph_method_options,
     metrics_mode,
     parse_targets,
+    run_partitioner,
 )
 
 
@@ -27,9 +30,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "on the fly (with --parts), or a run_i.zarr store",
     )
     parser.add_argument("--parts", "-p", type=int, help="shards (when TARGET is a mesh file)")
-    parser.add_argument("--method", "-m", choices=METHODS, default=None,
-                        help=METHOD_HELP.replace("%(default)s", "hilbert")
+    parser.add_argument("--method", "-m", choices=CLI_METHODS, default=None,
+                        help=CLI_METHOD_HELP.replace("%(default)s", "hilbert")
                         + " (when TARGET is a mesh file)")  # fmt: skip
+    parser.add_argument("--preset", default=None,
+                        help="preset of --method kaminpar or hypergraph (see partition --help)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the graph partitioners")
     parser.add_argument("--targets", help="fraction per shard (when TARGET is a mesh file)")
     parser.add_argument("--input", help="geometry for a partition directory (default: recorded)")
     add_geometry_args(parser)
@@ -154,7 +160,7 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
 def _refuse_partition_options(target: Path, args: argparse.Namespace, what: str) -> None:
     """A store or a partition directory holds its partition: options that would make one
     are refused rather than ignored."""
-    options = (("--parts", args.parts), ("--method", args.method),
+    options = (("--parts", args.parts), ("--method", args.method), ("--preset", args.preset),
                ("--targets", args.targets), ("--allow-empty", args.allow_empty or None))
     given = [flag for flag, v in options if v is not None]
     if given:
@@ -225,17 +231,18 @@ def run(args: argparse.Namespace) -> int:
         method = method if part is None else ""  # "": nothing to partition here
         auto = args.metrics == "auto"
         mode = metrics_mode(args.metrics, kind, method, geom.points.shape[0])
-        need_graph = mode == "full" or method == "metis"
+        need_graph = mode == "full" or method in GRAPH_METHODS
         st.set_total(2 + need_graph + (part is None) + bool(args.png))
         graph = None
         if need_graph:
             with st.stage("graph", kind):
                 graph = geom.graph(kind, knn=knn)
         if part is None:
-            extra = {"graph": graph} if method == "metis" else {}
+            extra = dict(graph_method_options(args), graph=graph) \
+                if method in GRAPH_METHODS else {}
             with st.stage("partition", method):
-                part = partition(
-                    geom.points, args.parts, method=method, targets=targets,
+                part = run_partitioner(
+                    partition, geom.points, args.parts, method=method, targets=targets,
                     allow_empty=args.allow_empty, **extra,
                 )  # fmt: skip
         weights_field = part.params.get("weights_field")

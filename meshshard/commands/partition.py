@@ -18,6 +18,44 @@ METHOD_HELP = (
     "curve), rcb (recursive coordinate bisection; compact shards, meets targets exactly), "
     "metis (METIS on the mesh dual or kNN graph; fewest cut edges); default: %(default)s"
 )
+#: the graph partitioners of optional extras, offered by ``partition`` and ``inspect``
+EXTRA_METHODS = ("kaminpar", "hypergraph")
+GRAPH_METHODS = ("metis", *EXTRA_METHODS)
+CLI_METHODS = (*METHODS, *EXTRA_METHODS)
+CLI_METHOD_HELP = METHOD_HELP.replace(
+    "; default:", "; kaminpar (KaMinPar, extra meshshard[kaminpar]); hypergraph (Mt-KaHyPar "
+    "on the refresh hypergraph: fewest ghost rows, extra meshshard[hypergraph]); default:")
+
+
+def graph_method_options(args: argparse.Namespace) -> dict:
+    """Keyword options of the graph partitioners from ``--preset``/``--seed``/``--refine``/
+    ``--tries`` (checked: ``--preset`` must be one the method knows)."""
+    method = args.method
+    preset = getattr(args, "preset", None)
+    if method not in GRAPH_METHODS:
+        if preset is not None:
+            msg = f"--preset is an option of --method kaminpar or hypergraph (got {method})"
+            raise CLIError(msg)
+        return {}
+    out: dict = {"seed": getattr(args, "seed", 0)}
+    if preset is not None:
+        if method == "metis":
+            msg = "--preset is an option of --method kaminpar or hypergraph, not metis"
+            raise CLIError(msg)
+        from meshshard.partition import hypergraph as hg
+        from meshshard.partition import kaminpar_part as kp
+
+        presets = hg.PRESETS if method == "hypergraph" else kp.PRESETS
+        if preset not in presets:
+            msg = f"--preset {preset!r} for --method {method}: choose one of {', '.join(presets)}"
+            raise CLIError(msg)
+        out["preset"] = preset
+        if method == "hypergraph":
+            out["deterministic"] = preset in hg.REPRODUCIBLE
+    for key in ("refine", "tries"):
+        if getattr(args, key, None) is not None:
+            out[key] = getattr(args, key)
+    return out
 #: ``--metrics auto`` builds the whole dual graph up to this many cells (a few seconds)
 AUTO_FULL_CELLS = 1_000_000
 
@@ -89,12 +127,18 @@ def add_geometry_args(parser: argparse.ArgumentParser) -> None:
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="mesh (.vtp .vtu .vtk .ply .stl) or points (.npy)")
     parser.add_argument("--parts", "-p", type=int, required=True, help="number of shards")
-    parser.add_argument("--method", "-m", choices=METHODS, default="hilbert", help=METHOD_HELP)
+    parser.add_argument("--method", "-m", choices=CLI_METHODS, default="hilbert",
+                        help=CLI_METHOD_HELP)
     add_geometry_args(parser)
     parser.add_argument("--weights", metavar="FIELD", help="cell/point field used as weights")
     parser.add_argument("--targets", help="fraction per shard, e.g. 0.5,0.25,0.25")
     parser.add_argument("--allow-empty", action="store_true", help="allow empty shards")
-    parser.add_argument("--seed", type=int, default=0, help="METIS seed")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the graph partitioners")
+    parser.add_argument(
+        "--preset", default=None,
+        help="kaminpar: fast, default, strong, eco; hypergraph: deterministic (the default, "
+        "reproducible), deterministic_quality, default, quality, highest_quality",
+    )  # fmt: skip
     parser.add_argument(
         "--objective", choices=("cut", "vol"), default=None,
         help="what METIS minimises: cut (edges between shards, default) or vol (communication "
@@ -103,7 +147,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--refine", choices=("volume",), default=None,
         help="volume: after METIS, lower the ghost rows with k-way FM within the same balance "
-        "(pure Python, 5-40 s per try at 1M cells); --method metis only",
+        "(pure Python, 5-40 s per try at 1M cells); graph methods only",
     )  # fmt: skip
     parser.add_argument(
         "--tries", type=int, default=1,
@@ -151,9 +195,11 @@ def run(args: argparse.Namespace) -> int:
         msg = f"--objective is a METIS option; add --method metis (got --method {args.method})"
         raise CLIError(msg)
     for flag, on in (("--refine", args.refine is not None), ("--tries", args.tries != 1)):
-        if on and args.method != "metis":
-            msg = f"{flag} is a METIS option; add --method metis (got --method {args.method})"
+        if on and args.method not in GRAPH_METHODS:
+            msg = (f"{flag} is an option of the graph methods ({', '.join(GRAPH_METHODS)}); "
+                   f"got --method {args.method}")
             raise CLIError(msg)
+    graph_opts = graph_method_options(args)
     if args.tries < 1:
         msg = f"--tries {args.tries} must be >= 1 (METIS runs, one seed each)"
         raise CLIError(msg)
@@ -169,22 +215,20 @@ def run(args: argparse.Namespace) -> int:
         kind = args.graph or geom.default_graph()
         auto = mode == "auto"
         mode = metrics_mode(mode, kind, args.method, geom.points.shape[0])
-        need_graph = args.method == "metis" or mode == "full"
+        need_graph = args.method in GRAPH_METHODS or mode == "full"
         st.set_total(3 + need_graph + (mode != "none") + bool(args.png))
         graph = None
         if need_graph:
-            why = "for METIS" if args.method == "metis" else "for the metrics"
+            why = f"for {args.method}" if args.method in GRAPH_METHODS else "for the metrics"
             with st.stage("graph", f"{kind}, {why}"):
                 graph = geom.graph(kind, knn=args.knn)
-        extra = {"seed": args.seed, "graph": graph} if args.method == "metis" else {}
+        extra = dict(graph_opts, graph=graph) if args.method in GRAPH_METHODS else {}
         if args.objective is not None:
             extra["objective"] = args.objective
-        if args.method == "metis":
-            extra.update(refine=args.refine, tries=args.tries)
         with st.stage("partition", args.method):
-            part = partition(
-                geom.points, args.parts, method=args.method, weights=weights, targets=targets,
-                allow_empty=args.allow_empty, **extra,
+            part = run_partitioner(
+                partition, geom.points, args.parts, method=args.method, weights=weights,
+                targets=targets, allow_empty=args.allow_empty, **extra,
             )  # fmt: skip
         params = dict(part.params)
         params.update(
@@ -213,9 +257,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_partitioner(partition: Any, *args: Any, **kwargs: Any) -> Any:
+    """``partition(...)``, with a missing optional partitioner (kaminpar, mtkahypar) as a
+    one-line CLI error saying which extra to install."""
+    try:
+        return partition(*args, **kwargs)
+    except ImportError as exc:
+        raise CLIError(str(exc)) from exc
+
+
 def metrics_mode(mode: str, kind: str, method: str, n: int) -> str:
-    """``auto`` -> ``full`` or ``cut``; METIS has its graph anyway, so ``cut`` is ``full``."""
-    if method == "metis" and mode in ("auto", "cut"):
+    """``auto`` -> ``full`` or ``cut``; a graph method has its graph anyway, so ``cut`` is
+    ``full``."""
+    if method in GRAPH_METHODS and mode in ("auto", "cut"):
         return "full"
     if mode == "auto":
         return "cut" if kind == "dual" and n > AUTO_FULL_CELLS else "full"
