@@ -18,9 +18,10 @@ with a :class:`CheckpointError` naming the file.
 
 Atomic: every rank writes into ``PATH.tmp``; only after every rank finished (and the
 metadata is on disk) does rank 0 move the old ``PATH`` aside to ``PATH.old``, rename
-``PATH.tmp`` to ``PATH`` and delete ``PATH.old``. An interrupted save therefore leaves ``PATH``
-(or, if it stopped between the two renames, ``PATH.old``, which :func:`load_checkpoint` falls back
-to) as the last good checkpoint.
+``PATH.tmp`` to ``PATH`` and delete ``PATH.old`` (:func:`meshshard._publish.publish`; a
+``PATH.old`` left with no ``PATH`` is kept until the new checkpoint is in place). An
+interrupted save therefore leaves ``PATH`` (or, if it stopped between the two renames,
+``PATH.old``, which :func:`load_checkpoint` falls back to) as the last good checkpoint.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
+from meshshard._publish import publish
 from meshshard.parallel._safe_dcp import SafePlanner, SafeReader, UnsafeCheckpoint, read_metadata
 
 log = logging.getLogger(__name__)
@@ -122,12 +124,8 @@ def save_checkpoint(
             fh.flush()
             os.fsync(fh.fileno())
     _barrier()  # every rank's shards are on disk before anything is renamed
-    if _rank() == 0:
-        shutil.rmtree(old, ignore_errors=True)
-        if path.exists():
-            path.rename(old)
-        tmp.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
+    if _rank() == 0:  # PATH or PATH.old holds a complete checkpoint at every instant
+        publish(tmp, path, old)
     _barrier()
     return path
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from meshshard._publish import publish
 from meshshard.pipelines.distributed_inputs import is_source, open_source, source_name
 from meshshard.pipelines.store import (
     STL_KEYS,
@@ -304,13 +305,7 @@ def _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group, 
                     shapes[k] = list(v.shape)
             attrs["arrays"] = shapes
             seal_store(g, tmp, attrs, _records(tmp, sorted(chunks), shapes, rows))
-            if out.exists():
-                old = dst_dir / f"{name}.zarr.old-{token}"
-                os.replace(out, old)
-                os.replace(tmp, out)
-                shutil.rmtree(old)
-            else:
-                os.replace(tmp, out)
+            publish(tmp, out, dst_dir / f"{name}.zarr.old-{token}")
         except Exception as exc:
             ok, err = False, exc
     comm.phase = "publish"

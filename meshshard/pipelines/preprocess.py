@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meshshard._publish import publish
 from meshshard.pipelines._runlock import RunBusy, run_lock
 from meshshard.pipelines.drivaerml import file_fingerprint, read_run, run_index
 from meshshard.pipelines.schema import DRIVAERML, DatasetSchema
@@ -336,13 +337,7 @@ def process_run(
         shutil.rmtree(tmp, ignore_errors=True)  # a crash (os._exit, kill) leaves it for a rerun
         raise
     del data
-    if out.exists():
-        old = dst / f"{name}.zarr.old-{os.getpid()}"
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, out)
+    publish(tmp, out, dst / f"{name}.zarr.old-{os.getpid()}")
     timings["write"] = time.perf_counter() - t
     seconds = time.perf_counter() - t0
     log.info("%s: written in %.2f s (%s)", out, seconds, timings)
