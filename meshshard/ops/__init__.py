@@ -17,11 +17,17 @@ from meshshard.ops.api import (
     scatter_to_owners,
 )
 from meshshard.ops.grid import grid_gather, grid_scatter
+from meshshard.ops.gridpoint import GridLayout, grid_knn, grid_radius
+from meshshard.ops.gridsample import grid_sample
 
 __all__ = [
+    "GridLayout",
     "WITH_CLUSTER",
     "gather_neighbors",
     "grid_gather",
+    "grid_knn",
+    "grid_radius",
+    "grid_sample",
     "grid_scatter",
     "halo_exchange",
     "knn",
