@@ -181,7 +181,7 @@ def grid_sample(grid, coords, *, align_corners: bool = False, padding_mode: str 
         c = coords[:, None, None] if k == 3 else coords[:, None]
         out = tF.grid_sample(grid, c, mode="bilinear", padding_mode=padding_mode,
                              align_corners=align_corners)
-        return out.reshape(grid.shape[0], grid.shape[1], -1).transpose(1, 2)
+        return out.reshape(grid.shape[0], grid.shape[1], coords.shape[1]).transpose(1, 2)
     if not (_is_st(grid) and _is_st(coords)):
         msg = "grid_sample: pass grid and coords both as ShardTensors (or both as Tensors)"
         raise TypeError(msg)
