@@ -62,9 +62,21 @@ class ShardedDominoOps:
         return self.layout(shape, origin, spacing).local_nodes(self.rank, dtype)
 
     def ball_query(self, points, queries, r: float, k: int) -> torch.Tensor:
-        _, idx = Fn.radius(points.detach(), r, queries.detach(), max_num_neighbors=k,
-                           group=self.group, backend=self.backend)
-        return idx
+        """The nearest ``<= k`` points within ``r``: the ``k`` nearest, those beyond ``r``
+        dropped. Equal to a capped radius query (ties by index alike), but the pruned kNN
+        never enumerates every point in the ball (DoMINO's balls hold thousands)."""
+        if not r > 0:
+            msg = f"ball_query: r={r} must be > 0"
+            raise ValueError(msg)
+        n = torch.tensor([points.shape[0]], dtype=torch.int64)
+        dist.all_reduce(n, group=self.group)
+        kk = min(int(k), int(n))
+        if kk == 0:
+            return torch.full((queries.shape[0], k), -1, dtype=torch.int64)
+        d, idx = Fn.knn(points.detach(), kk, queries.detach(), group=self.group,
+                        backend=self.backend)
+        idx = torch.where(d <= r, idx, -1)
+        return tF.pad(idx, (0, k - kk), value=-1)
 
     def knn(self, points, k: int) -> torch.Tensor:
         _, idx = Fn.knn(points.detach(), k, group=self.group, backend=self.backend)

@@ -157,7 +157,6 @@ class GridLayout:
 
         Collective: every rank of ``group`` must call this.
         """
-        n = self.ndim
         o = torch.tensor(self.origin, dtype=torch.float64)
         hi = o + torch.tensor(self.shape[::-1], dtype=torch.float64).sub(1) * torch.tensor(
             self.spacing, dtype=torch.float64)
@@ -173,7 +172,6 @@ class GridLayout:
                    f"{int(row.sum())} lie outside (on ranks {ranks}); enlarge the grid's origin/"
                    f"shape or crop the {what}")
             raise ValueError(msg)
-        del n
 
 
 def _unwrap(points, group):
