@@ -1,5 +1,6 @@
 """Reference models in plain torch (no ShardTensor imports)."""
 
+from meshshard.models.domino import DoMINO, LocalOps
 from meshshard.models.meshgraphnet import FullGraph, MeshGraphNet
 from meshshard.models.point_transformer import (
     CrossAttentionBlock,
@@ -13,7 +14,9 @@ from meshshard.models.vit import ViT
 __all__ = [
     "MLP",
     "CrossAttentionBlock",
+    "DoMINO",
     "FullGraph",
+    "LocalOps",
     "MeshGraphNet",
     "PhysicsAttention",
     "PointTransformer",

@@ -17,11 +17,20 @@ from meshshard.ops.api import (
     scatter_to_owners,
 )
 from meshshard.ops.grid import grid_gather, grid_scatter
+from meshshard.ops.gridpoint import GridLayout, grid_knn, grid_radius
+from meshshard.ops.gridsample import grid_sample
+from meshshard.ops.sdf import ShardedSurface, grid_sdf, signed_distance
 
 __all__ = [
+    "GridLayout",
+    "ShardedSurface",
     "WITH_CLUSTER",
     "gather_neighbors",
     "grid_gather",
+    "grid_knn",
+    "grid_radius",
+    "grid_sample",
+    "grid_sdf",
     "grid_scatter",
     "halo_exchange",
     "knn",
@@ -29,4 +38,5 @@ __all__ = [
     "radius",
     "radius_graph",
     "scatter_to_owners",
+    "signed_distance",
 ]

@@ -1,0 +1,216 @@
+"""A reference DoMINO (arXiv 2501.13350; PhysicsNeMo's recipe) in plain torch.
+
+Structure, for surface (7 neighbours) or volume (10 neighbours) outputs:
+
+1. **Geometry encoding.** Every node of a latent grid ``(D, H, W)`` gathers the STL points
+   within several radii (up to ``k`` each, the nearest); an MLP of the relative positions is
+   mean-pooled per radius. The pooled features and the grid's signed distance field are the
+   grid's channels.
+2. **Processor.** Residual 3x3x3 conv blocks on the grid.
+3. **Local geometry.** Every sampled point gathers the STL points within small radii (MLP of
+   relative positions, mean-pooled) and the grid features at its position (trilinear).
+4. **Basis aggregation.** Each sampled point and its ``n_neighbors - 1`` nearest sampled points
+   (itself included: 7 or 10) are encoded by a basis MLP of the relative position plus the
+   point's features; the per-neighbour predictions are averaged with inverse-distance weights.
+
+Everything that needs the whole domain (ball queries, kNN, neighbour gathers, the conv halo,
+grid sampling) goes through a small pluggable ``ops`` object (:class:`LocalOps` here). The
+model imports nothing from meshshard: with ``meshshard.ops.domino_ops.ShardedDominoOps`` the
+same module runs domain-parallel on this rank's rows of every input (points sharded, the grid
+replicated or cut in slabs along ``D``), and each rank's loss and parameter gradients are its
+share: sum them over ranks (one all-reduce) to get one process's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["DoMINO", "LocalOps"]
+
+
+class LocalOps:
+    """The single-process ops DoMINO calls (brute force; the reference for the sharded ones).
+
+    Conventions: points are ``(x, y, z)``; the grid is ``(C, D, H, W)`` with node ``(d, h, w)``
+    at ``origin + (w, h, d) * spacing`` (``F.grid_sample``'s order, ``align_corners=True``).
+    """
+
+    def grid_nodes(self, shape, origin, spacing, dtype) -> torch.Tensor:
+        """All nodes (C order) as (G, 3) coordinates."""
+        axes = [torch.arange(s) for s in shape]
+        idx = torch.stack([m.reshape(-1) for m in torch.meshgrid(*axes, indexing="ij")], 1)
+        return torch.tensor(origin, dtype=dtype) + idx.flip(-1).to(dtype) * torch.tensor(
+            spacing, dtype=dtype)
+
+    def ball_query(self, points, queries, r: float, k: int) -> torch.Tensor:
+        """(m, k) indices of the nearest ``<= k`` points within ``r`` of each query, -1 pad."""
+        d = torch.linalg.vector_norm(queries.detach()[:, None] - points.detach()[None], dim=-1)
+        d = torch.where(d <= r, d, float("inf"))
+        kk = min(k, points.shape[0])
+        val, idx = torch.sort(d, dim=1, stable=True)
+        idx = torch.where(torch.isfinite(val[:, :kk]), idx[:, :kk], -1)
+        return F.pad(idx, (0, k - kk), value=-1)
+
+    def knn(self, points, k: int) -> torch.Tensor:
+        """(m, k) indices of each point's k nearest points (itself first)."""
+        d = torch.linalg.vector_norm(points.detach()[:, None] - points.detach()[None], dim=-1)
+        return torch.sort(d, dim=1, stable=True)[1][:, :k]
+
+    def gather(self, features, index) -> torch.Tensor:
+        """Rows of ``features`` at ``index`` (any shape); -1 gives zeros."""
+        pool = torch.cat([features, features.new_zeros((1, *features.shape[1:]))])
+        return pool[torch.where(index < 0, features.shape[0], index)]
+
+    def halo(self, grid, width: int) -> torch.Tensor:
+        """Pad (C, D, H, W) with ``width`` rows of zeros on both sides of ``D``."""
+        return F.pad(grid, (0, 0, 0, 0, width, width))
+
+    def sample(self, grid, points, origin, spacing, shape) -> torch.Tensor:
+        """Trilinear values (m, C) of the grid at physical points (border padding)."""
+        o = torch.tensor(origin, dtype=points.dtype)
+        s = torch.tensor(spacing, dtype=points.dtype)
+        size = torch.tensor(shape[::-1], dtype=points.dtype)
+        c = (points - o) / s / (size - 1).clamp(min=1) * 2 - 1
+        out = F.grid_sample(grid[None], c[None, None, None], mode="bilinear",
+                            padding_mode="border", align_corners=True)
+        return out[0, :, 0, 0].T
+
+    def reduce_mean_count(self, n: int) -> int:
+        """The global number of rows (sum over ranks); one process: ``n``."""
+        return n
+
+
+def _mlp(c_in: int, hidden: int, c_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(c_in, hidden), nn.GELU(), nn.Linear(hidden, c_out))
+
+
+def _pool(mlp: nn.Module, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Masked mean over neighbours of ``mlp(rel)``: rel (m, k, 3), valid (m, k) -> (m, C)."""
+    f = mlp(rel) * valid[..., None]
+    return f.sum(1) / valid.sum(1, keepdim=True).clamp(min=1)
+
+
+class _ResBlock(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv1 = nn.Conv3d(c, c, 3, padding=(0, 1, 1))
+        self.conv2 = nn.Conv3d(c, c, 3, padding=(0, 1, 1))
+
+    def forward(self, x, ops):
+        h = self.conv1(ops.halo(x, 1)) if x.shape[1] else _empty_conv(self.conv1, ops.halo(x, 1))
+        h = F.gelu(h)
+        h = self.conv2(ops.halo(h, 1)) if h.shape[1] else _empty_conv(self.conv2, ops.halo(h, 1))
+        return F.gelu(x + h)
+
+
+def _empty_conv(conv: nn.Conv3d, padded: torch.Tensor) -> torch.Tensor:
+    """A conv over an empty slab: no rows out, but on the autograd graph (collective halos)."""
+    c, _, h, w = padded.shape
+    zero = 0 * (padded.sum() + sum(p.sum() for p in conv.parameters()))
+    return padded.new_zeros((conv.out_channels, 0, h, w)) + zero
+
+
+class DoMINO(nn.Module):
+    """Reference DoMINO; small by default, the recipe's sizes through the arguments.
+
+    Parameters
+    ----------
+    grid_shape : (D, H, W)
+        Latent grid (the recipe: 128 x 64 x 64 along the car's long axis, height, width).
+    origin, spacing : (x, y, z)
+        Physical position of node (0, 0, 0) and node distance; the grid must cover the points.
+    radii, neighbors : per-radius ball-query radius and cap for the geometry encoding
+        (recipe: radii 0.1-2.5, 32-256 neighbours).
+    local_radii, local_neighbors : the same for the local geometry around sampled points
+        (recipe: 0.05-0.25).
+    n_neighbors : int
+        Points in the basis aggregation: 7 (surface) or 10 (volume).
+    point_features : int
+        Extra per-point input channels (e.g. normals and area for surface points, the SDF for
+        volume points).
+    out_channels : int
+        Predicted fields (e.g. 4: pressure and wall shear stress; 5: velocity, pressure, nut).
+    """
+
+    def __init__(self, grid_shape: Sequence[int] = (8, 6, 6), origin=(0.0, 0.0, 0.0),
+                 spacing=(0.2, 0.2, 0.2), *, radii=(0.2, 0.4), neighbors=(8, 16),
+                 local_radii=(0.1, 0.2), local_neighbors=(8, 8), n_neighbors: int = 7,
+                 point_features: int = 0, out_channels: int = 4, geo_channels: int = 8,
+                 hidden: int = 32, blocks: int = 2, ops=None):
+        super().__init__()
+        if len(radii) != len(neighbors) or len(local_radii) != len(local_neighbors):
+            msg = "DoMINO: radii/neighbors and local_radii/local_neighbors must pair up"
+            raise ValueError(msg)
+        for r in (*radii, *local_radii):
+            if not r > 0:
+                msg = f"DoMINO: radius {r} must be > 0"
+                raise ValueError(msg)
+        self.grid_shape = tuple(int(s) for s in grid_shape)
+        self.origin, self.spacing = tuple(origin), tuple(spacing)
+        self.radii, self.neighbors = tuple(radii), tuple(int(k) for k in neighbors)
+        self.local_radii = tuple(local_radii)
+        self.local_neighbors = tuple(int(k) for k in local_neighbors)
+        self.n_neighbors = int(n_neighbors)
+        self.ops = ops if ops is not None else LocalOps()
+        self.geo = nn.ModuleList(_mlp(3, hidden, geo_channels) for _ in radii)
+        c = geo_channels * len(radii) + 1
+        self.lift = nn.Linear(c, hidden)  # a 1x1x1 conv, per node (empty slabs too)
+        self.blocks = nn.ModuleList(_ResBlock(hidden) for _ in range(blocks))
+        self.local = nn.ModuleList(_mlp(3, hidden, geo_channels) for _ in local_radii)
+        c_pt = hidden + geo_channels * len(local_radii) + point_features
+        self.encode = _mlp(c_pt, hidden, hidden)
+        self.basis = _mlp(3 + hidden, hidden, out_channels)
+
+    def encode_grid(self, stl_points: torch.Tensor, sdf_grid: torch.Tensor) -> torch.Tensor:
+        """Geometry encoding + processor: (hidden, D_local, H, W) for this rank's slab."""
+        ops = self.ops
+        nodes = ops.grid_nodes(self.grid_shape, self.origin, self.spacing, stl_points.dtype)
+        feats = []
+        for mlp, r, k in zip(self.geo, self.radii, self.neighbors):
+            idx = ops.ball_query(stl_points, nodes, r, k)
+            rel = ops.gather(stl_points, idx) - nodes[:, None]
+            feats.append(_pool(mlp, rel / r, idx >= 0))
+        g = torch.cat([*feats, sdf_grid.reshape(-1, 1).to(stl_points.dtype)], 1)
+        x = self.lift(g)
+        x = x.T.reshape(x.shape[1], sdf_grid.shape[0], *self.grid_shape[1:])
+        for blk in self.blocks:
+            x = blk(x, ops)
+        return x
+
+    def forward(self, stl_points: torch.Tensor, sdf_grid: torch.Tensor, points: torch.Tensor,
+                point_features: torch.Tensor | None = None) -> torch.Tensor:
+        """Predict the fields at ``points``.
+
+        Parameters
+        ----------
+        stl_points : (N, 3) STL points (this rank's rows when sharded)
+        sdf_grid : (D_local, H, W) the grid's signed distance field (this rank's slab)
+        points : (M, 3) sampled surface / volume points
+        point_features : (M, point_features), optional
+
+        Returns
+        -------
+        Tensor (M, out_channels)
+        """
+        ops = self.ops
+        grid = self.encode_grid(stl_points, sdf_grid)
+        at = ops.sample(grid, points, self.origin, self.spacing, self.grid_shape)
+        feats = [at]
+        for mlp, r, k in zip(self.local, self.local_radii, self.local_neighbors):
+            idx = ops.ball_query(stl_points, points, r, k)
+            rel = ops.gather(stl_points, idx) - points[:, None]
+            feats.append(_pool(mlp, rel / r, idx >= 0))
+        if point_features is not None:
+            feats.append(point_features.to(points.dtype))
+        h = self.encode(torch.cat(feats, 1))
+        nb = ops.knn(points, self.n_neighbors)  # (M, K), itself first
+        rel = ops.gather(points, nb) - points[:, None]
+        hn = ops.gather(h, nb)
+        pred = self.basis(torch.cat([rel, hn], -1))  # (M, K, out)
+        w = 1.0 / (torch.linalg.vector_norm(rel, dim=-1) + 1e-6 * self.spacing[0])
+        w = torch.where(nb >= 0, w, 0)
+        return (pred * w[..., None]).sum(1) / w.sum(1, keepdim=True)

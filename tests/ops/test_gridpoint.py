@@ -1,0 +1,133 @@
+"""Grid<->point ball query and kNN (meshshard.ops.gridpoint) and the sharded, N-D-mesh
+grid_sample (meshshard.ops.gridsample) equal one process: brute force float64 and
+F.grid_sample, forward and gradients, on uneven layouts with empty shards and one-row slabs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from meshshard.ops.gridpoint import GridLayout
+from meshshard.ops.gridsample import grid_sample
+from meshshard.testing.distributed import run_ranks
+from tests.ops._gridpoint_fns import (
+    ORIGIN,
+    SHAPE,
+    SPACING,
+    grid_sample_cases,
+    gridpoint_cases,
+    radius_zero,
+)
+
+GP_CASES = {
+    2: [
+        {"points": [7, 13], "grid": [1, 4], "op": "radius", "r": 0.3,
+         "direction": "grid_to_points"},
+        {"points": [0, 20], "grid": [3, 2], "op": "radius", "r": 0.35,
+         "direction": "points_to_grid"},
+        {"points": [9, 11], "grid": [0, 5], "op": "knn", "k": 3, "direction": "grid_to_points"},
+        {"points": [15, 0], "grid": [1, 4], "op": "knn", "k": 4, "direction": "points_to_grid"},
+        {"points": [6, 14], "grid": [3, 1], "axis": 1, "op": "radius", "r": 0.3,
+         "direction": "points_to_grid"},
+        {"points": [6, 14], "grid": None, "op": "radius", "r": 0.3,
+         "direction": "grid_to_points"},
+        {"points": [6, 14], "grid": None, "op": "knn", "k": 2, "direction": "points_to_grid"},
+    ],
+    3: [
+        {"points": [5, 0, 12], "grid": [2, 0, 3], "op": "radius", "r": 0.3,
+         "direction": "grid_to_points"},
+        {"points": [1, 10, 6], "grid": [1, 1, 1], "axis": 2, "op": "knn", "k": 3,
+         "direction": "points_to_grid"},
+        {"points": [4, 4, 9], "grid": [1, 3, 0], "axis": 1, "op": "knn", "k": 2,
+         "direction": "grid_to_points"},
+    ],
+}
+
+# per mesh dim: None (grid replicated) or (spatial axis, sizes); route: the points' mesh dim
+GS_CASES = {
+    (2,): [{"grid": [(0, [1, 4])], "route": 0, "points": [0, 17]},
+           {"grid": [None], "route": 0, "points": [6, 5]},
+           {"grid": [(2, [2, 1])], "route": None, "points": [9]}],
+    (3,): [{"grid": [(1, [2, 0, 2])], "route": 0, "points": [5, 0, 9]}],
+    (2, 2): [{"grid": [(0, [2, 3]), (2, [1, 2])], "route": 0, "points": [6, 9]},
+             {"grid": [None, (1, [3, 1])], "route": 0, "points": [0, 10]},
+             {"grid": [(0, [4, 1]), None], "route": 1, "points": [7, 3]},
+             {"grid": [(1, [1, 3]), (0, [0, 5])], "route": None, "points": [8]}],
+}
+
+_RES: dict = {}
+
+
+def _gp(world):
+    if world not in _RES:
+        _RES[world] = run_ranks(gridpoint_cases, world, GP_CASES[world], timeout=120)
+    return _RES[world]
+
+
+def _gs(mesh):
+    if mesh not in _RES:
+        n = 1
+        for s in mesh:
+            n *= s
+        _RES[mesh] = run_ranks(grid_sample_cases, n, list(mesh), GS_CASES[mesh], timeout=120)
+    return _RES[mesh]
+
+
+@pytest.mark.parametrize(("world", "i"),
+                         [(w, i) for w in GP_CASES for i in range(len(GP_CASES[w]))])
+def test_grid_queries_match_brute_force(world, i):
+    case = GP_CASES[world][i]
+    for rank, reports in enumerate(_gp(world)):
+        rep = reports[i]
+        got, want = rep["index"]
+        assert torch.equal(got, want), f"rank {rank}: neighbour indices differ ({case})"
+        torch.testing.assert_close(*rep["dist"], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(*rep["grad"], rtol=1e-10, atol=1e-12)
+        if case["grid"] is not None and case["direction"] == "grid_to_points":
+            lay = GridLayout(SHAPE, ORIGIN, SPACING, sizes=case["grid"], axis=case.get("axis", 0))
+            assert list(rep["sizes"]) == lay.node_counts(world)
+
+
+@pytest.mark.parametrize(("mesh", "i"), [(m, i) for m in GS_CASES for i in range(len(GS_CASES[m]))],
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
+def test_grid_sample_matches_F_grid_sample(mesh, i):
+    for rank, reports in enumerate(_gs(mesh)):
+        for key, (got, want) in reports[i].items():
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12,
+                                       msg=lambda m, k=key, r=rank: f"rank {r} {k}: {m}")
+
+
+def test_grid_sample_plain_tensors_is_F_grid_sample():
+    g = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+    c = torch.rand(2, 7, 2, dtype=torch.float64) * 2 - 1
+    want = torch.nn.functional.grid_sample(g, c[:, None], align_corners=True)[:, :, 0]
+    torch.testing.assert_close(grid_sample(g, c, align_corners=True), want.transpose(1, 2))
+
+
+def test_layout_normalize_matches_nodes():
+    lay = GridLayout(SHAPE, ORIGIN, SPACING)
+    nodes = lay.local_nodes(0, torch.float64)
+    n = int(torch.tensor(SHAPE).prod())
+    grid = torch.arange(float(n), dtype=torch.float64).reshape(1, 1, *SHAPE)
+    for align in (True, False):
+        c = lay.normalize(nodes, align_corners=align)[None]
+        got = grid_sample(grid, c, align_corners=align, padding_mode="border")
+        torch.testing.assert_close(got[0, :, 0], grid.reshape(-1))
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="spacing"):
+        GridLayout(SHAPE, ORIGIN, (0.1, 0.0, 0.2))
+    with pytest.raises(ValueError, match="sum to shape"):
+        GridLayout(SHAPE, ORIGIN, SPACING, sizes=[2, 2])
+    with pytest.raises(ValueError, match="padding_mode"):
+        grid_sample(torch.zeros(1, 1, 2, 2, 2), torch.zeros(1, 1, 3), padding_mode="reflection")
+    lay = GridLayout(SHAPE, ORIGIN, SPACING)
+    with pytest.raises(ValueError, match="does not cover"):
+        lay.check_covers(torch.tensor([[100.0, 0.0, 0.5]]))
+    lay.check_covers(lay.local_nodes(0, torch.float64))
+
+
+def test_radius_le_zero_raises():
+    for msg in run_ranks(radius_zero, 2, timeout=120):
+        assert "r=0.0 must be a finite number > 0" in msg

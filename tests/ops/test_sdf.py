@@ -1,0 +1,86 @@
+"""The sharded signed distance field equals a single-process brute force (all pairs, sign by
+the generalised winding number) on 2-4 gloo ranks, triangles and queries uneven with empty
+shards; open surfaces warn and fall back to unsigned, or raise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from meshshard.ops._triangles import closest_points
+from meshshard.testing.distributed import run_ranks
+from tests.ops._sdf_fns import cube, queries, reference, sdf_cases, torus
+
+CASES = {
+    2: [
+        {"mesh": "torus", "tri": [0, None], "queries": [40, 60], "grid": [2, 3]},
+        {"mesh": "cube", "tri": [5, None], "queries": [0, 80], "shuffle": False},
+        {"mesh": "bumpy", "tri": [300, None], "queries": [70, 30], "grid": [0, 5]},
+        {"mesh": "torus", "tri": [100, None], "queries": [30, 30], "open": 3},
+        {"mesh": "torus", "tri": [100, None], "queries": [5, 5], "open": 1, "on_open": "raise"},
+    ],
+    4: [
+        {"mesh": "bumpy", "tri": [1, 0, 200, None], "queries": [25, 0, 40, 35],
+         "grid": [1, 0, 3, 1]},
+        {"mesh": "cube", "tri": [3, 3, 0, None], "queries": [10, 20, 30, 0], "nboxes": 1},
+    ],
+}
+_RES: dict = {}
+
+
+def _run(world):
+    if world not in _RES:
+        _RES[world] = run_ranks(sdf_cases, world, CASES[world], timeout=240)
+    return _RES[world]
+
+
+@pytest.mark.parametrize(("world", "i"), [(w, i) for w in CASES for i in range(len(CASES[w]))])
+def test_sdf_matches_brute_force(world, i):
+    case = CASES[world][i]
+    reports = _run(world)
+    if case.get("on_open") == "raise":
+        for reps in reports:
+            rep = reps[i]
+            assert "not closed" in rep["raised"] and "watertight" in rep["raised"]
+        return
+    for rank, reps in enumerate(reports):
+        rep = reps[i]
+        closed = not case.get("open")
+        assert rep["closed"] is closed
+        for key in ("sdf", "functional", "grid"):
+            if key not in rep:
+                continue
+            got, want = rep[key]
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12,
+                                       msg=lambda m, k=key, r=rank: f"rank {r} {k}: {m}")
+            assert torch.equal(torch.sign(got), torch.sign(want)), f"rank {rank} {key}: signs"
+        torch.testing.assert_close(*rep["grad"], rtol=1e-9, atol=1e-12)
+        if closed:
+            assert rep["warnings"] == []
+        else:
+            assert (rep["sdf"][0] >= 0).all()
+            assert (len(rep["warnings"]) == 1) == (rank == 0)
+            if rank == 0:
+                assert "UNSIGNED" in rep["warnings"][0]
+    if not case.get("open"):  # the cases have points inside and outside
+        sdf = torch.cat([reps[i]["sdf"][0] for reps in reports])
+        assert (sdf < 0).sum() >= 3 and (sdf > 0).sum() >= 3
+
+
+def test_reference_sign_is_inside_negative():
+    t = cube()
+    q = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 2.0], [0.1, 0.2, 0.45]], dtype=torch.float64)
+    torch.testing.assert_close(reference(t, q), torch.tensor([-0.5, 1.5, -0.05],
+                                                              dtype=torch.float64))
+
+
+def test_closest_points_match_dense_sampling():
+    tri = torus(6, 4)[:5]
+    q = queries(7)
+    pt, _ = closest_points(q.repeat_interleave(5, 0), tri.repeat(7, 1, 1))
+    d = torch.linalg.vector_norm(q.repeat_interleave(5, 0) - pt, dim=-1)
+    w = torch.rand(20000, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    w = w / w.sum(1, keepdim=True)
+    samples = torch.einsum("sk,tkd->tsd", w, tri)  # (5, S, 3)
+    dense = torch.cdist(q, samples.reshape(-1, 3)).reshape(7, 5, -1).min(-1).values.reshape(-1)
+    assert (d <= dense + 1e-12).all() and (dense - d).max() < 0.02
