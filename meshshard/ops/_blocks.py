@@ -16,10 +16,23 @@ import torch
 
 from meshshard.ops import kernels
 
-__all__ = ["RowBlocks"]
+__all__ = ["RowBlocks", "box_gap2"]
 
 # slack on squared reach tests between boxes (float64 rounding): a superset is harmless
 _SLACK = 1e-9
+
+
+def box_gap2(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Squared distance (float64) from each query (m, d) to each box ``[lo, hi]`` (b, d),
+    in steps of queries: (m, b)."""
+    qd = q.detach().double()
+    out = torch.empty((qd.shape[0], lo.shape[0]), dtype=torch.float64, device=q.device)
+    step = max(1, (1 << 22) // max(1, lo.shape[0] * qd.shape[1]))
+    for a in range(0, qd.shape[0], step):
+        p = qd[a : a + step, None, :]
+        gap = torch.maximum(lo[None] - p, p - hi[None]).clamp_min(0)
+        out[a : a + step] = (gap * gap).sum(-1)
+    return out
 
 
 class RowBlocks:
@@ -47,23 +60,27 @@ class RowBlocks:
         self.lo, self.hi = lo, hi
         self.searched = 0  # rows put into trees so far (a cost counter)
 
+    def _blocks_near(self, q: torch.Tensor, bound2: torch.Tensor) -> torch.Tensor:
+        """Mask of the blocks within ``max(bound2)`` of the box around ``q`` (q non-empty)."""
+        qd = q.detach().double()
+        qlo, qhi = qd.amin(0), qd.amax(0)
+        gap = torch.maximum(self.lo - qhi, qlo - self.hi).clamp_min(0)
+        return (gap * gap).sum(1) <= float(bound2.max()) * (1 + _SLACK)
+
+    def _rows(self, blocks: torch.Tensor) -> torch.Tensor:
+        n, s, dev = self.x.shape[0], self.size, self.x.device
+        parts = [torch.arange(j * s, min((j + 1) * s, n), device=dev)
+                 for j in torch.nonzero(blocks).flatten().tolist()]
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=dev)
+
     def rows_near(self, q: torch.Tensor, bound2: torch.Tensor) -> torch.Tensor:
         """Sorted local rows of every block within ``max(bound2)`` of the box around ``q``.
 
         Every row within ``bound2[i]`` (squared) of some query ``q[i]`` is among them.
         """
-        dev = self.x.device
         if q.shape[0] == 0 or self.lo.shape[0] == 0:
-            return torch.empty(0, dtype=torch.int64, device=dev)
-        qd = q.detach().double()
-        qlo, qhi = qd.amin(0), qd.amax(0)
-        gap = torch.maximum(self.lo - qhi, qlo - self.hi).clamp_min(0)
-        reach = float(bound2.max())
-        near = (gap * gap).sum(1) <= reach * (1 + _SLACK)
-        n, s = self.x.shape[0], self.size
-        parts = [torch.arange(j * s, min((j + 1) * s, n), device=dev)
-                 for j in torch.nonzero(near).flatten().tolist()]
-        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=dev)
+            return torch.empty(0, dtype=torch.int64, device=self.x.device)
+        return self._rows(self._blocks_near(q, bound2))
 
     def knn(self, q: torch.Tensor, k: int, rows: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,15 +96,20 @@ class RowBlocks:
     def local_knn(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact k nearest rows of this shard for queries ``q`` that lie close together:
         first among the blocks the queries' box touches, which bounds each query's k-th
-        distance, then, if that bound reaches more blocks, among all of those."""
-        zero = torch.zeros(q.shape[0], dtype=torch.float64, device=q.device)
-        rows = self.rows_near(q, zero)
-        d2, ii = self.knn(q, k, rows)
-        if q.shape[0] == 0:
-            return d2, ii
-        more = self.rows_near(q, d2[:, k - 1])  # inf (too few rows) reaches every block
-        if more.numel() > rows.numel():  # the same box with a larger reach: a superset
-            d2, ii = self.knn(q, k, more)
+        distance; then the queries whose bound reaches a further block are searched again
+        among every block their bounds reach."""
+        if q.shape[0] == 0 or self.lo.shape[0] == 0:
+            return kernels.knn(self.x[:0], q, k, backend=self.backend)
+        first = self._blocks_near(q, torch.zeros(1, dtype=torch.float64))
+        d2, ii = self.knn(q, k, self._rows(first))
+        bound2 = d2[:, k - 1]  # inf (too few rows) reaches every block
+        further = self._blocks_near(q, bound2) & ~first
+        if bool(further.any()):
+            gap = box_gap2(q, self.lo[further], self.hi[further])  # (m, b)
+            again = torch.nonzero((gap <= bound2[:, None] * (1 + _SLACK)).any(1)).flatten()
+            if again.numel():
+                qa = q[again]
+                d2[again], ii[again] = self.knn(qa, k, self.rows_near(qa, bound2[again]))
         return d2, ii
 
     def answer(self, queries: torch.Tensor, counts: list[int], k: int
