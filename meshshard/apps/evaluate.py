@@ -46,6 +46,7 @@ def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
                  reference_area: float | None = None) -> dict[str, Any]:
     """The metrics of one run (every rank gets them). Collective when distributed."""
     from meshshard.apps.predict import DEFAULT_CHUNK, _truth, check_fields, predict_rows
+    from meshshard.apps.reference import reference_area_for
 
     group = mesh.get_group() if mesh is not None else None
     t0 = time.perf_counter()
@@ -68,13 +69,15 @@ def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
             c += b - a
         true = np.concatenate([rows.fields[:, slice(*rows.columns[n])] for n in names], axis=1)
         pred = true
-    kw = {"reference_area": reference_area, "group": group}
+    a_ref, a_from = reference_area_for(source, reference_area)
+    kw = {"reference_area": a_ref, "group": group}
     fp = force_coefficients(pred, cols, rows.normals, rows.areas, **kw)
     ft = force_coefficients(true, cols, rows.normals, rows.areas, **kw)
     return {"run": rows.name, "source": str(source), "cells": rows.n_total,
             "rel_l2": field_errors(pred, true, cols, group=group),
             "cd_true": ft["cd"], "cd_pred": fp["cd"], "cl_true": ft["cl"], "cl_pred": fp["cl"],
-            "reference_area": ft["reference_area"], "forces_true": ft, "forces_pred": fp,
+            "reference_area": ft["reference_area"], "reference_area_from": a_from,
+            "forces_true": ft, "forces_pred": fp,
             "seconds": time.perf_counter() - t0}
 
 

@@ -10,8 +10,10 @@ Sources:
   the ranks repartition;
 - a physicsnemo-curator store: :func:`~meshshard.pipelines.curator.load_curator_shard`.
 
-Every path returns this rank's rows in partition order, with the source row of each
-(``perm``) and every rank's row count. Fields are non-dimensional; missing fields are allowed
+Every path returns this rank's rows (its part of the partition), sorted along a Hilbert curve
+of their centres so that consecutive rows are close in space (the streamed kNN relies on it for
+its memory bound, not for its answer), with the source row of each (``perm``) and every rank's
+row count. Fields are non-dimensional; missing fields are allowed
 (a new car has none), they are simply absent from ``columns``.
 """
 
@@ -34,7 +36,7 @@ _KEYS = ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fi
 
 @dataclass
 class SurfaceRows:
-    """This rank's surface rows of one run (numpy, partition order).
+    """This rank's surface rows of one run (numpy, Hilbert order within the rank's part).
 
     Attributes
     ----------
@@ -103,13 +105,27 @@ def _rank_world(group: Any) -> tuple[int, int]:
     return 0, 1
 
 
+def _curve_order(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """This rank's rows sorted along a Hilbert curve of its own centres: consecutive rows are
+    then close in space, which is what keeps the streamed kNN's rounds small
+    (:func:`meshshard.ops.knn_chunks`) whatever the file's cell order. ``surface_perm`` moves
+    with the rows, so the predictions still go back to their cells."""
+    from meshshard.partition.sfc import hilbert_codes
+
+    c = rows["surface_mesh_centers"]
+    if c.shape[0] < 2:
+        return rows
+    order = np.argsort(hilbert_codes(c), kind="stable")
+    return {k: v[order] for k, v in rows.items()}
+
+
 def _partitioned(rows: dict[str, np.ndarray], group: Any, world: int) -> tuple[dict, list]:
     if world == 1:
-        return rows, [int(rows["surface_mesh_centers"].shape[0])]
+        return _curve_order(rows), [int(rows["surface_mesh_centers"].shape[0])]
     from meshshard.partition.distributed import partition_distributed, redistribute_rows
 
     dp = partition_distributed(rows["surface_mesh_centers"], world, group, "hilbert")
-    return redistribute_rows(rows, dp, group), dp.sizes.tolist()
+    return _curve_order(redistribute_rows(rows, dp, group)), dp.sizes.tolist()
 
 
 def _slice(n: int, rank: int, world: int) -> tuple[int, int]:
@@ -169,7 +185,7 @@ def _from_store(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
     nparts = int(attrs["nparts"])
     if nparts % world == 0:
         got = load_shard(path, rank, world, part="surface", keys=keys)
-        moved = {k: got[k].numpy() for k in keys}
+        moved = _curve_order({k: got[k].numpy() for k in keys})
         sizes = got["sharding_sizes"].tolist()
     else:
         n = int(sa["partition_ptr"][-1])
@@ -186,7 +202,7 @@ def _from_curator(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
 
     _, info = curator_info(path)
     got = load_curator_shard(path, rank, world, group=group, part="surface", keys=_KEYS)
-    moved = {k: got[k].numpy() for k in _KEYS}
+    moved = _curve_order({k: got[k].numpy() for k in _KEYS})
     return _rows(moved, got["sharding_sizes"].tolist(),
                  (info["columns"]["surface"], info["scales"]["surface"]), "curator",
                  path.name.removesuffix(".zarr"), None, info["rows"]["surface"],

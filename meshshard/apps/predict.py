@@ -225,6 +225,7 @@ def predict_run(
     (rank 0 has the files, every rank the metrics). Collective when distributed: every rank
     of ``mesh`` (a 1-D DeviceMesh over the world) must call this."""
     from meshshard.apps.forces import field_errors, force_coefficients
+    from meshshard.apps.reference import reference_area_for
 
     t0 = time.perf_counter()
     ensure_world()
@@ -236,6 +237,7 @@ def predict_run(
     group = mesh.get_group() if mesh is not None else None
     rows = read_surface_rows(source, group)
     truth = check_fields(mf, rows, source, need_truth=False)
+    a_ref, a_from = reference_area_for(source, reference_area)  # a bad geo_ref fails here
     t_read = time.perf_counter() - t0
     t1 = time.perf_counter()
     pred = predict_rows(mf, rows, mesh=mesh, max_points_per_chunk=max_points_per_chunk)
@@ -247,7 +249,8 @@ def predict_run(
     if truth:
         cols, true = _truth(truth, rows, pred)
         summary["rel_l2"] = field_errors(pred, true, cols, group=group)
-        kw = {"reference_area": reference_area, "group": group}
+        summary["reference_area_from"] = a_from
+        kw = {"reference_area": a_ref, "group": group}
         summary["forces_pred"] = force_coefficients(pred, cols, rows.normals, rows.areas, **kw)
         summary["forces_true"] = force_coefficients(true, cols, rows.normals, rows.areas, **kw)
     arrays = {"pred": pred.astype(np.float32), "perm": rows.perm}

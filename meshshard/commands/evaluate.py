@@ -14,7 +14,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-points-per-chunk", type=int, default=1 << 18,
                         help="points per chunk on every rank (default 262144)")
     parser.add_argument("--reference-area", type=float,
-                        help="A_ref for drag/lift (default: each run's frontal area)")
+                        help="A_ref for drag/lift (default: the run's geo_ref_<i>.csv aRef, "
+                             "else its frontal area)")
     parser.add_argument("--no-png", action="store_true", help="skip the PNG")
 
 

@@ -15,7 +15,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unchunked", action="store_true",
                         help="run the whole shard at once (the reference; more memory)")
     parser.add_argument("--reference-area", type=float,
-                        help="A_ref for drag/lift (default: the frontal area of the surface)")
+                        help="A_ref for drag/lift (default: the run's geo_ref_<i>.csv aRef, "
+                             "else the frontal area)")
     parser.add_argument("--no-png", action="store_true", help="skip the pressure PNG")
 
 

@@ -1,7 +1,8 @@
 """meshshard.ops: exact distributed neighbour ops on uneven shards.
 
 Public API (ShardTensors, or local Tensors with ``group=``): :func:`knn`, :func:`radius`,
-:func:`knn_graph`, :func:`radius_graph`, :func:`halo_exchange`, :func:`gather_neighbors`,
+:func:`knn_chunks` (the same kNN, queries streamed chunk by chunk), :func:`knn_graph`,
+:func:`radius_graph`, :func:`halo_exchange`, :func:`gather_neighbors`,
 :func:`scatter_to_owners`. The lower layer on local tensors is :mod:`meshshard.ops.functional`
 and :mod:`meshshard.ops.halo`; local kernels are in :mod:`meshshard.ops.kernels`.
 """
@@ -19,6 +20,7 @@ from meshshard.ops.api import (
 from meshshard.ops.grid import grid_gather, grid_scatter
 from meshshard.ops.gridpoint import GridLayout, grid_knn, grid_radius
 from meshshard.ops.gridsample import grid_sample
+from meshshard.ops.knn_chunks import knn_chunks
 from meshshard.ops.sdf import ShardedSurface, grid_sdf, signed_distance
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "grid_scatter",
     "halo_exchange",
     "knn",
+    "knn_chunks",
     "knn_graph",
     "radius",
     "radius_graph",

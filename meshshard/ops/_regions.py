@@ -51,7 +51,7 @@ def shard_boxes(x: torch.Tensor, nboxes: int) -> torch.Tensor:
         ``[lo (d), hi (d), count]`` per box; an empty box has ``lo = +inf, hi = -inf, count = 0``.
     """
     n, d = x.shape
-    xd = x.detach().double()
+    xd = x.detach()  # min / max are exact in x's dtype: no float64 copy of a large shard
     out = torch.empty((nboxes, 2 * d + 1), dtype=torch.float64, device=x.device)
     out[:, :d] = float("inf")
     out[:, d : 2 * d] = float("-inf")
@@ -61,8 +61,8 @@ def shard_boxes(x: torch.Tensor, nboxes: int) -> torch.Tensor:
         lo, hi = bounds[b], bounds[b + 1]
         if hi > lo:
             seg = xd[lo:hi]
-            out[b, :d] = seg.amin(0)
-            out[b, d : 2 * d] = seg.amax(0)
+            out[b, :d] = seg.amin(0).double()
+            out[b, d : 2 * d] = seg.amax(0).double()
             out[b, 2 * d] = hi - lo
     return out
 

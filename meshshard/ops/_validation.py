@@ -56,7 +56,10 @@ def _row(t: torch.Tensor) -> list[int]:
     dim = int(t.shape[-1]) if ndim >= 1 else -1
     kind = _kind(t)
     if kind == 0 and t.numel():
-        nonfinite = int((~torch.isfinite(t.detach())).sum())
+        flat = t.detach().reshape(t.shape[0], -1) if ndim >= 1 else t.detach().reshape(1, 1)
+        step = 1 << 20  # rows at a time: no full-size temporaries on large shards
+        nonfinite = sum(int((~torch.isfinite(flat[s : s + step])).sum())
+                        for s in range(0, flat.shape[0], step))
     else:
         nonfinite = 0
     code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from meshshard.collective_check import check_collective
 from meshshard.ops import kernels
 from meshshard.ops._comm import all_gather_rows, all_to_all, exchange_counts
+from meshshard.ops._knn_merge import _drop_self, _lexsort3, answer_knn_queries, forward_and_merge
 from meshshard.ops._regions import knn_forward_mask, radius_send_mask, shard_boxes
 from meshshard.ops._validation import check_points
 
@@ -43,22 +44,6 @@ __all__ = ["knn", "knn_graph", "radius", "radius_graph"]
 log = logging.getLogger(__name__)
 
 Flow = Literal["source_to_target", "target_to_source"]
-
-
-def _lexsort3(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """Permutation ordering by (a, b, c) (stable sorts from the last key)."""
-    o = torch.argsort(c, stable=True)
-    o = o[torch.argsort(b[o], stable=True)]
-    return o[torch.argsort(a[o], stable=True)]
-
-
-def _drop_self(
-    d2: torch.Tensor, idx: torch.Tensor, k: int, self_idx: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """From (m, k+1) sorted candidates drop each row's own index (or the last one)."""
-    is_self = idx == self_idx[:, None]
-    o = torch.argsort(is_self.to(torch.int8), dim=1, stable=True)[:, :k]
-    return d2.gather(1, o), idx.gather(1, o)
 
 
 def _check_flow(flow: str) -> None:
@@ -144,11 +129,10 @@ def knn(
 def _knn(x, k, y, *, loop, group, x_sizes, backend, nboxes, stats):
     _check_nboxes(nboxes)
     meta = check_points(x, y, group=group, op="knn", k=k, loop=loop, x_sizes=x_sizes)
-    P, rank = dist.get_world_size(group), dist.get_rank(group)
+    rank = dist.get_rank(group)
     offset = meta.x_offsets[rank]
     yq = x if y is None else y
-    m, n, dim = yq.shape[0], x.shape[0], meta.dim
-    device = x.device
+    m, device = yq.shape[0], x.device
     be = kernels.resolve_backend(backend, device)
 
     # phase 1: local answer and bound
@@ -163,98 +147,14 @@ def _knn(x, k, y, *, loop, group, x_sizes, backend, nboxes, stats):
     # a box bound must count k points besides the query itself when loop=False (kk = k + 1)
     mask, bound2 = knn_forward_mask(yq, bound2, boxes, rank, kk)  # (m, P), (m,)
 
-    # phase 2: forward queries (with their bound) to the ranks that may hold closer points
-    qrank, qid = torch.nonzero(mask.t(), as_tuple=True)  # grouped by destination rank
-    send_counts = torch.bincount(qrank, minlength=P).tolist()
-    recv_counts = exchange_counts(send_counts, group, device)
-    qpack = torch.cat([yq.detach().double()[qid], bound2[qid, None]], 1)  # (Q, d + 1)
-    queries = all_to_all(qpack, send_counts, recv_counts, group)
-    # answers: only candidates within the querier's bound (all it can use), as flat rows
-    jr, jc, rd2, ri = answer_knn_queries(x, queries, k, backend=be)
-    src = torch.repeat_interleave(
-        torch.arange(P, device=device), torch.tensor(recv_counts, device=device)
+    dist_out, index, sent, answered = forward_and_merge(
+        x, yq, d2_loc, i_loc, bound2, mask, k=k, offset=offset, group=group,
+        answer=lambda q, _: answer_knn_queries(x, q, k, backend=be),
     )
-    recv_off = torch.cumsum(torch.tensor(recv_counts, device=device), 0)
-    recv_off = recv_off - torch.tensor(recv_counts, device=device)
-    ans_counts = torch.bincount(src[jr], minlength=P).tolist()
-    back_counts = exchange_counts(ans_counts, group, device)
-    slot = (jr - recv_off[src[jr]]).double()
-    meta_rows = torch.stack([slot, rd2, (ri + offset).double()], 1)  # index < 2**53: exact
-    ans = all_to_all(meta_rows, ans_counts, back_counts, group)
-    ans_xyz = all_to_all(x[ri], ans_counts, back_counts, group)  # differentiable
-
-    # phase 3: merge local and remote candidates, keep the k best by (distance, index)
-    t_send = torch.tensor(send_counts, device=device)
-    send_off = torch.cumsum(t_send, 0) - t_send
-    a_src = torch.repeat_interleave(
-        torch.arange(P, device=device), torch.tensor(back_counts, device=device)
-    )
-    ans_q = qid[send_off[a_src] + ans[:, 0].long()]
-    index = torch.where(i_loc >= 0, i_loc + offset, -1)  # local answers, already sorted
-    rows = i_loc.clone()
-    hq = torch.unique(ans_q)  # only queries that got remote candidates need a merge
-    if hq.numel():
-        pos = torch.full((m,), -1, dtype=torch.int64, device=device)
-        pos[hq] = torch.arange(hq.numel(), device=device)
-        cand_q = torch.cat(
-            [torch.arange(hq.numel(), device=device).repeat_interleave(k), pos[ans_q]]
-        )
-        cand_d2 = torch.cat([d2_loc[hq].reshape(-1), ans[:, 1]])
-        cand_g = torch.cat([index[hq].reshape(-1), ans[:, 2].long()])
-        cand_row = torch.cat([i_loc[hq].reshape(-1), n + torch.arange(ans.shape[0], device=device)])
-        valid = cand_g >= 0
-        cand_q, cand_d2 = cand_q[valid], cand_d2[valid]
-        cand_g, cand_row = cand_g[valid], cand_row[valid]
-        o = _lexsort3(cand_q, cand_d2, cand_g)
-        cand_q, cand_g, cand_row = cand_q[o], cand_g[o], cand_row[o]
-        counts = torch.bincount(cand_q, minlength=hq.numel())
-        if int(counts.min()) < k:  # pragma: no cover - guarded by validation and bounds
-            msg = "knn: internal error, a query collected fewer than k candidates"
-            raise RuntimeError(msg)
-        start = torch.cumsum(counts, 0) - counts
-        take = (start[:, None] + torch.arange(k, device=device)[None, :]).reshape(-1)
-        index[hq] = cand_g[take].reshape(-1, k)
-        rows[hq] = cand_row[take].reshape(-1, k)
-    if m and bool((index < 0).any()):  # pragma: no cover - guarded by validation and bounds
-        msg = "knn: internal error, a query collected fewer than k candidates"
-        raise RuntimeError(msg)
-    pool = torch.cat([x, ans_xyz.reshape(-1, dim)])
-    nbr = pool[rows.reshape(-1)].reshape(m, k, dim)
-    dist_out = torch.linalg.vector_norm(yq[:, None, :] - nbr, dim=-1)
-
     if stats is not None:
-        stats.update(queries=m, queries_sent=int(qid.numel()), answer_rows=int(ri.numel()))
-    log.debug("knn rank %d: %d queries, %d forwarded", rank, m, int(qid.numel()))
+        stats.update(queries=m, queries_sent=sent, answer_rows=answered)
+    log.debug("knn rank %d: %d queries, %d forwarded", rank, m, sent)
     return dist_out, index, offset
-
-
-def answer_knn_queries(
-    x: torch.Tensor, queries: torch.Tensor, k: int, *, backend: str = "auto"
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A rank's answer to forwarded kNN queries: its k nearest within each query's bound.
-
-    Pure (no communication); also used by ``benchmarks/bench_ops.py`` to count traffic.
-
-    Parameters
-    ----------
-    x : Tensor of shape (n, d)
-        The answering rank's points.
-    queries : Tensor of shape (R, d + 1), float64
-        Query coordinates followed by the querier's squared bound.
-
-    Returns
-    -------
-    jr, jc : Tensor of shape (A,), int64
-        Query row and rank of each returned candidate (grouped by query row).
-    d2 : Tensor of shape (A,), float64
-    idx : Tensor of shape (A,), int64
-        Local row in ``x``.
-    """
-    d = queries.shape[1] - 1
-    rd2, ri = kernels.knn(x, queries[:, :d], k, backend=backend)
-    ok = (ri >= 0) & (rd2 <= queries[:, d:])  # <=: a tie with the bound may win by index
-    jr, jc = torch.nonzero(ok, as_tuple=True)
-    return jr, jc, rd2[jr, jc], ri[jr, jc]
 
 
 def _radius_csr(

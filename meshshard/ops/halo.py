@@ -165,14 +165,12 @@ def gather_neighbors(
     recv_counts = exchange_counts(send_counts, group, dev)
     requests = all_to_all(uniq - offsets[u_owner], send_counts, recv_counts, group)
     reply = all_to_all(features[requests], recv_counts, send_counts, group)
-    n = features.shape[0]
-    zero = features.new_zeros((1, *features.shape[1:]))
-    pool = torch.cat([features, reply, zero])
-    where = torch.full_like(flat, n + uniq.numel())  # padding -> the zero row
+    # rows picked from features and reply directly: no copy of the (maybe large) features
+    out = features.new_zeros((flat.numel(), *features.shape[1:]))  # padding stays zero
     local = valid & ~remote
-    where[local] = flat[local] - offsets[rank]
-    where[remote] = n + torch.searchsorted(uniq, flat[remote])
-    return pool[where].reshape(*index.shape, *features.shape[1:])
+    out[local] = features[flat[local] - offsets[rank]]
+    out[remote] = reply[torch.searchsorted(uniq, flat[remote])]
+    return out.reshape(*index.shape, *features.shape[1:])
 
 
 def scatter_to_owners(

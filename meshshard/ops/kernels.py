@@ -28,7 +28,11 @@ import torch
 
 from meshshard.ops._backends import WITH_CLUSTER, require_cluster
 
-__all__ = ["BACKENDS", "available_backends", "knn", "radius", "resolve_backend", "sqdist"]
+__all__ = [
+    "BACKENDS",
+    "KnnIndex",
+    "available_backends",
+    "knn", "radius", "resolve_backend", "sqdist"]
 
 BACKENDS = ("auto", "kdtree", "brute", "cluster")
 
@@ -103,22 +107,46 @@ def knn(
     -------
     >>> d2, idx = knn(torch.rand(100, 3), torch.rand(5, 3), 4)
     """
-    device = x.device
-    be = resolve_backend(backend, device)
-    m, n = y.shape[0], x.shape[0]
-    if m == 0 or n == 0:
-        return _empty_knn(m, k, device)
-    kk = min(k, n)
-    if be == "kdtree":
-        d2, idx = _knn_kdtree(x, y, kk)
-    elif be == "brute":
-        d2, idx = _knn_brute(x, y, kk)
-    else:
-        d2, idx = _knn_cluster(x, y, kk)
-    if kk < k:
-        pad_d, pad_i = _empty_knn(m, k - kk, device)
-        d2, idx = torch.cat([d2, pad_d], 1), torch.cat([idx, pad_i], 1)
-    return d2, idx
+    return KnnIndex(x, backend=backend).query(y, k)
+
+
+class KnnIndex:
+    """The points ``x`` prepared once for many :func:`knn`-style queries.
+
+    With the ``"kdtree"`` backend the cKDTree (and its float64 copy of ``x``, shared when ``x``
+    is already float64 on the CPU) is built once here; ``"brute"`` and ``"cluster"`` keep ``x``
+    and search it per query. ``index.query(y, k)`` equals ``knn(x, y, k, backend=...)``.
+
+    Memory: ``"kdtree"`` holds about 40 bytes per point (the float64 copy, the tree's int64
+    permutation and its nodes).
+    """
+
+    def __init__(self, x: torch.Tensor, *, backend: str = "auto") -> None:
+        self.x = x
+        self.backend = resolve_backend(backend, x.device)
+        self._xn = self._tree = None
+        if self.backend == "kdtree" and x.shape[0]:
+            self._xn = x.detach().double().cpu().numpy()
+            self._tree = _tree(self._xn)
+
+    def query(self, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(d2, idx)`` of shape (m, k) as :func:`knn` returns them."""
+        x = self.x
+        device = x.device
+        m, n = y.shape[0], x.shape[0]
+        if m == 0 or n == 0:
+            return _empty_knn(m, k, device)
+        kk = min(k, n)
+        if self.backend == "kdtree":
+            d2, idx = _query_tree(self._tree, self._xn, y, kk, device)
+        elif self.backend == "brute":
+            d2, idx = _knn_brute(x, y, kk)
+        else:
+            d2, idx = _knn_cluster(x, y, kk)
+        if kk < k:
+            pad_d, pad_i = _empty_knn(m, k - kk, device)
+            d2, idx = torch.cat([d2, pad_d], 1), torch.cat([idx, pad_i], 1)
+        return d2, idx
 
 
 def _tree(points: np.ndarray):
@@ -129,13 +157,11 @@ def _tree(points: np.ndarray):
     return cKDTree(points, balanced_tree=False, compact_nodes=False)
 
 
-def _knn_kdtree(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-
-    device = x.device
-    xn = x.detach().double().cpu().numpy()
+def _query_tree(tree, xn: np.ndarray, y: torch.Tensor, k: int, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """k nearest of ``y`` in the cKDTree ``tree`` over ``xn`` (float64), in (d2, idx) order."""
     yn = y.detach().double().cpu().numpy()
     n = xn.shape[0]
-    tree = _tree(xn)
     kq = min(k + 1, n)  # one extra to see ties that cross the k-th place
     _, ii = tree.query(yn, k=kq, workers=-1)
     ii = np.asarray(ii, dtype=np.int64).reshape(yn.shape[0], kq)

@@ -58,15 +58,17 @@ def predict_rank(rank: int, world: int, ckpt: str, source: str, chunk: int | Non
 
     from meshshard.apps.inputs import read_surface_rows
     from meshshard.apps.model_file import load_model
-    from meshshard.apps.predict import predict_rows
+    from meshshard.apps.predict import model_inputs, predict_rows
 
     mesh = init_device_mesh("cpu", (world,))
     rows = read_surface_rows(source, mesh.get_group())
     mf = load_model(ckpt)
-    res = {}
+    res, feats = {}, {}
     for ch in (chunk, None):
         res[ch] = predict_rows(mf, rows, mesh=mesh, max_points_per_chunk=ch)
-    return {"perm": rows.perm, "pred": res, "sizes": rows.sizes}
+        # the model's inputs: the streamed kNN features (chunk) against build_inputs (None)
+        feats[ch] = [t.numpy() for t in model_inputs(rows, int(mf.inputs["knn"]), mesh, ch)]
+    return {"perm": rows.perm, "pred": res, "sizes": rows.sizes, "inputs": feats}
 
 
 def as_array(x) -> np.ndarray:

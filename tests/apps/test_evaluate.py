@@ -97,3 +97,35 @@ def test_no_runs_and_bad_runs(trained, tmp_path):
         evaluate_runs([], tmp_path)
     rc = main(["evaluate", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
     assert rc == 2
+
+
+def _run_with_geo_ref(trained, tmp_path, text: str):
+    """run_1 copied into ``tmp_path`` with a ``geo_ref_1.csv`` holding ``text``."""
+    import shutil
+
+    run = tmp_path / "run_1"
+    shutil.copytree(trained["raw"] / "run_1", run)
+    (run / "geo_ref_1.csv").write_text(text)
+    return run
+
+
+def test_geo_ref_csv_gives_the_reference_area(trained, tmp_path):
+    run = _run_with_geo_ref(trained, tmp_path, "lRef,aRef,note\n2.786,2.17,baseline\n")
+    ref = pyvista_coefficients(run / "boundary_1.vtp", 2.17)
+    r = evaluate_one(run)
+    assert r["reference_area"] == 2.17 and r["reference_area_from"] == "geo_ref_1.csv"
+    assert _close(r["cd_true"], ref["cd"]) and _close(r["cl_true"], ref["cl"])
+    r = evaluate_one(run, reference_area=3.0)  # the option wins
+    assert r["reference_area"] == 3.0 and r["reference_area_from"] == "--reference-area"
+    r = evaluate_one(trained["raw"] / "run_1")  # no file: the frontal area
+    assert r["reference_area_from"] == "frontal area"
+
+
+@pytest.mark.parametrize("text", ["lRef,aRef\n", "lRef,aRef\n1,2\n1,2\n", "lRef\n2.7\n",
+                                  "lRef,aRef\n2.7,-1\n", "lRef,aRef\n2.7,nan\n"])
+def test_bad_geo_ref_csv_is_one_line(trained, tmp_path, capsys, text):
+    run = _run_with_geo_ref(trained, tmp_path, text)
+    assert main(["evaluate", str(run), "--out", str(tmp_path / "ev")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "geo_ref_1.csv" in err, err
+    assert not (tmp_path / "ev" / "evaluation.json").exists()

@@ -89,5 +89,8 @@ def test_three_ranks_repartitioned_store(trained):
     chunked = np.concatenate([o["pred"][150] for o in out])
     whole = np.concatenate([o["pred"][None] for o in out])
     assert _rel(chunked, whole) <= 1e-5
+    for o in out:  # chunked kNN features == build_inputs (fp32 rounding of the same sums)
+        for got, want in zip(o["inputs"][150], o["inputs"][None]):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     perm = np.concatenate([o["perm"] for o in out])
     assert sorted(perm.tolist()) == list(range(perm.size))
