@@ -151,7 +151,7 @@ def _c(x, w):
     return torch.cat([x, x * 2], 1), torch.cat([w, x.sin(), w * 2], 1).sum(1), torch.cat([x, x], 2)
 
 
-@case("stack_unbind", extras=[(R, (2, "N", 5), True)])
+@case("stack_unbind", extras=[(R, (2, "N", 5), True)], mesh2d=False)
 def _c(x, y):
     return (torch.stack([x, x.sin()], 0).sum(0), torch.stack([x, y], 3), torch.unbind(x, 0)[1],
             torch.unbind(x, 2)[3] * 2)
@@ -171,7 +171,8 @@ def _c(x, w):
 
 
 # ------------------------------------------------------------------ linalg
-@case("einsum_matmul", extras=[(R, (5, 4), True), (R, (5,), True), (R, (2, 4, "N"), True)])
+@case("einsum_matmul", extras=[(R, (5, 4), True), (R, (5,), True), (R, (2, 4, "N"), True)],
+      mesh2d=False)
 def _c(x, w, v, u):
     return (torch.einsum("bnc,bnd->bcd", x, x), torch.einsum("bnc,cd->bnd", x, w),
             torch.einsum("bnc,bnc->bn", x, x.cos()), x @ v, u @ x, x.transpose(1, 2) @ x,
@@ -290,6 +291,7 @@ def errors(shard, n):
         "unbind along the sharded dim": lambda: x.unbind(1),
         "unknown op": lambda: torch.sort(x, dim=1),
         "select out of range": lambda: x[:, n + 3],
+        "cat along the shard dim of a blocked": lambda: torch.cat([x.repeat(1, 2, 1)] * 2, 1),
     }
     out = {}
     for key, f in probes.items():

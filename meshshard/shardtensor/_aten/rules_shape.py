@@ -166,9 +166,16 @@ def _rounded(sizes, b: int) -> tuple:
 @rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def _view(func, args, kwargs) -> Plan:
     try:
-        return _spike_view(func, args, kwargs)
+        plan = _spike_view(func, args, kwargs)
     except NotImplementedError as e:
         err = e
+    else:
+        dims = [p.dim for p in plan.outs.placements if isinstance(p, SHARDED)]
+        if len(set(dims)) != len(dims):
+            msg = (f"{func}: {tuple(args[0].shape)} -> {tuple(args[1])} merges dims sharded on "
+                   f"two mesh dims ({args[0]._spec}) into one; not supported")
+            raise NotImplementedError(msg)
+        return plan
     x, spec = args[0], args[0]._spec
     in_shape = list(x.shape)
     numel = 1
