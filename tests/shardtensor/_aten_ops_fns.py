@@ -318,9 +318,9 @@ def all_cases(rank, world, layouts, names=None):
     return res
 
 
-def compile_case(rank, world, layout):
-    """One plain torch.compile function mixing these ops: graph breaks, compilations, and
-    compiled against eager (outputs and the input gradient)."""
+def compile_case(rank, world, layouts):
+    """One plain torch.compile function mixing these ops, over layouts of different sizes:
+    graph breaks, compilations, and compiled against eager (outputs and input gradients)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -333,13 +333,7 @@ def compile_case(rank, world, layout):
 
         return aot_eager(gm, example_inputs)
 
-    _, shard, n = _mesh_and_shard(rank, world, layout)
-    g = torch.Generator().manual_seed(3)
-    X = torch.randn(2, n, 5, generator=g, dtype=torch.float64)
-    gidx = torch.randint(0, 5, (2, n, 2), generator=g)
-    w = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
-
-    def f(x):
+    def f(x, gidx, w):
         v, i = x.max(1)
         y = torch.cat([x, x.gather(2, gidx) @ w[:2]], 2)
         z = torch.logsumexp(y, 1) + y.var(1) + torch.linalg.vector_norm(y, dim=1)
@@ -349,12 +343,21 @@ def compile_case(rank, world, layout):
                 + (x[:, 1:] ** 2).sum())
 
     cf = torch.compile(f, backend=backend)
-    out = {}
-    for tag, fn in (("eager", f), ("compiled", cf)):
-        x = shard(X).detach().requires_grad_()
-        loss = fn(x)
-        gx, gw = torch.autograd.grad(loss, [x, w])
-        out[tag] = [loss.full_tensor().detach(), gx.full_tensor(), gw]
-    return {"pair": out, "compiles": calls["n"],
+    pairs = []
+    for layout in layouts:
+        _, shard, n = _mesh_and_shard(rank, world, layout)
+        g = torch.Generator().manual_seed(3)
+        X = torch.randn(2, n, 5, generator=g, dtype=torch.float64)
+        gidx = torch.randint(0, 5, (2, n, 2), generator=g)
+        w = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+        out = {}
+        for tag, fn in (("eager", f), ("compiled", cf)):
+            x = shard(X).detach().requires_grad_()
+            gl = shard(gidx)
+            loss = fn(x, gl, w)
+            gx, gw = torch.autograd.grad(loss, [x, w])
+            out[tag] = [loss.full_tensor().detach(), gx.full_tensor(), gw]
+        pairs.append(out)
+    return {"pairs": pairs, "compiles": calls["n"],
             "graph breaks": sum(counters["graph_break"].values()),
             "break reasons": [str(k) for k in counters["graph_break"]]}

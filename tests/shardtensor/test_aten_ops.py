@@ -6,7 +6,7 @@ one-row shard and a 2-D mesh: every case's outputs, and the gradients of a rando
 them w.r.t. the sharded leaf and the plain weights (``torch.autograd.grad``), plus one
 ``create_graph=True`` second-order case, equal one process in fp64. Layouts the rules cannot do
 fail with an error naming the op and the problem. One plain ``torch.compile`` function mixing
-the ops captures one graph with no breaks and equals eager.
+the ops has no graph break, compiles at most twice over three sizes, and equals eager.
 """
 
 import pytest
@@ -79,10 +79,14 @@ def test_unsupported_layouts_fail_with_a_clear_error(world):
 
 
 def test_plain_torch_compile_of_a_mix_has_no_graph_break_and_equals_eager():
-    for rank, rep in enumerate(run_ranks(F.compile_case, 2, (3, 5), timeout=600,
+    # three sizes with the same pattern of empty all-to-all chunks: static, then dynamic, then
+    # reused (a layout whose chunks become empty recompiles: dynamo specialises sizes 0 and 1)
+    layouts = [(3, 5), (4, 6), (5, 7)]
+    for rank, rep in enumerate(run_ranks(F.compile_case, 2, layouts, timeout=600,
                                          collective_timeout=300)):
         assert rep["graph breaks"] == 0, rep["break reasons"]
-        assert rep["compiles"] == 1, rep["compiles"]
-        for k, (got, want) in enumerate(zip(rep["pair"]["compiled"], rep["pair"]["eager"])):
-            # the same aten ops in the same order under aot_eager: equal up to fp64 rounding
-            _close(got, want, f"rank {rank} compiled output {k}")
+        assert 1 <= rep["compiles"] <= 2, rep["compiles"]
+        for layout, pair in zip(layouts, rep["pairs"]):
+            for k, (got, want) in enumerate(zip(pair["compiled"], pair["eager"])):
+                # the same aten ops in the same order under aot_eager: equal to fp64 rounding
+                _close(got, want, f"rank {rank} {layout} compiled output {k}")

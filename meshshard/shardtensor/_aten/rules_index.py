@@ -365,24 +365,41 @@ rule(aten.index_put_.default, aten._index_put_impl_.default)(_inplace(_index_put
 
 
 # ------------------------------------------------------------------ slices of the shard dim
-_spike_slice = _R._RULES[aten.slice.Tensor]
 _spike_slice_bwd = _R._RULES[aten.slice_backward.default]
 _SLICED: dict = {}  # forward slices seen: (layout of the result, slice) -> input sizes
 
 
 def slice_counts(sizes, start, stop, step) -> list[tuple]:
-    """Per-rank (local start, count) of the global rows ``start:stop:step`` (step > 0)."""
+    """Per-rank (local start, count) of the global rows ``start:stop:step`` (step > 0), with
+    no branch on the sizes (``sym_min``/``sym_max``): symbolic sizes stay unguarded."""
     out, off = [], 0
     for s in sizes:
         lo, hi = off, off + s
-        a = max(lo, start)
-        if a > start:
-            a = a + (step - (a - start) % step) % step
-        b = min(hi, stop)
-        c = 0 if b <= a else (b - a + step - 1) // step
-        out.append((a - lo if c else 0, c))
+        a = torch.sym_max(lo, start)
+        a = a + (step - (a - start) % step) % step
+        c = torch.sym_max((torch.sym_min(hi, stop) - a + step - 1) // step, 0)
+        out.append((torch.sym_min(a - lo, s), c))
         off = hi
     return out
+
+
+def norm_slice(start, end, step, n) -> tuple:
+    """``slice(start, end, step).indices(n)`` for a symbolic ``n`` (start/end are ints)."""
+    if step is None:
+        step = 1
+    if step <= 0:
+        msg = f"slice step must be positive, got {step}"
+        raise ValueError(msg)
+    start = 0 if start is None else start
+    end = n if end is None else end
+    start = start + n if start < 0 else start
+    end = end + n if end < 0 else end
+    clamp = torch.sym_min
+    return clamp(torch.sym_max(start, 0), n), clamp(torch.sym_max(end, 0), n), step
+
+
+def _local_end(a, c, step):
+    return a + torch.sym_max((c - 1) * step + 1, 0)
 
 
 def _sharded_on(spec, dim):
@@ -400,13 +417,14 @@ def _slice(func, args, kwargs) -> Plan:
     x = args[0]
     dim = (args[1] if len(args) > 1 else 0) % x.ndim
     i = _sharded_on(x._spec, dim)
-    if i is None:
-        return _spike_slice(func, args, kwargs)
     spec = x._spec
-    start = args[2] if len(args) > 2 and args[2] is not None else 0
-    end = args[3] if len(args) > 3 and args[3] is not None else x.shape[dim]
-    step = args[4] if len(args) > 4 else 1
-    start, end, step = slice(start, end, step).indices(x.shape[dim])
+    start, end, step = norm_slice(args[2] if len(args) > 2 else None,
+                                  args[3] if len(args) > 3 else None,
+                                  args[4] if len(args) > 4 else 1, x.shape[dim])
+    if i is None:  # the spike's rule, with the length computed without a guard
+        shape = list(spec.shape)
+        shape[dim] = torch.sym_max((end - start + step - 1) // step, 0)
+        return Plan(outs=make_spec(spec.mesh, spec.placements, spec.sizes, tuple(shape)))
     cnts = slice_counts(spec.sizes[i], start, end, step)
     a, c = cnts[_coord(spec.mesh)[1][i]]
     sizes = list(spec.sizes)
@@ -422,7 +440,7 @@ def _slice(func, args, kwargs) -> Plan:
         pass
 
     def call(loc, *_a, **_k):
-        return aten.slice.Tensor(loc, dim, a, a + (c - 1) * step + 1 if c else a, step)
+        return aten.slice.Tensor(loc, dim, a, _local_end(a, c, step), step)
 
     return Plan((), (), call, out)
 
@@ -435,7 +453,7 @@ def _slice_bwd(func, args, kwargs) -> Plan:
     if i is None:
         return _spike_slice_bwd(func, args, kwargs)
     gs = g._spec
-    start, end, step = slice(start, end, step).indices(in_sizes[dim])
+    start, end, step = norm_slice(start, end, step, in_sizes[dim])
     try:
         sizes_in = _SLICED.get((gs.key(), dim, start, end, step))
     except TypeError:
@@ -454,7 +472,7 @@ def _slice_bwd(func, args, kwargs) -> Plan:
     local_in = _local_shape(out)
 
     def call(gl, *_a, **_k):
-        return func(gl, local_in, dim, a, a + (c - 1) * step + 1 if c else a, step)
+        return func(gl, local_in, dim, a, _local_end(a, c, step), step)
 
     return Plan((), (), call, out)
 

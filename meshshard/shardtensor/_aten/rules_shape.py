@@ -40,48 +40,53 @@ def even_sizes(n, k: int) -> tuple:
     return tuple(n // k + (1 if r < n % k else 0) for r in range(k))
 
 
-def move_rows(pieces: list, dim: int, target: tuple, mesh, i: int) -> torch.Tensor:
+def move_rows(pieces: list, dim: int, target: tuple, mesh, i: int, order=None) -> torch.Tensor:
     """Redistribute rows along ``dim`` over mesh dim ``i``. ``pieces``: ``(local, starts,
     sizes)`` per piece: on rank q the piece's local rows are the global rows
-    ``[starts[q], starts[q] + sizes[q])`` of the result (pieces tile it). Returns this rank's
-    rows ``[T_me, T_me + target[me])``, ``T`` the prefix sums of ``target``. Only rows whose
-    owner changes cross the wire (one all-to-all, split sizes computed from the sizes alone)."""
+    ``[starts[q], starts[q] + sizes[q])`` of the result (pieces tile it). ``order``: the
+    ``(piece, rank)`` runs in increasing global position (default: piece-major, ranks
+    ascending). Returns this rank's rows ``[T_me, T_me + target[me])``, ``T`` the prefix sums
+    of ``target``. Only rows whose owner changes cross the wire: one all-to-all whose split
+    sizes are computed from the sizes alone, with no branch on them (``sym_min``/``sym_max``),
+    so symbolic sizes stay unguarded under ``torch.compile``."""
     n = mesh.size(i)
     me = _coord(mesh)[1][i]
+    smin, smax = torch.sym_min, torch.sym_max
     toff = [0]
     for t in target:
         toff.append(toff[-1] + t)
 
-    def chunks(q):  # (dst, global start, count, piece, local start) of what rank q sends
-        out = []
-        for k, (_loc, starts, sizes) in enumerate(pieces):
-            lo, hi = starts[q], starts[q] + sizes[q]
-            for dst in range(n):
-                a, b = max(lo, toff[dst]), min(hi, toff[dst + 1])
-                if b > a:
-                    out.append((dst, a, b - a, k, a - lo))
-        return sorted(out, key=lambda c: (c[0], c[1]))
+    def chunk(k, q, dst):  # (local start, count) of piece k's rows on q that go to dst
+        _loc, starts, sizes = pieces[k]
+        lo = starts[q]
+        a = smax(lo, toff[dst])
+        c = smax(smin(lo + sizes[q], toff[dst + 1]) - a, 0)
+        return smin(a - lo, sizes[q]), c
 
-    mine = chunks(me)
-    send_counts = [sum(c[2] for c in mine if c[0] == dst) for dst in range(n)]
-    recv = sorted(((q, c[1], c[2]) for q in range(n) for c in chunks(q) if c[0] == me),
-                  key=lambda r: (r[0], r[1]))
-    recv_counts = [sum(r[2] for r in recv if r[0] == q) for q in range(n)]
-    ref = pieces[0][0]
-    parts = [pieces[c[3]][0].narrow(dim, c[4], c[2]).movedim(dim, 0) for c in mine]
-    empty = ref.movedim(dim, 0).narrow(0, 0, 0)
-    buf = torch.cat(parts) if parts else empty
+    kk = range(len(pieces))
+    parts, send_counts = [], []
+    for dst in range(n):
+        cnt = 0
+        for k in kk:
+            st, c = chunk(k, me, dst)
+            parts.append(pieces[k][0].narrow(dim, st, c).movedim(dim, 0))
+            cnt = cnt + c
+        send_counts.append(cnt)
+    buf = torch.cat(parts)
+    recv = {(k, q): chunk(k, q, me)[1] for k in kk for q in range(n)}
+    recv_counts = [sum(recv[(k, q)] for k in kk) for q in range(n)]
     if n == 1:
         got = buf
     else:
         got = _fc.wait_tensor(_fc.all_to_all_single(buf.contiguous(), recv_counts,
                                                     send_counts, _coord(mesh)[2][i]))
-    pos, where = 0, []
-    for _q, a, c in recv:  # received grouped by source, in increasing position
-        where.append((a, pos, c))
-        pos += c
-    out = [got.narrow(0, p, c) for _a, p, c in sorted(where)]
-    return (torch.cat(out) if out else empty).movedim(0, dim)
+    pos, where = 0, {}
+    for q in range(n):  # received grouped by source, pieces in order
+        for k in kk:
+            where[(k, q)] = pos
+            pos = pos + recv[(k, q)]
+    order = order or [(k, q) for k in kk for q in range(n)]
+    return torch.cat([got.narrow(0, where[kq], recv[kq]) for kq in order]).movedim(0, dim)
 
 
 def _shard_mesh_dims(spec, dim) -> list[int]:
@@ -248,7 +253,8 @@ def _flip(func, args, kwargs) -> Plan:
             p, s = spec.placements[i].dim, spec.sizes[i]
             total = sum(s)
             starts = tuple(total - sum(s[: q + 1]) for q in range(len(s)))
-            loc = move_rows([(loc, starts, s)], p, s, mesh, i)
+            loc = move_rows([(loc, starts, s)], p, s, mesh, i,
+                            order=[(0, q) for q in reversed(range(len(s)))])
         return loc
 
     return Plan((), (), call, spec)
@@ -283,13 +289,15 @@ def _roll(func, args, kwargs) -> Plan:
             total = sum(s)
             k = sh % total if total else 0
             los = [sum(s[:r]) for r in range(len(s))]
-            cuts = [min(max(total - k - lo, 0), n) for lo, n in zip(los, s)]
+            cuts = [torch.sym_min(torch.sym_max(total - k - lo, 0), n) for lo, n in zip(los, s)]
             q = _coord(mesh)[1][i]
             head = (loc.narrow(d, 0, cuts[q]), tuple(lo + k for lo in los), tuple(cuts))
             tail = (loc.narrow(d, cuts[q], s[q] - cuts[q]),
                     tuple(lo + c + k - total for lo, c in zip(los, cuts)),
                     tuple(n - c for n, c in zip(s, cuts)))
-            loc = move_rows([head, tail], d, s, mesh, i)
+            loc = move_rows([head, tail], d, s, mesh, i,  # the wrapped tail comes first
+                            order=[(1, r) for r in range(len(s))] + [(0, r) for r in
+                                                                     range(len(s))])
         return loc
 
     return Plan((), (), call, spec)
