@@ -7,4 +7,9 @@ checked by ``tests/shardtensor/test_aten_spike.py``. See ``docs/design/core-spik
 from meshshard.shardtensor._aten.tensor import AtenShardTensor, from_local_aten
 
 __all__ = ["AtenShardTensor", "from_local_aten"]
-from meshshard.shardtensor._aten import rules_index, rules_reduce, rules_shape  # noqa: F401  (registers rules)
+from meshshard.shardtensor._aten import (  # noqa: F401  (registers rules)
+    rules_index,
+    rules_reduce,
+    rules_shape,
+    rules_slice,
+)
