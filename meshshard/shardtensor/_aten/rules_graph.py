@@ -152,7 +152,7 @@ def _row_local(x, idx) -> bool:
 def _gather_rule(func, args, kwargs) -> AtenShardTensor:
     x, idx = args
     if not _row_local(x, idx):
-        return torch.ops.aten.index.Tensor(x, [idx])
+        return torch.ops.aten.index_select.default(x, 0, idx)
     xs, is_ = x._spec, idx._spec
     out = x._local.index_select(0, _local_ids(xs, idx, "row gather"))
     spec = make_spec(xs.mesh, xs.placements, is_.sizes, (idx.shape[0], *x.shape[1:]))

@@ -1,0 +1,367 @@
+"""Aten rules (issue 22, porting step 2): shape ops that move rows between ranks, and the rest.
+
+* ``cat`` along the sharded dim: rank r ends up with the sum of every operand's rows on r
+  (replicated operands count as split evenly); only rows whose owner changes move (one uneven
+  all-to-all, :func:`move_rows`). Elsewhere the spike's ``cat`` rule applies.
+* ``view``/``reshape`` that *split* a sharded dim other than by whole rows (``(N*D,) ->
+  (N, D)`` with shard sizes not multiples of ``D``): the boundaries are rounded to whole rows of
+  the new outer dim and the partial rows move (all-to-all), then the view is local.
+* ``flip`` along the sharded dim (the backward of a sharded cumsum): each rank keeps its size;
+  the rows go to the mirrored rank. ``roll`` along the sharded dim: rows move by the shift.
+* ``stack``, ``unbind``, ``repeat`` (a repeat of the sharded dim is ``Blocked``: every block
+  holds each rank's rows), ``flip``/``roll`` of unsharded dims: local.
+* ``mv``/``dot``: the spike's label algebra (a contracted sharded dim gives Partial).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import Partial
+
+from meshshard.shardtensor._aten import rules as _R
+from meshshard.shardtensor._aten.rules import (
+    SHARDED,
+    AtenShardTensor,
+    Plan,
+    _contract,
+    _coord,
+    _local_shape,
+    _replicated,
+    make_spec,
+    rule,
+    shard_like,
+)
+
+aten = torch.ops.aten
+_fc = torch.ops._c10d_functional
+
+
+def even_sizes(n, k: int) -> tuple:
+    return tuple(n // k + (1 if r < n % k else 0) for r in range(k))
+
+
+def move_rows(pieces: list, dim: int, target: tuple, mesh, i: int, order=None) -> torch.Tensor:
+    """Redistribute rows along ``dim`` over mesh dim ``i``. ``pieces``: ``(local, starts,
+    sizes)`` per piece: on rank q the piece's local rows are the global rows
+    ``[starts[q], starts[q] + sizes[q])`` of the result (pieces tile it). ``order``: the
+    ``(piece, rank)`` runs in increasing global position (default: piece-major, ranks
+    ascending). Returns this rank's rows ``[T_me, T_me + target[me])``, ``T`` the prefix sums
+    of ``target``. Only rows whose owner changes cross the wire: one all-to-all whose split
+    sizes are computed from the sizes alone, with no branch on them (``sym_min``/``sym_max``),
+    so symbolic sizes stay unguarded under ``torch.compile``."""
+    n = mesh.size(i)
+    me = _coord(mesh)[1][i]
+    smin, smax = torch.sym_min, torch.sym_max
+    toff = [0]
+    for t in target:
+        toff.append(toff[-1] + t)
+
+    def chunk(k, q, dst):  # (local start, count) of piece k's rows on q that go to dst
+        _loc, starts, sizes = pieces[k]
+        lo = starts[q]
+        a = smax(lo, toff[dst])
+        c = smax(smin(lo + sizes[q], toff[dst + 1]) - a, 0)
+        return smin(a - lo, sizes[q]), c
+
+    kk = range(len(pieces))
+    parts, send_counts = [], []
+    for dst in range(n):
+        cnt = 0
+        for k in kk:
+            st, c = chunk(k, me, dst)
+            parts.append(pieces[k][0].narrow(dim, st, c).movedim(dim, 0))
+            cnt = cnt + c
+        send_counts.append(cnt)
+    buf = torch.cat(parts)
+    recv = {(k, q): chunk(k, q, me)[1] for k in kk for q in range(n)}
+    recv_counts = [sum(recv[(k, q)] for k in kk) for q in range(n)]
+    if n == 1:
+        got = buf
+    else:
+        got = _fc.wait_tensor(_fc.all_to_all_single(buf.contiguous(), recv_counts,
+                                                    send_counts, _coord(mesh)[2][i]))
+    pos, where = 0, {}
+    for q in range(n):  # received grouped by source, pieces in order
+        for k in kk:
+            where[(k, q)] = pos
+            pos = pos + recv[(k, q)]
+    order = order or [(k, q) for k in kk for q in range(n)]
+    return torch.cat([got.narrow(0, where[kq], recv[kq]) for kq in order]).movedim(0, dim)
+
+
+def _shard_mesh_dims(spec, dim) -> list[int]:
+    return [i for i, p in enumerate(spec.placements) if isinstance(p, SHARDED) and p.dim == dim]
+
+
+def _plain_blocks(spec, i, func):
+    if getattr(spec.placements[i], "blocks", 1) != 1:
+        msg = f"{func} along the blocked dim {spec.placements[i]} (view it back first)"
+        raise NotImplementedError(msg)
+
+
+# ------------------------------------------------------------------ cat along the shard dim
+_spike_cat = _R._RULES[aten.cat.default]
+
+
+@rule(aten.cat.default)
+def _cat(func, args, kwargs) -> Plan:
+    tensors = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    ref = next(t for t in tensors if type(t) is AtenShardTensor)
+    dim = dim % ref.ndim
+    over = [i for t in tensors if type(t) is AtenShardTensor
+            for i in _shard_mesh_dims(t._spec, dim)]
+    if not over:
+        return _spike_cat(func, args, kwargs)
+    i = over[0]
+    rs = next(t._spec for t in tensors if type(t) is AtenShardTensor
+              and i in _shard_mesh_dims(t._spec, dim))
+    _plain_blocks(rs, i, func)
+    mesh, n = rs.mesh, rs.mesh.size(i)
+    steps, specs = [], []
+    for j, t in enumerate(tensors):  # every operand: the reference's other placements,
+        shape = list(rs.shape)        # Shard(dim) on mesh dim i with its own (or even) sizes
+        shape[dim] = t.shape[dim]
+        own = t._spec.sizes[i] if type(t) is AtenShardTensor and \
+            i in _shard_mesh_dims(t._spec, dim) else even_sizes(t.shape[dim], n)
+        sizes = list(rs.sizes)
+        sizes[i] = tuple(own)
+        tspec = make_spec(mesh, rs.placements, tuple(sizes), tuple(shape))
+        specs.append(tspec)
+        if type(t) is AtenShardTensor and _R.same_layout(t._spec, tspec):
+            continue
+        src = t._spec if type(t) is AtenShardTensor else _replicated(tspec)
+        steps.append(((0, j), ("respec", src, tspec)))
+    target = tuple(sum(s.sizes[i][r] for s in specs) for r in range(n))
+    base, starts = 0, []
+    for s in specs:
+        st, acc = [], base
+        for r in range(n):
+            st.append(acc)
+            acc = acc + s.sizes[i][r]
+        starts.append(tuple(st))
+        base = acc
+    shape = list(rs.shape)
+    shape[dim] = base
+    sizes = list(rs.sizes)
+    sizes[i] = target
+    out = make_spec(mesh, rs.placements, tuple(sizes), tuple(shape))
+
+    def call(locs, *_a, **_k):
+        return move_rows([(loc, st, s.sizes[i]) for loc, st, s in zip(locs, starts, specs)],
+                         dim, target, mesh, i)
+
+    return Plan(tuple(steps), (), call, out)
+
+
+# ------------------------------------------------------------------ views splitting a shard
+_spike_view = _R._RULES[aten.view.default]
+
+
+def _rounded(sizes, b: int) -> tuple:
+    """Per-rank counts of whole rows of ``b`` elements: the boundaries rounded to the nearest
+    multiple of ``b``."""
+    off, cuts = 0, [0]
+    for s in sizes:
+        off = off + s
+        cuts.append((off + b // 2) // b)
+    return tuple(cuts[r + 1] - cuts[r] for r in range(len(sizes)))
+
+
+@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def _view(func, args, kwargs) -> Plan:
+    try:
+        plan = _spike_view(func, args, kwargs)
+    except NotImplementedError as e:
+        err = e
+    else:
+        dims = [p.dim for p in plan.outs.placements if isinstance(p, SHARDED)]
+        if len(set(dims)) != len(dims):
+            msg = (f"{func}: {tuple(args[0].shape)} -> {tuple(args[1])} merges dims sharded on "
+                   f"two mesh dims ({args[0]._spec}) into one; not supported")
+            raise NotImplementedError(msg)
+        return plan
+    x, spec = args[0], args[0]._spec
+    in_shape = list(x.shape)
+    numel = 1
+    for s in in_shape:
+        numel = numel * s
+    out_shape = _R._infer(args[1], numel)
+    over = [i for i, p in enumerate(spec.placements) if isinstance(p, SHARDED)]
+    if len(over) != 1 or getattr(spec.placements[over[0]], "blocks", 1) != 1:
+        raise err
+    i = over[0]
+    p = spec.placements[i].dim
+    # the split case: dims before p are kept, dim p becomes (a, b, ...) with a the new
+    # sharded dim; rows of b*... elements of dim p stay whole after the move
+    outer = 1
+    for s in in_shape[:p]:
+        outer = outer * s
+    acc, od = 1, 0
+    while od < len(out_shape) and acc < outer:
+        acc = acc * out_shape[od]
+        od += 1
+    if acc != outer or od >= len(out_shape):
+        raise err
+    rest = 1
+    for v in out_shape[od + 1:]:
+        rest = rest * v
+    inner = 1
+    for v in in_shape[p + 1:]:
+        inner = inner * v
+    if out_shape[od] * rest != in_shape[p] * inner or out_shape[od] == 1:
+        raise err
+    # flatten dim p with the dims after it (each rank holds a contiguous run of that block),
+    # move the run boundaries to multiples of ``rest`` (whole rows of the new dim od), view
+    t = _rounded(tuple(v * inner for v in spec.sizes[i]), rest)
+    mesh = spec.mesh
+    me = _coord(mesh)[1][i]
+    sizes = list(spec.sizes)
+    sizes[i] = t
+    out = make_spec(mesh, tuple(shard_like(q, od) if isinstance(q, SHARDED) else q
+                                for q in spec.placements), tuple(sizes), tuple(out_shape))
+    local_out = list(out_shape)
+    local_out[od] = t[me]
+    flat = tuple(v * inner for v in spec.sizes[i])
+    starts = tuple(sum(flat[:r]) for r in range(mesh.size(i)))
+    moved = tuple(v * rest for v in t)
+    local_flat = list(_local_shape(spec)[:p]) + [flat[me]]
+
+    def call(loc, *_a, **_k):
+        loc = move_rows([(loc.reshape(local_flat), starts, flat)], p, moved, mesh, i)
+        return loc.reshape(local_out)
+
+    return Plan((), (), call, out)
+
+
+# ------------------------------------------------------------------ flip / roll
+@rule(aten.flip.default)
+def _flip(func, args, kwargs) -> Plan:
+    x, spec = args[0], args[0]._spec
+    dims = [d % x.ndim for d in args[1]]
+    over = [i for i, p in enumerate(spec.placements) if isinstance(p, SHARDED)
+            and p.dim in dims]
+    if not over:
+        return Plan(outs=spec)
+    mesh = spec.mesh
+    for i in over:
+        _plain_blocks(spec, i, func)
+
+    def call(loc, *_a, **_k):
+        loc = aten.flip.default(loc, dims)
+        for i in over:  # rank q's flipped rows are the result's rows [N - off_q - s_q, ...)
+            p, s = spec.placements[i].dim, spec.sizes[i]
+            total = sum(s)
+            starts = tuple(total - sum(s[: q + 1]) for q in range(len(s)))
+            loc = move_rows([(loc, starts, s)], p, s, mesh, i,
+                            order=[(0, q) for q in reversed(range(len(s)))])
+        return loc
+
+    return Plan((), (), call, spec)
+
+
+@rule(aten.roll.default)
+def _roll(func, args, kwargs) -> Plan:
+    x, spec = args[0], args[0]._spec
+    shifts = list(args[1])
+    dims = list(args[2]) if len(args) > 2 else kwargs.get("dims", [])
+    if not dims:
+        if any(isinstance(p, SHARDED) for p in spec.placements):
+            msg = f"{func} without dims (over the flattened tensor) of a sharded {spec}"
+            raise NotImplementedError(msg)
+        return Plan(outs=spec)
+    dims = [d % x.ndim for d in dims]
+    local, moves = [], []
+    for sh, d in zip(shifts, dims):
+        over = _shard_mesh_dims(spec, d)
+        if over:
+            _plain_blocks(spec, over[0], func)
+            moves.append((over[0], d, sh))
+        else:
+            local.append((sh, d))
+    mesh = spec.mesh
+
+    def call(loc, *_a, **_k):
+        if local:
+            loc = aten.roll.default(loc, [s for s, _ in local], [d for _, d in local])
+        for i, d, sh in moves:  # source row g goes to (g + k) mod N
+            s = spec.sizes[i]
+            total = sum(s)
+            k = sh % total if total else 0
+            los = [sum(s[:r]) for r in range(len(s))]
+            cuts = [torch.sym_min(torch.sym_max(total - k - lo, 0), n) for lo, n in zip(los, s)]
+            q = _coord(mesh)[1][i]
+            head = (loc.narrow(d, 0, cuts[q]), tuple(lo + k for lo in los), tuple(cuts))
+            tail = (loc.narrow(d, cuts[q], s[q] - cuts[q]),
+                    tuple(lo + c + k - total for lo, c in zip(los, cuts)),
+                    tuple(n - c for n, c in zip(s, cuts)))
+            loc = move_rows([head, tail], d, s, mesh, i,  # the wrapped tail comes first
+                            order=[(1, r) for r in range(len(s))] + [(0, r) for r in
+                                                                     range(len(s))])
+        return loc
+
+    return Plan((), (), call, spec)
+
+
+# ------------------------------------------------------------------ stack / unbind / repeat
+@rule(aten.stack.default)
+def _stack(func, args, kwargs) -> Plan:
+    tensors = args[0]
+    ref = next(t for t in tensors if type(t) is AtenShardTensor)
+    d = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % (ref.ndim + 1)
+    rs = ref._spec
+    steps = []
+    for j, t in enumerate(tensors):
+        if type(t) is AtenShardTensor and _R.same_layout(t._spec, rs):
+            continue
+        src = t._spec if type(t) is AtenShardTensor else _replicated(rs)
+        steps.append(((0, j), ("respec", src, rs)))
+    shape = list(rs.shape)
+    shape.insert(d, len(tensors))
+    pl = tuple(shard_like(p, p.dim + (p.dim >= d)) if isinstance(p, SHARDED) else p
+               for p in rs.placements)
+    return Plan(tuple(steps), (), None, make_spec(rs.mesh, pl, rs.sizes, tuple(shape)))
+
+
+@rule(aten.unbind.int)
+def _unbind(func, args, kwargs) -> Plan:
+    x = args[0]
+    d = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % x.ndim
+    _R._check_free(x, [d], func)
+    spec = x._spec
+    pl = tuple(shard_like(p, p.dim - (p.dim > d)) if isinstance(p, SHARDED) else p
+               for p in spec.placements)
+    shape = tuple(s for k, s in enumerate(spec.shape) if k != d)
+    out = make_spec(spec.mesh, pl, spec.sizes, shape)
+    return Plan(outs=[out] * spec.shape[d])
+
+
+@rule(aten.repeat.default)
+def _repeat(func, args, kwargs) -> Plan:
+    x, reps = args[0], list(args[1])
+    spec = x._spec
+    lead = len(reps) - x.ndim
+    shape = [s * r for s, r in zip([1] * lead + list(spec.shape), reps)]
+    pl = []
+    for p in spec.placements:
+        if isinstance(p, SHARDED):
+            pl.append(shard_like(p, p.dim + lead, getattr(p, "blocks", 1) * reps[p.dim + lead]))
+        elif isinstance(p, Partial):
+            pl.append(p)  # repeat is linear
+        else:
+            pl.append(p)
+    return Plan(outs=make_spec(spec.mesh, tuple(pl), spec.sizes, tuple(shape)))
+
+
+# ------------------------------------------------------------------ linalg
+@rule(aten.mv.default)
+def _mv(func, args, kwargs) -> Plan:
+    steps, spec = _contract(func, args, ("mk", "k"), "m", (0, 1))
+    return Plan(steps, (), None, spec)
+
+
+@rule(aten.dot.default)
+def _dot(func, args, kwargs) -> Plan:
+    steps, spec = _contract(func, args, ("k", "k"), "", (0, 1))
+    return Plan(steps, (), None, spec)
+
