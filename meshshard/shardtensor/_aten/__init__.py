@@ -4,7 +4,12 @@ Not exported; measured against :mod:`meshshard.shardtensor` by ``benchmarks/spik
 checked by ``tests/shardtensor/test_aten_spike.py``. See ``docs/design/core-spike.md``.
 """
 
-from meshshard.shardtensor._aten import rules_grid as _rules_grid  # noqa: F401  (registers)
+from meshshard.shardtensor._aten import (  # noqa: F401  (register the grid rules)
+    rules_grid,
+    rules_grid_norm,
+    rules_grid_resample,
+    rules_grid_window,
+)
 from meshshard.shardtensor._aten.tensor import AtenShardTensor, from_local_aten
 
 __all__ = ["AtenShardTensor", "from_local_aten"]
