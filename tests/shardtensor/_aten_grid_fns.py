@@ -199,7 +199,7 @@ def all_cases(rank, world, jobs):
     """One spawn, many cases: ``jobs`` = [(kind, args...)]."""
     out = []
     for kind, *args in jobs:
-        fn = op_cases if kind == "ops" else unet_case
+        fn = {"ops": op_cases, "unet": unet_case, "errors": error_cases}[kind]
         out.append(fn(rank, world, *args))
     return out
 
@@ -242,3 +242,24 @@ def compile_case(rank, world, layouts):
     return {"per layout": res, "compiles": calls["n"],
             "graph breaks": sum(counters["graph_break"].values()),
             "break reasons": [str(k) for k in counters["graph_break"]]}
+
+
+def error_cases(rank, world):
+    """Layouts the rules cannot do: a clear error naming the op (never a silent gather)."""
+    mesh = _mesh((world,))
+    X = torch.randn(2, 4, 8, 6, generator=_G().manual_seed(1), dtype=torch.float64)
+    out = {}
+    probes = {
+        "channel-sharded conv": ([1], [(1, 3)], lambda x: F.conv2d(x, _w(2, 4, 3, 3))),
+        "adaptive pool not dividing": ([2], [(3, 5)], lambda x: F.adaptive_avg_pool2d(x, 3)),
+        "circular pad (no rule)": ([2], [(3, 5)], lambda x: F.pad(x, (1, 1, 1, 1),
+                                                                  mode="circular")),
+    }
+    for name, (dims, sizes, fn) in probes.items():
+        x, _ = _shard(X, mesh, dims, sizes)
+        try:
+            fn(x)
+            out[name] = "no error"
+        except NotImplementedError as e:
+            out[name] = str(e)
+    return out

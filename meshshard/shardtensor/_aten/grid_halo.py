@@ -144,11 +144,26 @@ def fetch(x: torch.Tensor, ex: Exchange, group: str, fill: float = 0.0) -> torch
             shape = list(x.shape)
             shape[d] = n
             pieces.append(x.new_full(shape, fill))
-    if not pieces:
-        return x.narrow(d, 0, 0)
-    if len(pieces) == 1:
-        return pieces[0]
-    return torch.cat(pieces, d)
+    out = x.narrow(d, 0, 0) if not pieces else pieces[0] if len(pieces) == 1 else \
+        torch.cat(pieces, d)
+    if ex.moves and not any(s[0] == "R" for s in ex.window):
+        out = tie(out, recv)  # this rank receives nothing but must still take part
+    return out
+
+
+def tie(t: torch.Tensor, *deps) -> torch.Tensor:
+    """``t``, depending on ``deps`` while tracing (a no-op eagerly). A collective whose result
+    a rank does not use (it receives nothing, or its output is empty) would be removed from
+    that rank's graph as dead code; a gradient that does not depend on the incoming gradient
+    (zeros on an empty slab) would be moved into the forward graph by the partitioner, with
+    the collectives after it. Either way the ranks' collectives would no longer match. Adds
+    an empty slice's sum (0, also next to -inf fill rows)."""
+    if type(t) is torch.Tensor:
+        return t
+    for d in deps:
+        if d is not None:
+            t = t + d.reshape(-1)[:0].sum().to(t.dtype)
+    return t
 
 
 def _add_rows(acc: torch.Tensor | None, shape: list, dim: int, a: int, n: int, step: int,
@@ -188,8 +203,10 @@ def fetch_transpose(g: torch.Tensor, ex: Exchange, local_shape, group: str) -> t
         for _, a, n, st in ex.send:
             acc = _add_rows(acc, shape, d, a, n, st, sent.narrow(d, pos, n))
             pos += n
-    if acc is None:
-        acc = g.new_zeros(shape)
+    if acc is None:  # a zero gradient that still depends on g (see tie)
+        acc = tie(g.new_zeros(shape), g)
+    if ex.moves and not ex.send:
+        acc = tie(acc, sent)
     return acc
 
 

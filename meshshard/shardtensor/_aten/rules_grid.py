@@ -24,6 +24,7 @@ from meshshard.shardtensor._aten.grid_halo import (
     fetch,
     fetch_transpose,
     reshard_plan,
+    tie,
 )
 from meshshard.shardtensor._aten.rules import (
     _DIRECT,
@@ -245,7 +246,7 @@ def _convolution(func, args, kwargs):
     oshape = local_shape(so)
     lp = [0 if first + a in sharded else p[a] for a in range(len(k))]
     if any(v == 0 for v in oshape) or empty_window(win.shape, sharded):
-        out = win.new_zeros(oshape)
+        out = tie(win.new_zeros(oshape), win)
         if transposed and bl is not None:
             out = out + bl.reshape([1, -1] + [1] * len(k))
         return AtenShardTensor(out, so)
@@ -293,7 +294,8 @@ def _convolution_backward(func, args, kwargs):
     lp = [0 if first + a in sharded else p[a] for a in range(nsp)]
     bdims = [0, *range(2, 2 + nsp)]
     if any(v == 0 for v in oshape) or empty_window(win.shape, sharded):
-        gwin, gw, gb = win.new_zeros(win.shape), wl.new_zeros(wl.shape), gl.sum(bdims)
+        gwin = tie(win.new_zeros(win.shape), win, gl)
+        gw, gb = tie(wl.new_zeros(wl.shape), gl), gl.sum(bdims)
     elif not transposed:
         gwin, gw, gb = func(gl, win, wl, bias_sizes, list(s), lp, list(dl), False, list(op_),
                             groups, list(mask))

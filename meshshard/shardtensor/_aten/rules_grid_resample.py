@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.distributed.tensor import Shard
 
+from meshshard.shardtensor._aten.grid_halo import tie
 from meshshard.shardtensor._aten.rules_grid import (
     AtenShardTensor,
     direct,
@@ -163,7 +164,7 @@ def _upsample(name, nsp, linear):
         win = gather(local, spec, exs)
         oshape = local_shape(so)
         if any(v == 0 for v in oshape) or any(win.shape[d] == 0 for d in sharded):
-            return AtenShardTensor(win.new_zeros(oshape), so)
+            return AtenShardTensor(tie(win.new_zeros(oshape), win), so)
         return AtenShardTensor(_resample(win, rows), so)
 
     @direct(getattr(aten, f"{name}_backward").default)
@@ -192,7 +193,7 @@ def _upsample(name, nsp, linear):
         for ex in exs:
             wshape[ex.dim] = ex.n_window
         if any(v == 0 for v in gl.shape) or any(wshape[d] == 0 for d in sharded):
-            gwin = gl.new_zeros(wshape)
+            gwin = tie(gl.new_zeros(wshape), gl)
         else:
             gwin = _resample_transpose(gl, rows, wshape)
         return AtenShardTensor(gather_transpose(gwin, spec, exs), spec)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from meshshard.shardtensor._aten.grid_halo import tie
 from meshshard.shardtensor._aten.rules_grid import (
     AtenShardTensor,
     direct,
@@ -123,8 +124,8 @@ def _max_pool(nsp):
         win = gather(local, spec, exs, float("-inf"))
         oshape = local_shape(so)
         if any(v == 0 for v in oshape) or empty_window(win.shape, sharded):
-            out, idx = win.new_zeros(oshape), torch.zeros(oshape, dtype=torch.long,
-                                                          device=win.device)
+            out, idx = tie(win.new_zeros(oshape), win), torch.zeros(oshape, dtype=torch.long,
+                                                                   device=win.device)
         else:
             out, idx = func(win, list(k), list(s), lp, list(dl), ceil)
             if starts:
@@ -142,7 +143,7 @@ def _max_pool(nsp):
         gl, il = grad_local(g, so), grad_local(idx, so)
         wshape = window_shape(local.shape, exs)
         if any(v == 0 for v in gl.shape) or empty_window(wshape, sharded):
-            gwin = local.new_zeros(wshape)
+            gwin = tie(local.new_zeros(wshape), gl)
         else:
             if starts:
                 il = _reindex(il, ints(spec.shape[first:]), wshape[first:],
@@ -184,7 +185,7 @@ def _avg_pool(nsp):
         win = gather(local, spec, exs)
         oshape = local_shape(so)
         if any(v == 0 for v in oshape) or empty_window(win.shape, sharded):
-            return AtenShardTensor(win.new_zeros(oshape), so)
+            return AtenShardTensor(tie(win.new_zeros(oshape), win), so)
         out = func(win, list(k), list(s), lp, ceil, cip, override)
         if override is None and sharded:
             out = out * _avg_factor(spec, so, sharded, first, k, s, p, ceil, cip, so.shape, out)
@@ -200,7 +201,7 @@ def _avg_pool(nsp):
         gl = grad_local(g, so)
         wshape = window_shape(local.shape, exs)
         if any(v == 0 for v in gl.shape) or empty_window(wshape, sharded):
-            gwin = local.new_zeros(wshape)
+            gwin = tie(local.new_zeros(wshape), gl)
         else:
             if override is None and sharded:
                 gl = gl * _avg_factor(spec, so, sharded, first, k, s, p, ceil, cip, so.shape,
@@ -246,7 +247,7 @@ def _adaptive(nsp, kind):
         oshape = local_shape(so)
         lsz = [oshape[first + a] for a in range(nsp)]
         if any(v == 0 for v in oshape) or empty_window(win.shape, sharded):
-            out = win.new_zeros(oshape)
+            out = tie(win.new_zeros(oshape), win)
             if kind == "avg":
                 return AtenShardTensor(out, so)
             return AtenShardTensor(out, so), AtenShardTensor(
@@ -272,7 +273,7 @@ def _adaptive(nsp, kind):
         gl = grad_local(g, so)
         wshape = window_shape(local.shape, exs)
         if any(v == 0 for v in gl.shape) or empty_window(wshape, sharded):
-            gwin = local.new_zeros(wshape)
+            gwin = tie(local.new_zeros(wshape), gl)
         elif kind == "avg":
             gwin = func(gl, local.new_zeros(wshape))
         else:
@@ -332,7 +333,7 @@ def _constant_pad(func, args, kwargs):
     win = gather(local, spec, exs, value)
     oshape = local_shape(so)
     if any(v == 0 for v in oshape) or empty_window(win.shape, [e.dim for e in exs]):
-        return AtenShardTensor(win.new_full(oshape, value), so)
+        return AtenShardTensor(tie(win.new_full(oshape, value), win), so)
     return AtenShardTensor(func(win, lpad, value) if any(lpad) else win, so)
 
 
@@ -344,7 +345,7 @@ def _mode_pad(nsp, mode, prefix):
         win = gather(local, spec, exs)
         oshape = local_shape(so)
         if any(v == 0 for v in oshape) or empty_window(win.shape, [e.dim for e in exs]):
-            return AtenShardTensor(win.new_zeros(oshape), so)
+            return AtenShardTensor(tie(win.new_zeros(oshape), win), so)
         return AtenShardTensor(func(win, lpad) if any(lpad) else win, so)
 
     @direct(getattr(aten, f"{prefix}_pad{nsp}d_backward").default)
@@ -354,7 +355,7 @@ def _mode_pad(nsp, mode, prefix):
         gl = grad_local(g, so)
         wshape = window_shape(local.shape, exs)
         if any(v == 0 for v in gl.shape) or empty_window(wshape, [e.dim for e in exs]):
-            gwin = local.new_zeros(wshape)
+            gwin = tie(local.new_zeros(wshape), gl)
         else:
             gwin = func(gl, local.new_zeros(wshape), lpad) if any(lpad) else gl
         return AtenShardTensor(gather_transpose(gwin, spec, exs), spec)
