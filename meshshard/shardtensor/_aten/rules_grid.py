@@ -23,7 +23,6 @@ from meshshard.shardtensor._aten.grid_halo import (
     exchange_plan,
     fetch,
     fetch_transpose,
-    reshard_plan,
     tie,
 )
 from meshshard.shardtensor._aten.rules import (
@@ -31,9 +30,9 @@ from meshshard.shardtensor._aten.rules import (
     _all_reduce,
     _coord,
     from_replicate_local,
+    respec_local,
     rule,
     same_layout,
-    to_replicate_local,
 )
 from meshshard.shardtensor._aten.tensor import AtenShardTensor, make_spec
 from meshshard.shardtensor.handlers.grid._window import sliding_plan
@@ -177,16 +176,8 @@ def grad_local(g, spec):
         if isinstance(p, Partial):
             loc = _all_reduce(loc, gs.mesh, i)
             pl[i] = _REP
-    if tuple(pl) == spec.placements and tuple(gs.shape) == tuple(spec.shape):
-        names = _coord(spec.mesh)[2]
-        for i, p in enumerate(pl):
-            if isinstance(p, Shard) and ints(gs.sizes[i]) != ints(spec.sizes[i]):
-                ex = reshard_plan(p.dim, i, ints(gs.sizes[i]), ints(spec.sizes[i]),
-                                  me_of(spec, i))
-                loc = fetch(loc, ex, names[i])
-        return loc
     mid = make_spec(gs.mesh, tuple(pl), gs.sizes, gs.shape)
-    return from_replicate_local(to_replicate_local(loc, mid), spec)
+    return respec_local(loc, mid, spec)
 
 
 def wrap(t, spec):
