@@ -205,7 +205,7 @@ def all_cases(rank, world, jobs):
 
 
 # ------------------------------------------------------------------ torch.compile
-def compile_case(rank, world, layouts):
+def compile_case(rank, world, layouts, norm="group"):
     """Plain ``torch.compile(unet)`` on the sharded input over several slab layouts:
     compilations, graph breaks, and compiled against eager (loss, x.grad, weight grads)."""
     from torch._dynamo.utils import counters
@@ -226,7 +226,7 @@ def compile_case(rank, world, layouts):
     torch.manual_seed(0)
     # depth 2 keeps the compile time (two compilations) under a minute here; depth 3 adds
     # the same ops once more
-    model = UNet3d(2, 3, base=4, depth=2, norm="group").double()
+    model = UNet3d(2, 3, base=4, depth=2, norm=norm).double()
     cm = torch.compile(model, backend=backend)
     res = []
     for sizes in layouts:
