@@ -76,6 +76,7 @@ def _op_list():
         ("pad constant crop", lambda x, p: F.pad(x, (-1, 1, -2, 3)), [], 3),
         ("pad reflect", lambda x, p: F.pad(x, (2, 1, 3, 2), mode="reflect"), [], 3),
         ("pad replicate", lambda x, p: F.pad(x, (1, 3, 2, 4), mode="replicate"), [], 3),
+        ("pad circular", lambda x, p: F.pad(x, (2, 1, 3, 2), mode="circular"), [], 3),
         ("interpolate nearest x2", lambda x, p: F.interpolate(x, scale_factor=2), [], 3),
         ("interpolate nearest down", lambda x, p: F.interpolate(x, size=(5, 4)), [], 3),
         ("interpolate bilinear size", lambda x, p: F.interpolate(
@@ -156,14 +157,14 @@ def _batch_norm_cases(mesh, dims, sizes, X):
 
 
 # ------------------------------------------------------------------ the reference UNet
-def unet_case(rank, world, mesh_shape, dims, sizes, norm):
+def unet_case(rank, world, mesh_shape, dims, sizes, norm, padding_mode="zeros"):
     """UNet3d: loss, output, every parameter gradient, the input gradient by
     ``torch.autograd.grad`` w.r.t. the sharded input, and the batch-norm buffers."""
     from meshshard.models import UNet3d
 
     mesh = _mesh(mesh_shape)
     torch.manual_seed(0)
-    ref = UNet3d(2, 3, base=4, depth=3, norm=norm).double()
+    ref = UNet3d(2, 3, base=4, depth=3, norm=norm, padding_mode=padding_mode).double()
     model = copy.deepcopy(ref)
     shape = [2, 2, 8, 8, 8]
     for d, s in zip(dims, sizes):
@@ -254,8 +255,7 @@ def error_cases(rank, world):
     probes = {
         "channel-sharded conv": ([1], [(1, 3)], lambda x: F.conv2d(x, _w(2, 4, 3, 3))),
         "adaptive pool not dividing": ([2], [(3, 5)], lambda x: F.adaptive_avg_pool2d(x, 3)),
-        "circular pad (no rule)": ([2], [(3, 5)], lambda x: F.pad(x, (1, 1, 1, 1),
-                                                                  mode="circular")),
+        "an op with no rule": ([2], [(3, 5)], lambda x: torch.roll(x, 1, 2)),
     }
     for name, (dims, sizes, fn) in probes.items():
         x, _ = _shard(X, mesh, dims, sizes)

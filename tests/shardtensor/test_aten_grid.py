@@ -24,11 +24,15 @@ _RTOL = 1e-10
 JOBS = {
     2: [("ops", (2,), [2], [(3, 5)]), ("ops", (2,), [2], [(0, 8)]),
         ("unet", (2,), [2], [(3, 5)], "group"), ("unet", (2,), [2], [(0, 8)], "batch"),
-        ("unet", (2,), [2], [(1, 7)], "instance"), ("errors",)],
+        ("unet", (2,), [2], [(1, 7)], "instance"),
+        ("unet", (2,), [2], [(1, 7)], "group", "circular"), ("errors",)],
     3: [("ops", (3,), [2], [(1, 0, 7)]), ("unet", (3,), [2], [(1, 0, 7)], "group"),
         ("unet", (3,), [2], [(2, 5, 1)], "batch")],
     4: [("ops", (4,), [2], [(2, 0, 5, 1)]), ("ops", (2, 2), [2, 3], [(3, 5), (1, 5)]),
         ("unet", (4,), [2], [(2, 0, 5, 1)], "batch"), ("unet", (4,), [2], [(1, 1, 6, 0)], "group"),
+        ("unet", (4,), [2], [(2, 0, 5, 1)], "instance", "reflect"),
+        ("unet", (4,), [2], [(1, 1, 6, 0)], "batch", "circular"),
+        ("unet", (4,), [2], [(1, 1, 6, 0)], "group", "replicate"),
         ("unet", (2, 2), [2, 3], [(3, 5), (1, 7)], "group"),
         ("unet", (2, 2), [2, 4], [(0, 8), (5, 3)], "batch"),
         ("unet", (2, 2), [0, 2], [(1, 1), (3, 5)], "group")],
@@ -75,7 +79,7 @@ def test_layouts_the_rules_cannot_do_fail_clearly(reports):
         rep = per_job[JOBS[2].index(("errors",))]
         assert "channel dim 1" in rep["channel-sharded conv"]
         assert "does not divide the sharded dim" in rep["adaptive pool not dividing"]
-        assert "no sharding rule" in rep["circular pad (no rule)"]
+        assert "no sharding rule for aten.roll" in rep["an op with no rule"]
 
 
 def test_plain_torch_compile_of_the_unet():

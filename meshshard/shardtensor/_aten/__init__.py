@@ -6,6 +6,7 @@ checked by ``tests/shardtensor/test_aten_spike.py``. See ``docs/design/core-spik
 
 from meshshard.shardtensor._aten import (  # noqa: F401  (register the grid rules)
     rules_grid,
+    rules_grid_circular,
     rules_grid_norm,
     rules_grid_resample,
     rules_grid_window,
