@@ -114,10 +114,19 @@ def _pad_bwd(func, args, kwargs):
     return AtenShardTensor(gather_transpose(gwin, spec, exs), spec)
 
 
-def _pad_entry(input, pad, mode="constant", value=None):
-    """``F.pad`` on a ShardTensor: circular mode -> the custom op, anything else as usual."""
+def _pad_rule(input, pad, mode="constant", value=None):
+    """``F.pad`` on a ShardTensor, circular mode: the custom op (else NotImplemented)."""
     if mode == "circular" and type(input) is AtenShardTensor:
         return torch.ops.meshshard.grid_pad_circular(input, [int(v) for v in pad])
+    return NotImplemented
+
+
+def _pad_entry(input, pad, mode="constant", value=None):
+    """The same as an engine entry (a tree without ``FUNCTION_RULES``): anything but circular
+    goes on as ``__torch_function__`` would."""
+    out = _pad_rule(input, pad, mode, value)
+    if out is not NotImplemented:
+        return out
     args, kwargs = (input, pad), {"mode": mode, "value": value}
     if torch.is_grad_enabled():
         args, kwargs = _tensor._lift_plain(args, kwargs)
@@ -125,5 +134,9 @@ def _pad_entry(input, pad, mode="constant", value=None):
         return F.pad(*args, **kwargs)
 
 
-# F.pad reaches the wrapper's __torch_function__; route it here (see the module docstring)
-_tensor._ENGINE_ENTRIES[F.pad] = _pad_entry
+# F.pad reaches the wrapper's __torch_function__: a function-level rule where the tree has
+# them (tensor.FUNCTION_RULES), else an engine entry
+if hasattr(_tensor, "FUNCTION_RULES"):
+    _tensor.FUNCTION_RULES[F.pad] = _pad_rule
+else:
+    _tensor._ENGINE_ENTRIES[F.pad] = _pad_entry
