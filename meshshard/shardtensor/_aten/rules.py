@@ -170,7 +170,9 @@ def respec_local(loc: torch.Tensor, src, dst) -> torch.Tensor:
     per-rank sizes (int sizes: eager, or specialised) move just the rows that change owner
     (one all-to-all per such mesh dim); anything else goes through the full tensor."""
     if src.placements == dst.placements and tuple(src.shape) == tuple(dst.shape) and all(
-            type(v) is int for s in (*src.sizes, *dst.sizes) if s is not None for v in s):
+            type(v) is int for s in (*src.sizes, *dst.sizes) if s is not None for v in s) \
+            and all(type(p) is Shard or src.sizes[i] == dst.sizes[i]
+                    for i, p in enumerate(src.placements)):
         from meshshard.shardtensor._aten.grid_halo import fetch, reshard_plan
 
         c = _coord(src.mesh)
@@ -178,8 +180,6 @@ def respec_local(loc: torch.Tensor, src, dst) -> torch.Tensor:
             if isinstance(p, Shard) and src.sizes[i] != dst.sizes[i]:
                 ex = reshard_plan(p.dim, i, tuple(src.sizes[i]), tuple(dst.sizes[i]), c[1][i])
                 loc = fetch(loc, ex, c[2][i])
-            elif isinstance(p, SHARDED) and src.sizes[i] != dst.sizes[i]:
-                return from_replicate_local(to_replicate_local(loc, src), dst)
         return loc
     return from_replicate_local(to_replicate_local(loc, src), dst)
 
