@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-from torch.distributed.tensor import Partial, Replicate
+from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.shardtensor._aten.tensor import (
     SHARDED,
@@ -162,6 +162,25 @@ def _apply_step(loc: torch.Tensor, step: tuple, mesh) -> torch.Tensor:
         _, i, ad, s, blocks = step
         return _narrow(loc, ad, s, _coord(mesh)[1][i], blocks)
     _, src, dst = step  # respec
+    return respec_local(loc, src, dst)
+
+
+def respec_local(loc: torch.Tensor, src, dst) -> torch.Tensor:
+    """This rank's piece of ``dst`` from its piece of ``src``. Splits that differ only in the
+    per-rank sizes (int sizes: eager, or specialised) move just the rows that change owner
+    (one all-to-all per such mesh dim); anything else goes through the full tensor."""
+    if src.placements == dst.placements and tuple(src.shape) == tuple(dst.shape) and all(
+            type(v) is int for s in (*src.sizes, *dst.sizes) if s is not None for v in s) \
+            and all(type(p) is Shard or src.sizes[i] == dst.sizes[i]
+                    for i, p in enumerate(src.placements)):
+        from meshshard.shardtensor._aten.grid_halo import fetch, reshard_plan
+
+        c = _coord(src.mesh)
+        for i, p in enumerate(src.placements):
+            if isinstance(p, Shard) and src.sizes[i] != dst.sizes[i]:
+                ex = reshard_plan(p.dim, i, tuple(src.sizes[i]), tuple(dst.sizes[i]), c[1][i])
+                loc = fetch(loc, ex, c[2][i])
+        return loc
     return from_replicate_local(to_replicate_local(loc, src), dst)
 
 
