@@ -817,36 +817,6 @@ def _slice_bwd(func, args, kwargs) -> Plan:
                 _spec_with(g._spec, g._spec.placements, g._spec.sizes, sizes))
 
 
-@rule(aten.unbind.int)
-def _unbind(func, args, kwargs) -> Plan:
-    x = args[0]
-    dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % x.ndim
-    _check_free(x, [dim], func)
-    shape = [s for k, s in enumerate(x.shape) if k != dim]
-    one = _moved(x, lambda k: k - (k > dim), shape).outs
-    return Plan(outs=[one] * x.shape[dim])
-
-
-@rule(aten.stack.default)
-def _stack(func, args, kwargs) -> Plan:
-    """Stack along a new dim of tensors laid out alike (plain ones are cut to the layout)."""
-    tensors = args[0]
-    ref = next(t for t in tensors if type(t) is AtenShardTensor)
-    dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % (ref.ndim + 1)
-    steps = []
-    rs = ref._spec
-    for j, t in enumerate(tensors):
-        if type(t) is AtenShardTensor and same_layout(t._spec, rs):
-            continue
-        src = t._spec if type(t) is AtenShardTensor else _replicated(rs)
-        steps.append(((0, j), ("respec", src, rs)))
-    shape = list(ref.shape)
-    shape.insert(dim, len(tensors))
-    placements = tuple(shard_like(p, p.dim + (p.dim >= dim)) if isinstance(p, SHARDED) else p
-                       for p in rs.placements)
-    return Plan(tuple(steps), (), None, _spec_with(rs, placements, rs.sizes, shape))
-
-
 def _fill_local(x: AtenShardTensor, value) -> None:
     """In place: every element ``value`` (a Partial dim keeps it on coordinate 0 only)."""
     coord = _coord(x._spec.mesh)[1]
