@@ -50,6 +50,7 @@ def layout_cases(rank: int, world: int, sizes: tuple, other: tuple) -> dict:
                                 [torch.Size([s, 3]) for s in sizes]).sharding_sizes()),
         torch.tensor(sizes))
     out["Partial max"] = _error_of(lambda: from_local(X, mesh, [Partial("max")]))
+    out["a ShardTensor given"] = _error_of(lambda: from_local(x, mesh, [Shard(0)]))
     out["bad target sizes"] = _error_of(lambda: redistribute(x, [Shard(0)], [n + 1] + [0] * (
         world - 1)))
 

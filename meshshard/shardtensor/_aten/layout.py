@@ -42,10 +42,11 @@ def from_local(
     ``sharding_shapes`` and the same checks as :func:`meshshard.shardtensor.from_local`:
     ``None`` infers every rank's sizes with one all-gather of shapes; given sizes are checked
     against every rank's actual shape unless ``validate=False``. Collective as that says."""
-    from meshshard.shardtensor.api import resolve_layout
+    from meshshard.shardtensor.api import ShardTensor, resolve_layout
 
-    if isinstance(local, AtenShardTensor):
-        msg = "from_local got a ShardTensor; pass its .to_local() or use redistribute()"
+    if isinstance(local, (AtenShardTensor, ShardTensor)):
+        msg = (f"from_local got a {type(local).__name__}; pass its .to_local() (or use "
+               "redistribute() to change a layout)")
         raise TypeError(msg)
     if not isinstance(local, torch.Tensor):
         msg = f"from_local needs a torch.Tensor, got {type(local).__name__}"
