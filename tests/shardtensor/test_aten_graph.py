@@ -11,7 +11,8 @@ from meshshard.testing import run_ranks
 from tests.graph._data import empty_and_isolated, first_empty, slab_uneven
 from tests.shardtensor import _aten_graph_fns as fns
 
-# fp64; the distributed sums only reorder additions: measured <= 1e-15 relative
+# fp64; the distributed sums only reorder additions: measured worst 3.1e-15 relative (the 2-rank
+# cases, outputs, loss, first and second order); 1e-10 leaves room for other CPUs
 _RTOL = 1e-10
 CASES = {
     2: [{"graph": "dual", "n": 200, "method": "metis"},
@@ -29,9 +30,26 @@ def _close(got, want, what):
     torch.testing.assert_close(got, want, rtol=_RTOL, atol=atol, msg=lambda m: f"{what}: {m}")
 
 
+COMPILE_CASE = {"graph": "dual", "n": 120, "method": "metis"}
+_RESULTS: dict = {}
+
+
+def _all(rank, P, cases):
+    out = {"cases": fns.graph_cases(rank, P, cases)}
+    if P == 2:  # the compile case shares this spawn of ranks
+        out["compile"] = fns.compile_case(rank, P, COMPILE_CASE)
+    return out
+
+
+def _results(P):
+    if P not in _RESULTS:
+        _RESULTS[P] = run_ranks(_all, P, CASES[P], timeout=600)
+    return _RESULTS[P]
+
+
 @pytest.mark.parametrize("P", sorted(CASES))
 def test_meshgraphnet_on_shardtensors_equals_one_process(P):
-    for rank, per_case in enumerate(run_ranks(fns.graph_cases, P, CASES[P], timeout=400)):
+    for rank, per_case in enumerate(r["cases"] for r in _results(P)):
         for ci, res in enumerate(per_case):
             assert res
             for (reduce, strategy), rep in res.items():
@@ -42,8 +60,7 @@ def test_meshgraphnet_on_shardtensors_equals_one_process(P):
 
 
 def test_meshgraphnet_plain_torch_compile_equals_eager():
-    case = {"graph": "dual", "n": 120, "method": "metis"}
-    for rank, rep in enumerate(run_ranks(fns.compile_case, 2, case, timeout=400)):
+    for rank, rep in enumerate(r["compile"] for r in _results(2)):
         assert rep["graph breaks"] == 0, rep["graph breaks"]
         for k, (a, b) in enumerate(zip(rep["compiled"], rep["eager"])):
             _close(a, b, f"rank {rank} tensor {k}")
