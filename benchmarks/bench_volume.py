@@ -12,11 +12,13 @@ is not timed); the hypergraph methods build their nets inside the timed call.
 Methods (``--methods``, comma-separated):
 
 - ``hilbert``; ``metis_cut``, ``metis_vol`` (``objective="vol"``); ``metis_vol_fm``
-  (``metis_vol`` + meshshard's pure-Python volume FM);
+  (``metis_vol`` + meshshard's pure-Python volume FM); ``metis_vol_fast`` (+ the vectorised
+  refinement, ``refine="fast"``);
 - ``kaminpar_default``, ``kaminpar_strong`` (one thread);
 - ``hyp_<preset>`` for ``deterministic``, ``deterministic_quality``, ``default``, ``quality``,
   ``highest_quality`` (Mt-KaHyPar on the 1-ring refresh hypergraph, one thread);
-  ``hyp_metis_v1`` (METIS vol start, one deterministic V-cycle); ``hyp_<preset>_fm`` (then the
+  ``hyp_metis_v1`` (METIS vol start, one deterministic V-cycle); ``hyp_<preset>_m<K>`` (METIS
+  vol start, K V-cycles of that preset); ``hyp_<preset>_fm`` (then the
   volume FM); ``hyp_<preset>_t<K>`` (K seeds, fewest ghost rows kept).
 """
 
@@ -44,6 +46,8 @@ def _kwargs(method: str, graph) -> tuple[str, dict]:
         kw = {"graph": graph, "objective": "vol" if method.startswith("metis_vol") else "cut"}
         if method.endswith("_fm"):
             kw["refine"] = "volume"
+        if method.endswith("_fast"):
+            kw["refine"] = "fast"
         return "metis", kw
     if method.startswith("kaminpar"):
         return "kaminpar", {"graph": graph, "preset": method.partition("_")[2]}
@@ -55,7 +59,11 @@ def _kwargs(method: str, graph) -> tuple[str, dict]:
         head, _, tail = name.rpartition("_t")
         if head and tail.isdigit():
             name, kw["tries"] = head, int(tail)
-        if name.startswith("metis_v"):
+        head, _, tail = name.rpartition("_m")
+        if head and tail.isdigit():  # <preset>_m<K>: METIS vol start, K V-cycles of <preset>
+            kw.update(init="metis", vcycles=int(tail), preset=head,
+                      deterministic=head.startswith("deterministic"))  # fmt: skip
+        elif name.startswith("metis_v"):
             kw.update(init="metis", vcycles=int(name[7:]), preset="deterministic")
         else:
             kw.update(preset=name, deterministic=name.startswith("deterministic"))

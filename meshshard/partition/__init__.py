@@ -23,6 +23,7 @@ _LAZY = {
     "metrics": "meshshard.partition.quality",
     "refine_volume": "meshshard.partition.volrefine",
     "communication_volume": "meshshard.partition.volrefine",
+    "refine_volume_fast": "meshshard.partition.fastrefine",
     "halo_plan": "meshshard.partition.halo",
     "ghost_rows": "meshshard.partition.halo",
     "hypergraph": "meshshard.partition.hypergraph",

@@ -87,7 +87,8 @@ def partition(
         Passed to the method (e.g. ``bits`` for SFCs; ``graph``, ``knn``, ``ufactor``,
         ``contig``, ``seed``, ``objective`` for METIS). ``"metis"`` and ``"kaminpar"`` also
         take ``refine="volume"`` (k-way FM that lowers the ghost rows, i.e. the communication
-        volume, after the partitioner, within the same balance; never increases it) and
+        volume, after the partitioner, within the same balance; never increases it) or
+        ``refine="fast"`` (its vectorised, greedy counterpart: about as many rows, less time) and
         ``tries=k`` (k runs with seeds ``seed .. seed + k - 1``, the fewest ghost rows kept;
         per-try volumes recorded in ``Partition.params``), e.g.
         ``partition(centres, 4, "metis", graph=dual_graph(mesh), objective="vol",

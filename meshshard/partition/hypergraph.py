@@ -277,8 +277,9 @@ def hypergraph(
         Extra V-cycles (coarsen the current partition, refine it back) after the partition.
     deterministic : bool
         Refuse presets whose result changes from run to run (True, the default).
-    refine : {None, "volume"} or bool
-        ``"volume"``: meshshard's k-way FM on the 1-ring volume afterwards (only for ``rings=1``).
+    refine : {None, "volume", "fast"} or bool
+        ``"volume"``: meshshard's k-way FM on the 1-ring volume afterwards; ``"fast"``: the
+        vectorised refinement (:mod:`meshshard.partition.fastrefine`); only for ``rings=1``.
     tries : int
         Runs with seeds ``seed .. seed + tries - 1``; the fewest 1-ring ghost rows are kept.
 

@@ -188,9 +188,10 @@ def kaminpar(
         Random seed (with ``threads=1`` the result is deterministic for a fixed seed).
     threads : int
         KaMinPar threads (more threads: faster, not bit-reproducible).
-    refine : {None, "volume"} or bool
+    refine : {None, "volume", "fast"} or bool
         ``"volume"`` (or True): lower the ghost rows afterwards with k-way FM within
-        ``epsilon`` (as :func:`meshshard.partition.graphpart.metis`).
+        ``epsilon`` (as :func:`meshshard.partition.graphpart.metis`); ``"fast"``: with the
+        vectorised :func:`meshshard.partition.fastrefine.refine_volume_fast` instead.
     tries : int
         Runs with seeds ``seed .. seed + tries - 1``; keeps the fewest ghost rows with
         ``refine``, else the smallest edge cut (recorded in ``params``).
@@ -206,7 +207,7 @@ def kaminpar(
     ValueError
         Asymmetric or self-looped graph, mismatched sizes, bad weights/targets, an unknown
         ``preset``, ``epsilon`` outside (0, 1), ``threads`` < 1, ``seed`` < 0, ``refine``
-        not None/bool/"volume", ``tries`` < 1.
+        not None/bool/"volume"/"fast", ``tries`` < 1.
 
     Examples
     --------

@@ -79,6 +79,16 @@ def _check_int(name: str, val: Any, low: int) -> int:
     return int(val)
 
 
+def _check_ufactor(ufactor: Any) -> float:
+    if isinstance(ufactor, bool) or not isinstance(ufactor, (int, float, np.integer,
+                                                            np.floating)) or not (
+        np.isfinite(ufactor) and ufactor >= 0
+    ):  # fmt: skip
+        msg = f"ufactor={ufactor!r} must be a number >= 0 (allowed imbalance in thousandths)"
+        raise ValueError(msg)
+    return float(ufactor)
+
+
 def _check_assignment(assignment: Any, n: int, parts: int) -> np.ndarray:
     a = _to_numpy(assignment)
     if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
@@ -158,12 +168,7 @@ def refine_volume(
     passes = _check_int("passes", passes, 1)
     window = _check_int("window", window, 1)
     seed = _check_int("seed", seed, 0)
-    if isinstance(ufactor, bool) or not isinstance(ufactor, (int, float, np.integer,
-                                                            np.floating)) or not (
-        np.isfinite(ufactor) and ufactor >= 0
-    ):  # fmt: skip
-        msg = f"ufactor={ufactor!r} must be a number >= 0 (allowed imbalance in thousandths)"
-        raise ValueError(msg)
+    ufactor = _check_ufactor(ufactor)
     g = check_graph(graph_csr)
     n = g.shape[0]
     a = _check_assignment(assignment, n, parts)

@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import pyvista as pv
+import scipy.sparse as sp
+
+from meshshard.partition import communication_volume, dual_graph, knn_graph, metis, metrics
+from meshshard.partition.fastrefine import refine_volume_fast
+
+
+def _brute_volume(g, a) -> int:
+    """Distinct (vertex, remote part) pairs, one vertex at a time (the definition)."""
+    total = 0
+    for v in range(g.shape[0]):
+        seen = {int(a[u]) for u in g.indices[g.indptr[v] : g.indptr[v + 1]]}
+        seen.discard(int(a[v]))
+        total += len(seen)
+    return total
+
+
+def _grid(nx: int, ny: int):
+    path = lambda m: sp.diags([1, 1], [-1, 1], shape=(m, m), dtype=int)  # noqa: E731
+    return (sp.kron(sp.eye(ny), path(nx)) + sp.kron(path(ny), sp.eye(nx))).tocsr().astype(int)
+
+
+def _slabs(x: np.ndarray, w: np.ndarray, targets) -> np.ndarray:
+    """Cut along x so that part p holds about targets[p] of the weight (jagged, in balance)."""
+    order = np.argsort(x, kind="stable")
+    frac = np.cumsum(w[order]) / w.sum()
+    a = np.empty(x.size, dtype=np.int64)
+    a[order] = np.searchsorted(np.cumsum(targets)[:-1], frac - 0.5 * w[order] / w.sum())
+    return a
+
+
+@pytest.fixture(scope="module")
+def cloud():
+    pts = np.random.default_rng(1).random((3000, 3))
+    return pts, knn_graph(pts, 6)
+
+
+@pytest.fixture(scope="module")
+def trimesh():
+    pts = np.random.default_rng(2).random((2500, 2))
+    surf = pv.PolyData(np.c_[pts, np.zeros(len(pts))]).delaunay_2d()
+    return np.asarray(surf.cell_centers().points)[:, :2], dual_graph(surf)
+
+
+@pytest.mark.parametrize("parts", [2, 3, 5, 16])
+def test_lowers_ghost_rows_in_balance_and_count_matches_brute_force(cloud, trimesh, parts):
+    for pts, g in (cloud, trimesh):
+        a = _slabs(pts[:, 0], np.ones(len(pts)), np.full(parts, 1 / parts))
+        b = refine_volume_fast(g, a, parts)
+        after = _brute_volume(g, b)
+        assert communication_volume(g, b, parts) == after
+        assert after < _brute_volume(g, a)  # a slab cut is far from a local optimum
+        assert np.bincount(b, minlength=parts).max() <= np.floor(1.03 * len(pts) / parts)
+
+
+def test_never_worse_on_random_labels_and_graphs():
+    rng = np.random.default_rng(4)
+    for trial in range(12):
+        n = int(rng.integers(5, 300))
+        m = sp.random(n, n, density=float(rng.uniform(0.01, 0.2)), random_state=trial)
+        g = ((m + m.T) > 0).astype(int).tolil()
+        g.setdiag(0)
+        g = g.tocsr()
+        g.eliminate_zeros()
+        parts = int(rng.integers(2, 7))
+        a = rng.integers(0, parts, n)
+        b = refine_volume_fast(g, a, parts, ufactor=1000, seed=trial)
+        assert _brute_volume(g, b) <= _brute_volume(g, a)
+        assert communication_volume(g, b, parts) == _brute_volume(g, b)
+
+
+def test_balance_weighted_nonuniform_and_zero_target(cloud):
+    pts, g = cloud
+    w = np.random.default_rng(3).uniform(0.2, 3.0, len(pts))
+    for targets, uf in (([0.25] * 4, 30), ([0.5, 0.3, 0.0, 0.2], 30), ([0.4, 0.0, 0.6], 5)):
+        t = np.asarray(targets)
+        P = t.size
+        a = _slabs(pts[:, 0], w, t)
+        cap = (1 + uf / 1000) * t * w.sum()
+        assert (np.bincount(a, weights=w, minlength=P) <= cap + 1e-9).all()  # input in balance
+        b = refine_volume_fast(g, a, P, weights=w, targets=t, ufactor=uf)
+        assert (np.bincount(b, weights=w, minlength=P) <= cap + 1e-9).all()
+        assert (np.bincount(b, minlength=P)[t == 0] == 0).all()  # zero targets stay empty
+        assert _brute_volume(g, b) < _brute_volume(g, a)
+
+
+def test_part_over_its_cap_only_shrinks_and_no_boundary_is_unchanged():
+    g = _grid(12, 12)
+    a = (np.arange(144) % 12 >= 3).astype(np.int64)  # part 1 holds 108 of 144: over its cap
+    b = refine_volume_fast(g, a, 2)
+    assert np.bincount(b, minlength=2)[1] <= 108
+    assert _brute_volume(g, b) <= _brute_volume(g, a)
+    blocks = sp.block_diag([_grid(5, 5)] * 3).tocsr()  # three components, one per part
+    comp = np.repeat([2, 0, 1], 25)
+    np.testing.assert_array_equal(refine_volume_fast(blocks, comp, 3), comp)
+    assert refine_volume_fast(_grid(4, 4), np.zeros(16, dtype=int), 1).tolist() == [0] * 16
+
+
+def test_same_result_per_seed_and_input_kept(trimesh):
+    pts, g = trimesh
+    a = _slabs(pts[:, 1], np.ones(len(pts)), [0.25] * 4)
+    keep = a.copy()
+    outs = []
+    for seed in (0, 7):
+        b1 = refine_volume_fast(g, a, 4, seed=seed)
+        np.testing.assert_array_equal(b1, refine_volume_fast(g, a.copy(), 4, seed=seed))
+        outs.append(b1)
+    assert not np.array_equal(*outs)  # the seed orders the ties
+    np.testing.assert_array_equal(a, keep)
+
+
+def test_metis_refine_fast_records_and_reproduces(trimesh):
+    pts, g = trimesh
+    kw = {"graph": g, "objective": "vol"}
+    plain = metis(pts, 4, **kw)
+    fast = metis(pts, 4, refine="fast", **kw)
+    vol = lambda p: metrics(p, graph=g)["ghost_rows"]["1"]  # noqa: E731
+    assert fast.params["refine"] == "fast"
+    assert fast.params["try_volumes_unrefined"] == [vol(plain)]
+    assert fast.params["try_volumes"] == [vol(fast)] == [_brute_volume(g, fast.assignment)]
+    assert vol(fast) < vol(plain)
+    np.testing.assert_array_equal(metis(pts, 4, refine="fast", **kw).assignment,
+                                  fast.assignment)  # fmt: skip
+    best = metis(pts, 4, refine="fast", tries=3, seed=5, **kw)
+    assert vol(best) == min(best.params["try_volumes"])
+    t = [0.5, 0.0, 0.2, 0.3]
+    tw = metis(pts, 4, refine="fast", targets=t, **kw)
+    assert tw.sizes[1] == 0
+    assert (tw.sizes <= np.floor(1.03 * np.asarray(t) * len(pts)) + 1).all()
+
+
+def test_bad_inputs_raise_clear_errors():
+    g = _grid(4, 4)
+    a = np.repeat([0, 1], 8)
+    with pytest.raises(ValueError, match=r"shape \(16,\)"):
+        refine_volume_fast(g, a[:-1], 2)
+    with pytest.raises(ValueError, match=r"outside \[0, 2\)"):
+        refine_volume_fast(g, a + 1, 2)
+    with pytest.raises(ValueError, match="rounds=0"):
+        refine_volume_fast(g, a, 2, rounds=0)
+    with pytest.raises(ValueError, match="ufactor"):
+        refine_volume_fast(g, a, 2, ufactor=-1)
+    with pytest.raises(ValueError, match="targets"):
+        refine_volume_fast(g, a, 2, targets=[0.5, 0.6])
+    with pytest.raises(TypeError, match="scipy.sparse"):
+        refine_volume_fast(g.toarray(), a, 2)
+    pts = np.random.default_rng(0).random((100, 3))
+    with pytest.raises(ValueError, match="'fast'"):
+        metis(pts, 2, refine="fm")
