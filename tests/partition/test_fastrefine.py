@@ -151,3 +151,26 @@ def test_bad_inputs_raise_clear_errors():
     pts = np.random.default_rng(0).random((100, 3))
     with pytest.raises(ValueError, match="'fast'"):
         metis(pts, 2, refine="fm")
+
+
+@pytest.mark.parametrize("method", ["kaminpar", "hypergraph"])
+def test_optional_backends_take_refine_fast(trimesh, method):
+    from meshshard.partition import partition
+    from meshshard.partition.hypergraph import WITH_MTKAHYPAR
+    from meshshard.partition.kaminpar_part import WITH_KAMINPAR
+
+    if not {"kaminpar": WITH_KAMINPAR, "hypergraph": WITH_MTKAHYPAR}[method]:
+        pytest.skip(f"{method} backend not installed")
+    pts, g = trimesh
+    t = [0.3, 0.0, 0.45, 0.25]
+    p = partition(pts, 4, method=method, graph=g, targets=t, refine="fast", seed=3)
+    rows = _brute_volume(g, p.assignment)
+    assert metrics(p, graph=g)["ghost_rows"]["1"] == rows == p.params["try_volumes"][0]
+    assert rows <= p.params["try_volumes_unrefined"][0]
+    assert p.sizes[1] == 0
+    assert (p.sizes <= np.floor(1.03 * np.asarray(t) * len(pts)) + 1).all()
+    again = partition(pts, 4, method=method, graph=g, targets=t, refine="fast", seed=3)
+    np.testing.assert_array_equal(again.assignment, p.assignment)
+    if method == "hypergraph":
+        with pytest.raises(ValueError, match="rings=2"):
+            partition(pts, 4, method=method, graph=g, rings=2, refine="fast")
