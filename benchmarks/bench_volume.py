@@ -14,7 +14,8 @@ Methods (``--methods``, comma-separated):
 - ``hilbert``; ``metis_cut``, ``metis_vol`` (``objective="vol"``); ``metis_vol_fm``
   (``metis_vol`` + meshshard's pure-Python volume FM); ``metis_vol_fast`` (+ the vectorised
   refinement, ``refine="fast"``);
-- ``kaminpar_default``, ``kaminpar_strong`` (one thread);
+- ``kaminpar_default``, ``kaminpar_strong`` (one thread); ``kaminpar_<preset>_fast`` and
+  ``_fm`` (then ``refine="fast"`` / ``"volume"``);
 - ``hyp_<preset>`` for ``deterministic``, ``deterministic_quality``, ``default``, ``quality``,
   ``highest_quality`` (Mt-KaHyPar on the 1-ring refresh hypergraph, one thread);
   ``hyp_metis_v1`` (METIS vol start, one deterministic V-cycle); ``hyp_<preset>_m<K>`` (METIS
@@ -50,7 +51,11 @@ def _kwargs(method: str, graph) -> tuple[str, dict]:
             kw["refine"] = "fast"
         return "metis", kw
     if method.startswith("kaminpar"):
-        return "kaminpar", {"graph": graph, "preset": method.partition("_")[2]}
+        preset, _, how = method.partition("_")[2].partition("_")
+        kw = {"graph": graph, "preset": preset}
+        if how:  # kaminpar_<preset>_fast / _fm: refined afterwards
+            kw["refine"] = {"fast": "fast", "fm": "volume"}[how]
+        return "kaminpar", kw
     if method.startswith("hyp_"):
         name = method[4:]
         kw: dict = {"graph": graph}
