@@ -174,3 +174,34 @@ def test_optional_backends_take_refine_fast(trimesh, method):
     if method == "hypergraph":
         with pytest.raises(ValueError, match="rings=2"):
             partition(pts, 4, method=method, graph=g, rings=2, refine="fast")
+
+
+def test_kaminpar_strong_rows_preset(trimesh, cloud):
+    from meshshard.partition import partition
+    from meshshard.partition.kaminpar_part import WITH_KAMINPAR, kaminpar_assignment
+
+    if not WITH_KAMINPAR:
+        pytest.skip("kaminpar not installed")
+    for pts, g in (trimesh, cloud):
+        strong = partition(pts, 5, method="kaminpar", graph=g, preset="strong", seed=2)
+        rows = partition(pts, 5, method="kaminpar", graph=g, preset="strong_rows", seed=2)
+        # the preset is KaMinPar strong, refined: its unrefined volume is strong's
+        assert rows.params["try_volumes_unrefined"] == [_brute_volume(g, strong.assignment)]
+        assert metrics(rows, graph=g)["ghost_rows"]["1"] == _brute_volume(g, rows.assignment)
+        assert _brute_volume(g, rows.assignment) <= _brute_volume(g, strong.assignment)
+        if g is cloud[1]:  # on the small 2-D mesh strong's partition is already a local optimum
+            assert _brute_volume(g, rows.assignment) < _brute_volume(g, strong.assignment)
+        assert rows.params["preset"] == "strong_rows" and rows.params["refine"] == "fast"
+        again = partition(pts, 5, method="kaminpar", graph=g, preset="strong_rows", seed=2)
+        np.testing.assert_array_equal(again.assignment, rows.assignment)
+    w = np.random.default_rng(6).uniform(0.5, 2.0, len(pts))
+    t = np.array([0.4, 0.0, 0.35, 0.25])
+    tw = partition(pts, 4, method="kaminpar", graph=g, preset="strong_rows", weights=w,
+                   targets=t)  # fmt: skip
+    load = np.bincount(tw.assignment, weights=w, minlength=4)
+    assert load[1] == 0 and (load <= 1.03 * t * w.sum() + 2 * w.max()).all()
+    for bad in (False, True, "volume"):
+        with pytest.raises(ValueError, match="strong_rows"):
+            partition(pts, 4, method="kaminpar", graph=g, preset="strong_rows", refine=bad)
+    with pytest.raises(ValueError, match="call kaminpar"):
+        kaminpar_assignment(g, 4, preset="strong_rows")
