@@ -205,3 +205,12 @@ def test_kaminpar_strong_rows_preset(trimesh, cloud):
             partition(pts, 4, method="kaminpar", graph=g, preset="strong_rows", refine=bad)
     with pytest.raises(ValueError, match="call kaminpar"):
         kaminpar_assignment(g, 4, preset="strong_rows")
+
+
+def test_empty_graph_and_more_parts_than_rows():
+    assert refine_volume_fast(sp.csr_matrix((0, 0), dtype=int), np.zeros(0, int), 3).size == 0
+    pts = np.random.default_rng(0).random((5, 3))
+    g = knn_graph(pts, 2)
+    p = metis(pts, 8, graph=g, objective="vol", refine="fast", allow_empty=True)
+    assert sorted(p.sizes.tolist()) == [0, 0, 0, 1, 1, 1, 1, 1]
+    assert p.params["try_volumes"] == [_brute_volume(g, p.assignment)]
