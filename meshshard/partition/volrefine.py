@@ -31,8 +31,8 @@ same quantity exactly, it finds almost nothing (9,415 -> 9,409; 22,380 -> 22,378
 CPU; on a 196k-tet gmsh volume 0.25-0.5 % (P=4: 6,482 -> 6,466; P=16: 16,368 -> 16,289).
 So it is kept for installs without the optional ``mtkahypar`` (METIS and KaMinPar), and is not
 worth running on a hypergraph partition. Its vectorised, greedy counterpart
-(:mod:`meshshard.partition.fastrefine`, ``refine="fast"``) ends within 0.0-0.8 % of its ghost
-rows after METIS vol for 1/5-1/20 of its CPU (measured 2026-12-02, 200k and 1M, kNN and tets);
+(:mod:`meshshard.partition.fastrefine`, ``refine="fast"``) ends within 0.0-1.1 % of its ghost
+rows after METIS vol for 1/6-1/11 of its CPU (measured 2026-12-02, 200k and 1M, kNN and tets);
 this FM stays as the slower option that climbs out of the local minima the fast pass stops in.
 """
 
