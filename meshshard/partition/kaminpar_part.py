@@ -39,7 +39,7 @@ PRESETS = ("fast", "default", "strong", "eco", "strong_rows")
 """KaMinPar presets: ``"default"``; ``"eco"`` and ``"strong"`` refine more (slower, fewer
 cut edges); ``"fast"`` refines less. ``"strong_rows"`` (meshshard's, for the fewest ghost
 rows): ``"strong"``, then ``refine="fast"``
-(:func:`meshshard.partition.fastrefine.refine_volume_fast`); measured 4-6 % fewer ghost rows
+(:func:`meshshard.partition.fastrefine.refine_volume_fast`); measured 4-7 % fewer ghost rows
 than ``"strong"`` for 2-19 % more CPU (docs/hypergraph-partitioning.md)."""
 
 ROW_PRESETS = {"strong_rows": "strong"}
