@@ -10,15 +10,21 @@ One round: every boundary vertex ``v`` (part ``s``) gets the exact gain of movin
     gain(v, b) = 1 - [v has a neighbour in s] + #{u ~ v : a[u] != s, C[u, s] == 1}
                    - #{u ~ v : a[u] != b, C[u, b] == 0},
 
-with ``C[u, p]`` the neighbours of ``u`` in part ``p``; it keeps its best positive move. Of
+with ``C[u, p]`` the neighbours of ``u`` in part ``p``; it keeps its best move that fits the
+target part, if its gain is positive, or zero and the vertex has not made a zero-gain move in
+this pass (plateau moves; ``plateau=False`` turns them off). Of
 those, a vertex moves only if its priority (gain, then a seeded random key) is the largest
 within two hops: moves two hops apart change disjoint terms, so their gains add up exactly and
 every round lowers the ghost rows by exactly the sum of the gains it applied. Balance: moves
 into part ``b`` are taken in order of gain while ``b`` stays within ``(1 + ufactor/1000) x`` its
 target (moves out are not counted, so the bound holds whatever the order); parts with a zero
-target never receive a vertex. Rounds stop when one applies nothing, or after ``rounds``.
+target never receive a vertex. A pass ends when a round applies nothing; if it gained, the next
+pass unlocks the plateau moves, else the refinement stops; ``rounds`` bounds the rounds in all.
+After the first round of a pass only the vertices within two hops of a move (and those that
+were eligible and did not move) are looked at again.
 
-It is greedy (positive gains only): it stops in the local minimum FM climbs out of. The counts
+It never accepts a loss: it stops in the local minimum FM climbs out of (measured: within
+0.0-1.1 % of FM's ghost rows after METIS vol, for 1/6-1/11 of its CPU). The counts
 ``C`` are a dense (N, P) int32 table (4 N P bytes: 256 MB at 1M vertices and P = 64).
 """
 
@@ -90,6 +96,9 @@ def refine_volume_fast(
         Most rounds of batched moves.
     seed : int
         Seed of the tie-breaking key (the result is the same for the same seed).
+    plateau : bool
+        Allow zero-gain moves (once per vertex and pass); they find most of the gain after
+        METIS ``objective="vol"``, which leaves no positive-gain move.
 
     Returns
     -------
