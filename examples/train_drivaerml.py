@@ -33,11 +33,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from meshshard.apps.train import TrainConfig, load_sample, make_model, relative_l2
 from meshshard.distributed import check_collective, init, shutdown
 from meshshard.parallel import data_parallel, load_checkpoint, save_checkpoint
 from meshshard.parallel.plans import transolver_plan
 from meshshard.parallel.tensor import init_mesh_3d, parallelize_module
-from meshshard.train import TrainConfig, load_sample, make_model, relative_l2
 
 log = logging.getLogger("train_drivaerml")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from meshshard.apps.train import TrainConfig, load_checkpoint, make_model, save_checkpoint
 from meshshard.testing import RankError, run_ranks
-from meshshard.train import TrainConfig, load_checkpoint, make_model, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,8 @@ def test_checkpoint_roundtrip_atomic_and_corrupt(tmp_path):
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    from meshshard.pipelines import make_synthetic_run, preprocess_runs
+    from meshshard.datasets import make_synthetic_run
+    from meshshard.pipelines import preprocess_runs
 
     root = tmp_path_factory.mktemp("train")
     for i in (1, 2):
@@ -107,7 +108,7 @@ def test_example_trains_checkpoints_resumes_and_validates(stores, tmp_path):
 def _load_with_world(rank, world_size, store):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from meshshard.train import load_sample
+    from meshshard.apps.train import load_sample
 
     mesh = init_device_mesh("cpu", (world_size,))
     load_sample(store, rank, world_size, mesh, knn=4)

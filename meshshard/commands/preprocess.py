@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from dataclasses import replace
 
-    from meshshard.pipelines import DRIVAERML, preprocess_runs
+    from meshshard.datasets import DRIVAERML
+    from meshshard.pipelines import preprocess_runs
     from meshshard.pipelines._alloc import tune_allocator
 
     tune_allocator()  # this process is ours: keep freed arrays for reuse (see _alloc)

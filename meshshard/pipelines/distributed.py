@@ -14,7 +14,7 @@ Atomic and resumable as the single-process pipeline: rank 0 creates the store un
 temporary name (``run_<i>.zarr.tmp-<token>``), every rank writes its chunks, the ranks agree
 that all writes succeeded (one all_reduce), each rank checksums the chunk files it wrote (in
 parallel; the rows are gathered on rank 0), and only then rank 0 writes the attributes with the
-integrity record and ``complete: true`` (:func:`~meshshard.pipelines.store.seal_store`, as every
+integrity record and ``complete: true`` (:func:`~meshshard.store.format.seal_store`, as every
 writer) and renames the store. A crash of any rank leaves only a temporary store
 without ``complete``, which the next run removes.
 """
@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from meshshard._publish import publish
 from meshshard.pipelines.distributed_inputs import is_source, open_source, source_name
-from meshshard.pipelines.store import (
+from meshshard.store.atomic import publish
+from meshshard.store.format import (
     STL_KEYS,
     _compressors,
     _crc32,

@@ -120,7 +120,7 @@ def load_sample(
 
     Returns ``{"coords": (1, N, 3), "features": (1, N, 3 + 4), "target": (1, N, C)}``.
     """
-    from meshshard.pipelines import load_shard
+    from meshshard.datasets import load_shard
 
     keys = ("surface_mesh_centers", "surface_normals", "surface_fields")
     data = load_shard(store, rank, world_size, mesh=mesh, part="surface", keys=keys)
