@@ -52,6 +52,7 @@ from xml.sax.saxutils import unescape
 
 import numpy as np
 
+from meshshard.errors import InputError
 from meshshard.io.errors import InputFileError
 
 __all__ = [
@@ -59,7 +60,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-class UnsupportedVtkXml(ValueError):
+class UnsupportedVtkXml(InputError):
     """The file is well formed but uses a feature this reader does not decode (ASCII data,
     several pieces, another dataset type); VTK may read it instead."""
 

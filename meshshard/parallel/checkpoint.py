@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
+from meshshard.errors import StoreError
 from meshshard.parallel._safe_dcp import SafePlanner, SafeReader, UnsafeCheckpoint, read_metadata
 from meshshard.store.atomic import publish
 
@@ -49,7 +50,7 @@ FORMAT = "meshshard-dcp-1"
 _META = "meshshard.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(StoreError):
     """A checkpoint that cannot be loaded into this model (foreign, corrupt, other model)."""
 
 

@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.errors import StoreError
+
 __all__ = [
     "STORE_SCHEMA_VERSION",
     "StoreError",
@@ -67,10 +69,6 @@ CRASH_ENV = "MESHSHARD_TEST_CRASH_AFTER_ARRAYS"
 SURFACE_KEYS = ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fields")
 VOLUME_KEYS = ("volume_mesh_centers", "volume_fields")
 STL_KEYS = ("stl_coordinates", "stl_faces", "stl_centers", "stl_areas")
-
-
-class StoreError(ValueError):
-    """A store is incomplete, corrupt, stale or from a newer meshshard."""
 
 
 def choose_chunk(
