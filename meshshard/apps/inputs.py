@@ -5,7 +5,7 @@ Sources:
 - a run directory ``run_<i>/`` (``boundary_<i>.vtp``): every rank reads the surface file (its
   cells' geometry is needed to write the VTK back), keeps the rows ``[N r / W, N (r+1) / W)``,
   and the ranks partition them together;
-- a meshshard store ``run_<i>.zarr``: :func:`~meshshard.pipelines.load_shard` when the world
+- a meshshard store ``run_<i>.zarr``: :func:`~meshshard.datasets.load_shard` when the world
   size divides its parts (no collective, no repartition), else each rank reads a row slice and
   the ranks repartition;
 - a physicsnemo-curator store: :func:`~meshshard.datasets.curator.load_curator_shard`.

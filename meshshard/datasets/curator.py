@@ -21,8 +21,8 @@ extent along x. ``U`` and ``rho`` come from the attributes, else from
 of each array (zarr reads only the chunks they touch), the ranks partition the centres together
 (:func:`~meshshard.partition.distributed.partition_distributed`, ``W`` parts), and rows move to
 the rank owning their part (:func:`~meshshard.partition.distributed.redistribute_rows`).
-:func:`~meshshard.pipelines.load_shard` calls it for curator stores, so
-:class:`~meshshard.pipelines.ShardedRunDataset` reads them beside meshshard's own stores.
+:func:`~meshshard.datasets.load_shard` calls it for curator stores, so
+:class:`~meshshard.datasets.ShardedRunDataset` reads them beside meshshard's own stores.
 :func:`write_curator_store` writes the layout from a run directory (for tests: the real dataset
 is not here).
 """
@@ -162,7 +162,7 @@ def load_curator_shard(
     """This rank's rows of a curator store, partitioned by all ranks together.
 
     Collective when ``world_size > 1``: every rank of ``mesh`` (or ``group``, else the default
-    group) must call this. Returns what :func:`~meshshard.pipelines.load_shard` returns (rows in
+    group) must call this. Returns what :func:`~meshshard.datasets.load_shard` returns (rows in
     partition order of ``world_size`` parts); ``<part>_perm`` (the row in the curator store)
     is added when asked for in ``keys``. Fields are non-dimensional (see the module notes).
     """

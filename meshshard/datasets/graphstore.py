@@ -169,7 +169,7 @@ def load_graph_shard(store: str | Path, rank: int, world_size: int, *, group: An
     """This rank's :class:`~meshshard.graph.ShardedGraph` of a store's surface dual graph.
 
     Node ids are *stored* rows (the store's partition order), so owned rows are exactly the rows
-    :func:`meshshard.pipelines.load_shard` returns for this rank; ``world_size`` must equal the
+    :func:`meshshard.datasets.load_shard` returns for this rank; ``world_size`` must equal the
     store's number of parts. No collective (every rank reads its own slices).
 
     Raises
