@@ -70,7 +70,7 @@ def _reset_peak() -> None:
 def _volume_mesh(cells: int):
     """The generated DrivaerML-like volume: hexahedra and wedges in boundary-layer shells
     growing 1.25x per layer away from the car (graded, unlike the surface's regular grid)."""
-    from meshshard.pipelines.synthetic import _volume
+    from meshshard.datasets.synthetic import _volume
 
     points, hexes, wedges, _ = _volume(cells, 38.889, np.random.default_rng(0))
     conn = np.concatenate([hexes.reshape(-1), wedges.reshape(-1)]).astype(np.int64)
@@ -85,13 +85,13 @@ def make_problem(
 ) -> dict:
     """Car surface (or volume, or gmsh tets), its dual graph, node features; saved as .npy
     for the ranks. The gmsh mesh is kept under ``cache`` (meshing 1M tets takes minutes)."""
+    from meshshard.datasets.synthetic import car_body
+    from meshshard.io.geometry import cell_centres, polygon_normals_areas
     from meshshard.partition import dual_graph
-    from meshshard.pipelines.geometry import cell_centres, polygon_normals_areas
-    from meshshard.pipelines.synthetic import car_body
 
     t = time.perf_counter()
     if mesh == "gmsh":
-        from meshshard.pipelines.gmshmesh import tet_volume
+        from meshshard.io.gmshmesh import tet_volume
 
         points, tets = tet_volume(cells, cache_dir=cache)
         offsets = np.arange(0, 4 * len(tets) + 1, 4, dtype=np.int64)

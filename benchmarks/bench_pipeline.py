@@ -25,7 +25,9 @@ import json, resource, sys, time, shutil
 what, path, out, parts = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 opt = json.loads(sys.argv[5])
 import numpy as np, pyvista as pv, zarr  # noqa: F401
+import meshshard.datasets as md
 import meshshard.pipelines as mp
+from meshshard.datasets import synthetic
 from pathlib import Path
 if what in ("preprocess", "prevol"):
     from meshshard.pipelines._alloc import tune_allocator
@@ -46,11 +48,11 @@ if what == "generate":
     t = time.perf_counter()
     vtp = Path(path) / "run_1" / "boundary_1.vtp"
     head = vtp.read_bytes()[:4096].decode("latin-1") if vtp.is_file() else ""
-    want = mp.synthetic._grid_size(parts)
+    want = synthetic._grid_size(parts)
     if f'NumberOfPolys="{(want[0] + 1) * want[1]}"' in head:  # reuse a finished file
         res = {"seconds": 0.0, "vtp": str(vtp), "cells": (want[0] + 1) * want[1]}
     else:
-        run = mp.make_synthetic_run(Path(path), 1, surface_cells=parts, volume_cells=0)
+        run = md.make_synthetic_run(Path(path), 1, surface_cells=parts, volume_cells=0)
         res = {"seconds": time.perf_counter() - t, "vtp": str(run.surface),
                "cells": run.surface_cells}
 elif what == "relayout":
@@ -72,7 +74,7 @@ elif what == "relayout":
     res = {"vtp": str(dst / src.name)}
 elif what == "genvol":
     t = time.perf_counter()
-    run = mp.make_synthetic_run(Path(path), 1, surface_cells=2000, volume_cells=parts)
+    run = md.make_synthetic_run(Path(path), 1, surface_cells=2000, volume_cells=parts)
     res = {"seconds": time.perf_counter() - t, "vtu": str(run.volume), "cells": run.volume_cells}
 elif what in ("read", "readvol"):
     mesh = timed(pv.read, path)
@@ -90,8 +92,8 @@ elif what in ("preprocess", "prevol"):
     res["timings"] = r.timings
     res["out_bytes"] = sum(f.stat().st_size for f in Path(out).rglob("*") if f.is_file())
 elif what == "ourread":
-    from meshshard.pipelines.vtkxml import read_cells
-    timed(read_cells, path, [f.name for f in mp.DRIVAERML.surface_fields])
+    from meshshard.io.vtkxml import read_cells
+    timed(read_cells, path, [f.name for f in md.DRIVAERML.surface_fields])
 res["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps(res))
 """

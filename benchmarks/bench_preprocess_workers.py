@@ -62,7 +62,7 @@ def main() -> None:
     gen = [
         sys.executable,
         "-c",
-        "import sys\nfrom meshshard.pipelines import make_synthetic_run\n"
+        "import sys\nfrom meshshard.datasets import make_synthetic_run\n"
         "for i in range(1, int(sys.argv[2]) + 1):\n"
         "    if not (__import__('pathlib').Path(sys.argv[1]) / f'run_{i}').is_dir():\n"
         "        make_synthetic_run(sys.argv[1], i, surface_cells=int(sys.argv[3]), "

@@ -85,8 +85,8 @@ def _dataset(name: str, n: int, seed: int, cache: Path):
         pts = np.random.default_rng(seed).random((n, 3))
         return pts, knn_graph(pts, 8), "uniform points, kNN-8"
     if name == "gmsh":
-        from meshshard.pipelines.geometry import cell_centres
-        from meshshard.pipelines.gmshmesh import tet_volume
+        from meshshard.io.geometry import cell_centres
+        from meshshard.io.gmshmesh import tet_volume
 
         points, tets = tet_volume(n, cache_dir=cache)
         offsets = np.arange(0, 4 * len(tets) + 1, 4, dtype=np.int64)

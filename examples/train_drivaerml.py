@@ -1,7 +1,7 @@
 """Train the reference Transolver on preprocessed DrivaerML stores, domain-parallel, under torchrun.
 
 Each sample (one car) is split over the ``domain`` ranks (ShardTensors from
-``meshshard.pipelines.load_shard``); with ``--data-parallel D`` the world is a 2-D mesh
+``meshshard.datasets.load_shard``); with ``--data-parallel D`` the world is a 2-D mesh
 (data x domain): each data-parallel group trains on its own runs and gradients are averaged
 over the ``data`` axis by DDP (``--data-parallel-mode ddp``) or FSDP2 (``fsdp``: parameters,
 gradients and Adam state sharded over data x domain). Checkpoints are distributed
@@ -33,11 +33,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from meshshard.apps.train import TrainConfig, load_sample, make_model, relative_l2
 from meshshard.distributed import check_collective, init, shutdown
 from meshshard.parallel import data_parallel, load_checkpoint, save_checkpoint
 from meshshard.parallel.plans import transolver_plan
 from meshshard.parallel.tensor import init_mesh_3d, parallelize_module
-from meshshard.train import TrainConfig, load_sample, make_model, relative_l2
 
 log = logging.getLogger("train_drivaerml")
 
@@ -144,6 +144,9 @@ def main(argv=None) -> int:
         start = ck["step"]
         scale = {k: torch.as_tensor(v) for k, v in ck["extra"]["target_scale"].items()}
         log.info("resumed from %s at step %d", args.checkpoint, start)
+    elif args.resume and rank == 0:  # never start again at step 1 without saying so
+        log.warning("--resume: no checkpoint at %s (nor %s): starting at step 1",
+                    args.checkpoint, old.name)  # fmt: skip
     mu, sigma = (scale[k].to(first["target"].device) for k in ("mean", "std"))
     for step in range(start, cfg.steps):
         run = train_runs[(step * dp + data_rank) % len(train_runs)]

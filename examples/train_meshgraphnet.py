@@ -29,13 +29,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from meshshard.datasets import load_shard, make_synthetic_run
+from meshshard.datasets.graphstore import load_graph_shard, surface_dual_edges
 from meshshard.distributed import shutdown
 from meshshard.graph import GraphPlug, build_graph, refresh_ghosts
 from meshshard.models import FullGraph, MeshGraphNet
 from meshshard.partition import Partition
 from meshshard.partition.record import shard_labels
-from meshshard.pipelines import load_shard, make_synthetic_run, process_run
-from meshshard.pipelines.graphstore import load_graph_shard, surface_dual_edges
+from meshshard.pipelines import process_run
 
 KEYS = ["surface_mesh_centers", "surface_normals", "surface_fields"]
 

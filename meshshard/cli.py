@@ -5,7 +5,9 @@ Each subcommand is a module in :mod:`meshshard.commands` with ``add_args(parser)
 
 Errors reach the user as one line, ``meshshard COMMAND: error: ...``: exit code 2 for a user
 error (bad option, path, permission, file format; a bad option too, without argparse's usage
-block), 1 for anything unexpected, 130 on Ctrl-C. ``--debug`` adds the traceback. Output into
+block; any :class:`~meshshard.errors.MeshShardError` but a ``DistributedError``), 1 for the
+failure of a valid run (a :class:`~meshshard.errors.DistributedError`: ranks or workers failed
+or stalled) and for anything unexpected, 130 on Ctrl-C. ``--debug`` adds the traceback. Output into
 a closed pipe (``meshshard inspect ... --json | head -1``) ends quietly with exit code 141, as
 a command killed by SIGPIPE does.
 """
@@ -19,6 +21,8 @@ import signal
 import sys
 import traceback
 from collections.abc import Sequence
+
+from meshshard.errors import DistributedError, InputError, MeshShardError
 
 _COMMANDS = {
     "partition": "cut a mesh or point cloud into shards and write the Partition",
@@ -36,8 +40,8 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE
 
 
-class CLIError(Exception):
-    """A user error: printed as one line, exit code 2."""
+class CLIError(InputError):
+    """A user error found by the command itself: printed as one line, exit code 2."""
 
 
 def _add_global_flags(parser: argparse.ArgumentParser, *, default: object) -> None:
@@ -88,8 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: exceptions that mean "the input or the options are wrong": no traceback, exit 2 (meshshard's
-#: own errors about data, e.g. ``StoreError`` and ``LayoutError``, are ValueErrors)
-USER_ERRORS: tuple[type[BaseException], ...] = (CLIError, ValueError, TypeError, OSError)
+#: own are :class:`~meshshard.errors.MeshShardError`; the builtins stay for errors raised by the
+#: libraries below, e.g. a path that does not exist)
+USER_ERRORS: tuple[type[BaseException], ...] = (MeshShardError, ValueError, TypeError, OSError)
+
+
+def exit_code(exc: BaseException) -> int:
+    """2 for a user error (:data:`USER_ERRORS`), 1 for a valid run that failed
+    (:class:`~meshshard.errors.DistributedError`) or anything unexpected."""
+    if isinstance(exc, DistributedError):
+        return EXIT_FAILURE
+    return EXIT_USER_ERROR if isinstance(exc, USER_ERRORS) else EXIT_FAILURE
 
 
 def describe_error(exc: BaseException) -> str:
@@ -138,14 +151,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             traceback.print_exc()
-        user = isinstance(exc, USER_ERRORS)
+        code = exit_code(exc)
         line = describe_error(exc)
-        if not user:
+        if not isinstance(exc, USER_ERRORS):  # a bug, or a library's error we did not expect
             line = f"{type(exc).__name__}: {line}"
             if not debug:
                 line += " (rerun with --debug for the traceback)"
         print(f"meshshard {args.command}: error: {line}", file=sys.stderr)
-        return EXIT_USER_ERROR if user else EXIT_FAILURE
+        return code
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)

@@ -30,6 +30,8 @@ import os
 import sys
 from typing import Any
 
+from meshshard.errors import DistributedError
+
 __all__ = [
     "DEBUG_ENV",
     "CollectiveMismatchError",
@@ -63,7 +65,7 @@ def set_debug(enabled: bool | None = None) -> None:
     _enabled = _env_flag() if enabled is None else bool(enabled)
 
 
-class CollectiveMismatchError(RuntimeError):
+class CollectiveMismatchError(DistributedError):
     """The ranks of a process group were about to make different collective calls.
 
     Raised on every rank of the group at once (they all see the same fingerprints).
@@ -110,7 +112,7 @@ class CollectiveMismatchError(RuntimeError):
         return [self.group_ranks[r] for r in group_ranks]
 
 
-class CollectiveWaitError(RuntimeError):
+class CollectiveWaitError(DistributedError):
     """The collective check itself failed: another rank never arrived (timeout) or left."""
 
 

@@ -239,3 +239,72 @@ def test_bad_npy_files_say_what_is_wrong(tmp_path, capfd):
         assert main(["partition", str(tmp_path / f"{name}.npy"), "-p", "2", "--out", out]) == 2
         line = _one_line_error(capfd, f"{name}.npy: {needle}")
         assert "allow_pickle" not in line
+
+
+def test_preprocess_into_an_unwritable_dst_is_one_line_and_exit_2(tmp_path, capfd):
+    # was: one "ERROR ... failed: PermissionError" log line, one per-run line and the summary,
+    # exit 1 -- for a DST nothing could ever be written into
+    from meshshard.datasets import make_synthetic_run
+
+    make_synthetic_run(tmp_path / "src", 1, surface_cells=200, volume_cells=0, seed=1)
+    bad = _unwritable_dir()
+    argv = ["preprocess", "drivaerml", str(tmp_path / "src"), f"{bad}/stores", "--parts", "2",
+            "--surface", "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    _one_line_error(capfd, f"DST {bad}/stores: cannot write in {bad}")
+    (tmp_path / "afile").write_text("")
+    argv[3] = str(tmp_path / "afile")
+    assert main(argv) == 2
+    _one_line_error(capfd, "afile exists and is not a directory")
+
+
+def _every_error_class():
+    from meshshard.apps.model_file import ModelFileError
+    from meshshard.cli import CLIError
+    from meshshard.collective_check import CollectiveMismatchError, CollectiveWaitError
+    from meshshard.io import CorruptVtkXml, InputFileError, UnsupportedVtkXml
+    from meshshard.io.vtkxml import SeveralPieces
+    from meshshard.parallel._safe_dcp import UnsafeCheckpoint
+    from meshshard.parallel.checkpoint import CheckpointError
+    from meshshard.parallel.tensor import TensorParallelPlanError
+    from meshshard.partition.distributed._comm import ExchangeError
+    from meshshard.pipelines._runlock import RunBusy
+    from meshshard.pipelines._workers import TaskError
+    from meshshard.store import StoreError
+    from meshshard.testing.distributed import RankError
+
+    # (class, the builtin its callers caught before the family existed)
+    return [
+        (CLIError, Exception), (InputFileError, ValueError), (CorruptVtkXml, ValueError),
+        (UnsupportedVtkXml, ValueError), (SeveralPieces, ValueError), (ModelFileError, ValueError),
+        (StoreError, ValueError), (CheckpointError, ValueError), (UnsafeCheckpoint, ValueError),
+        (TensorParallelPlanError, ValueError), (RunBusy, RuntimeError), (TaskError, RuntimeError),
+        (ExchangeError, RuntimeError), (CollectiveMismatchError, RuntimeError),
+        (CollectiveWaitError, RuntimeError), (RankError, RuntimeError),
+    ]  # fmt: skip
+
+
+def test_every_error_is_in_the_family_and_still_its_builtin():
+    from meshshard.errors import MeshShardError
+
+    for cls, builtin in _every_error_class():
+        assert issubclass(cls, MeshShardError), cls
+        assert issubclass(cls, builtin), cls
+
+
+@pytest.mark.parametrize(
+    ("kind", "code"),
+    [("InputError", 2), ("LayoutError", 2), ("StoreError", 2), ("DistributedError", 1)],
+)
+def test_the_family_is_one_line_exit_2_or_1_for_a_failed_run(kind, code, capfd, monkeypatch):
+    import meshshard.commands.inspect as cmd
+    import meshshard.errors as errors
+
+    def fail(args):
+        raise getattr(errors, kind)("rank 3 stopped answering" if code == 1 else "bad thing")
+
+    monkeypatch.setattr(cmd, "run", fail)
+    assert main(["inspect", "x"]) == code
+    line = _one_line_error(capfd)
+    assert line.endswith("bad thing" if code == 2 else "rank 3 stopped answering"), line
+    assert "--debug" not in line and kind not in line  # the family's messages are for users

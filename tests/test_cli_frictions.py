@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from meshshard.pipelines import make_synthetic_run, preprocess_runs
+    from meshshard.datasets import make_synthetic_run
+    from meshshard.pipelines import preprocess_runs
 
     root = tmp_path_factory.mktemp("frictions")
     for i in (1, 2):

@@ -131,7 +131,7 @@ def test_inspect_file_on_the_fly_and_errors(mesh_file, tmp_path, capsys):
 
 
 def test_inspect_zarr_store_reports_each_part(tmp_path, capsys):
-    from meshshard.pipelines.synthetic import make_synthetic_run
+    from meshshard.datasets.synthetic import make_synthetic_run
 
     make_synthetic_run(tmp_path / "src", 1, surface_cells=1500, volume_cells=0, seed=0)
     rc = main(["preprocess", "drivaerml", str(tmp_path / "src"), str(tmp_path / "out"),

@@ -45,7 +45,7 @@ def test_demo_refuses_ranks_not_dividing_parts(capsys):
 def test_loss_png_has_a_relative_difference_panel(tmp_path):
     """Issue 26: the two loss curves overlap, so the picture could not show the agreement; a
     second panel plots |a - b| / |b| per step (0 drawn at the floor)."""
-    from meshshard.demo import _REL_FLOOR, _loss_figure, _plot
+    from meshshard.apps.demo import _REL_FLOOR, _loss_figure, _plot
 
     one = [1.0, 0.5, 0.25, 0.125]
     two = [1.0, 0.5 * (1 + 3e-7), 0.25 * (1 - 1e-6), 0.125]

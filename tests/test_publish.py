@@ -1,4 +1,4 @@
-"""meshshard._publish: the one "write to a temporary name, then rename" of stores and
+"""meshshard.store.atomic: the one "write to a temporary name, then rename" of stores and
 checkpoints. The invariant: a complete version is at PATH or PATH.old at every instant."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from meshshard import _publish
-from meshshard._publish import publish, resolve
+from meshshard.store import atomic as _publish
+from meshshard.store.atomic import publish, resolve
 
 
 def _version(path) -> str:

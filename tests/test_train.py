@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from meshshard.apps.train import TrainConfig, load_checkpoint, make_model, save_checkpoint
 from meshshard.testing import RankError, run_ranks
-from meshshard.train import TrainConfig, load_checkpoint, make_model, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,8 @@ def test_checkpoint_roundtrip_atomic_and_corrupt(tmp_path):
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    from meshshard.pipelines import make_synthetic_run, preprocess_runs
+    from meshshard.datasets import make_synthetic_run
+    from meshshard.pipelines import preprocess_runs
 
     root = tmp_path_factory.mktemp("train")
     for i in (1, 2):
@@ -104,10 +105,38 @@ def test_example_trains_checkpoints_resumes_and_validates(stores, tmp_path):
     assert r.returncode == 2 and "checkpoint is from a different model" in r.stderr
 
 
+
+def test_resume_after_a_crash_between_the_renames_continues_from_the_last_good_step(
+    stores, tmp_path
+):
+    """The state a kill between publish's two renames leaves: only PATH.old (the last good
+    checkpoint) and a half-written PATH.tmp. --resume continues from PATH.old's step; with no
+    checkpoint at all it says so instead of silently starting again at step 1."""
+    import shutil
+
+    ck = tmp_path / "ck"
+    common = ["--hidden", "8", "--layers", "1", "--slices", "4", "--checkpoint", ck]
+    r = _example(stores, "--steps", "2", *common, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert _step_of(ck) == 2
+    old = ck.with_name("ck.old")
+    ck.rename(old)  # the next save moved PATH aside, then was killed
+    shutil.copytree(old, ck.with_name("ck.tmp"))
+    (ck.with_name("ck.tmp") / "meshshard.json").unlink()  # its new version was half written
+    r = _example(stores, "--steps", "4", "--resume", *common, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "loading" in r.stderr and "interrupted save" in r.stderr  # the fall-back is named
+    assert "resumed from" in r.stderr and "step 3/4" in r.stderr and "step 1/4" not in r.stderr
+    assert _step_of(ck) == 4 and not old.exists() and not ck.with_name("ck.tmp").exists()
+    fresh = ["--hidden", "8", "--layers", "1", "--slices", "4", "--checkpoint", tmp_path / "new"]
+    r = _example(stores, "--steps", "1", "--resume", *fresh, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "--resume: no checkpoint at" in r.stderr and "starting at step 1" in r.stderr
+
 def _load_with_world(rank, world_size, store):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from meshshard.train import load_sample
+    from meshshard.apps.train import load_sample
 
     mesh = init_device_mesh("cpu", (world_size,))
     load_sample(store, rank, world_size, mesh, knn=4)

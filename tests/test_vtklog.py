@@ -1,4 +1,4 @@
-"""meshshard._vtklog: VTK's messages go to a buffer, not to stderr, and the setup comes back."""
+"""meshshard.io.vtklog: VTK's messages go to a buffer, not to stderr, and the setup comes back."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pyvista as pv
 
-from meshshard._vtklog import capture_vtk_output
+from meshshard.io.vtklog import capture_vtk_output
 
 
 def test_capture_keeps_vtk_quiet_and_restores(tmp_path, capfd):
@@ -42,8 +42,8 @@ def test_capture_keeps_vtk_quiet_and_restores(tmp_path, capfd):
 def test_drivaerml_vtk_reader_folds_vtk_output(tmp_path, capfd, monkeypatch):
     import pytest
 
-    from meshshard.pipelines.drivaerml import read_surface
-    from meshshard.pipelines.synthetic import make_synthetic_run
+    from meshshard.datasets.drivaerml import read_surface
+    from meshshard.datasets.synthetic import make_synthetic_run
 
     make_synthetic_run(tmp_path, 1, surface_cells=800, volume_cells=0, seed=0)
     vtp = tmp_path / "run_1" / "boundary_1.vtp"
@@ -53,7 +53,7 @@ def test_drivaerml_vtk_reader_folds_vtk_output(tmp_path, capfd, monkeypatch):
     with pytest.raises(ValueError, match=r"truncated or corrupt VTK XML file \(the file ends"):
         read_surface(vtp)
     # ... so, to see VTK's own complaint folded into one line, that check is skipped here
-    import meshshard.pipelines.drivaerml as d
+    import meshshard.datasets.drivaerml as d
 
     monkeypatch.setattr(d, "check_before_vtk", lambda path, names: None)
     capfd.readouterr()

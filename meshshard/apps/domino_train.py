@@ -30,9 +30,9 @@ def _split(n: int, rank: int, world: int) -> slice:
 def domino_sample(store: str | Path, rank: int, world: int, group, *, grid_shape,
                   grid_layout: str = "slab") -> dict[str, Any]:
     """This rank's DoMINO inputs for one run store. Collective over ``group`` (SDF, stats)."""
+    from meshshard.datasets import load_shard
     from meshshard.ops.gridpoint import GridLayout
     from meshshard.ops.sdf import ShardedSurface, grid_sdf
-    from meshshard.pipelines import load_shard
 
     stl = load_shard(store, 0, 1, part="stl", keys=("stl_coordinates", "stl_faces"))
     verts = stl["stl_coordinates"].double()

@@ -25,7 +25,7 @@ def export_surface_model(
     ``(y - target_mean) / target_std``) with the field names, columns and non-dimensional
     scales of ``store`` (a meshshard store it was trained on). Collective when distributed."""
     from meshshard.apps.model_file import save_model
-    from meshshard.pipelines.store import open_store
+    from meshshard.store.format import open_store
 
     _, attrs = open_store(store)
     sa = attrs["surface"]

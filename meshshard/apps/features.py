@@ -1,7 +1,7 @@
 """The model's inputs built with bounded temporaries: the exact distributed kNN streamed
 ``chunk`` queries at a time (:func:`meshshard.ops.knn_chunks`), each chunk's neighbour rows
 gathered and turned into features at once (every rank runs the same number of rounds).
-Equal to :func:`meshshard.train.build_inputs` (the same neighbours, the same per-row
+Equal to :func:`meshshard.apps.train.build_inputs` (the same neighbours, the same per-row
 arithmetic)."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def chunked_inputs(coords: Any, normals: Any, *, knn: int, chunk: int, sizes: li
     statistics are float64 sums (``build_inputs`` takes them in float32: the two agree to
     float32 rounding)."""
     from meshshard import ops
-    from meshshard.train import features_from_neighbours
+    from meshshard.apps.train import features_from_neighbours
 
     group = coords.device_mesh.get_group()
     total = int(sum(sizes))

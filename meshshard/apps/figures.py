@@ -29,7 +29,7 @@ def pressure_png(vtk: Path, png: Path, *, truth: bool = True) -> Path:
     if truth and P in data:
         lo2, hi2 = np.nanpercentile(np.asarray(data[P]), [1, 99])
         lo, hi = min(lo, lo2), max(hi, hi2)
-    from meshshard._vtklog import capture_vtk_output
+    from meshshard.io.vtklog import capture_vtk_output
 
     # VTK's "bad X server connection" before it falls back to EGL is captured, not printed
     with capture_vtk_output():

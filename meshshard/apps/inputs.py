@@ -5,10 +5,10 @@ Sources:
 - a run directory ``run_<i>/`` (``boundary_<i>.vtp``): every rank reads the surface file (its
   cells' geometry is needed to write the VTK back), keeps the rows ``[N r / W, N (r+1) / W)``,
   and the ranks partition them together;
-- a meshshard store ``run_<i>.zarr``: :func:`~meshshard.pipelines.load_shard` when the world
+- a meshshard store ``run_<i>.zarr``: :func:`~meshshard.datasets.load_shard` when the world
   size divides its parts (no collective, no repartition), else each rank reads a row slice and
   the ranks repartition;
-- a physicsnemo-curator store: :func:`~meshshard.pipelines.curator.load_curator_shard`.
+- a physicsnemo-curator store: :func:`~meshshard.datasets.curator.load_curator_shard`.
 
 Every path returns this rank's rows (its part of the partition), sorted along a Hilbert curve
 of their centres so that consecutive rows are close in space (the streamed kNN relies on it for
@@ -81,7 +81,7 @@ class SurfaceRows:
 
 def source_kind(path: str | Path) -> str:
     """``"run"``, ``"store"`` or ``"curator"``; FileNotFoundError/ValueError otherwise."""
-    from meshshard.pipelines.curator import is_curator_store
+    from meshshard.datasets.curator import is_curator_store
 
     p = Path(path)
     if not p.exists():
@@ -133,8 +133,8 @@ def _slice(n: int, rank: int, world: int) -> tuple[int, int]:
 
 
 def _from_run(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
-    from meshshard.pipelines.drivaerml import read_surface, run_index
-    from meshshard.pipelines.schema import DRIVAERML
+    from meshshard.datasets.drivaerml import read_surface, run_index
+    from meshshard.datasets.schema import DRIVAERML
 
     i = run_index(path)
     vtp = path / DRIVAERML.surface_file.format(i=i)
@@ -168,8 +168,8 @@ def _rows(moved, sizes, meta, kind, name, vtk, n_source, u_inf, rho) -> SurfaceR
 
 
 def _from_store(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
-    from meshshard.pipelines import load_shard
-    from meshshard.pipelines.store import StoreError, open_store, read_array
+    from meshshard.datasets import load_shard
+    from meshshard.store.format import StoreError, open_store, read_array
 
     g, attrs = open_store(path)
     sa = attrs.get("surface")
@@ -198,7 +198,7 @@ def _from_store(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
 
 
 def _from_curator(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
-    from meshshard.pipelines.curator import curator_info, load_curator_shard
+    from meshshard.datasets.curator import curator_info, load_curator_shard
 
     _, info = curator_info(path)
     got = load_curator_shard(path, rank, world, group=group, part="surface", keys=_KEYS)

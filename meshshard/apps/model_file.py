@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from meshshard.errors import InputError
+
 __all__ = [
     "FORMAT",
     "ModelFile",
@@ -49,7 +51,7 @@ _WEIGHTS = {"safetensors": "weights.safetensors", "torch": "weights.pt"}
 _REGISTRY: dict[str, type[nn.Module]] = {}
 
 
-class ModelFileError(ValueError):
+class ModelFileError(InputError):
     """A model checkpoint that cannot be used: foreign, truncated, or another model."""
 
 

@@ -61,7 +61,7 @@ def _dist() -> tuple[int, int]:
 
 
 def _optional() -> set[str]:
-    from meshshard.pipelines.schema import DRIVAERML
+    from meshshard.datasets.schema import DRIVAERML
 
     return {f.name for f in DRIVAERML.surface_fields if not f.required}
 
@@ -94,7 +94,7 @@ def model_inputs(rows: SurfaceRows, knn: int, mesh: Any, chunk: int | None = Non
     when ``mesh`` spans several ranks: exact kNN and global statistics); with ``chunk``, the
     neighbour rows are gathered ``chunk`` rows at a time
     (:func:`~meshshard.apps.features.chunked_inputs`)."""
-    from meshshard.train import build_inputs
+    from meshshard.apps.train import build_inputs
 
     c = torch.from_numpy(rows.centers)
     n = torch.from_numpy(rows.normals)

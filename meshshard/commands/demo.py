@@ -20,8 +20,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from meshshard.apps.demo import run_demo
     from meshshard.commands._checks import check_out_dir
-    from meshshard.demo import run_demo
 
     for flag, value in (("--parts", args.parts), ("--ranks", args.ranks)):
         if value < 1:

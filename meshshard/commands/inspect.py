@@ -100,9 +100,9 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
     """``run_i.zarr``: the pipelines' store summary, then a partition report per stored part
     (surface, volume) on the kNN graph of its cell centres (stores keep no connectivity)."""
     try:
-        from meshshard.pipelines.store import inspect_store, store_partition
+        from meshshard.store.format import inspect_store, store_partition
     except ImportError as exc:
-        msg = f"{path}: inspecting zarr stores needs meshshard.pipelines.store ({exc})"
+        msg = f"{path}: inspecting zarr stores needs meshshard.store.format ({exc})"
         raise CLIError(msg) from exc
     from meshshard.commands._progress import Stages, progress_enabled
     from meshshard.partition import knn_graph
@@ -110,7 +110,7 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
 
     verified = None
     if args.verify:
-        from meshshard.pipelines.store import verify_store
+        from meshshard.store.format import verify_store
 
         verified = verify_store(path)  # StoreError (a ValueError): exit 2, naming the damage
     summary = inspect_store(path)
@@ -138,7 +138,7 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
             with st.stage("render"):
                 surfels = {}
                 if shown[3] == "surface":  # cells drawn as oriented patches, not dots
-                    from meshshard.pipelines.store import store_surfels
+                    from meshshard.store.format import store_surfels
 
                     surfels = dict(zip(("normals", "areas"), store_surfels(path)))
                 render_png(shown[0], args.png, points=shown[1], report=shown[2],

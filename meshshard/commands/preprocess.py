@@ -60,9 +60,13 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from dataclasses import replace
 
-    from meshshard.pipelines import DRIVAERML, preprocess_runs
+    from meshshard.commands._checks import check_out_dir
+    from meshshard.datasets import DRIVAERML
+    from meshshard.pipelines import preprocess_runs
     from meshshard.pipelines._alloc import tune_allocator
 
+    # before any run is read: an unwritable DST is one user error, not one failure per run
+    check_out_dir(args.dst, "DST")
     tune_allocator()  # this process is ours: keep freed arrays for reuse (see _alloc)
     if args.distributed:
         from meshshard.pipelines.distributed import run_cli

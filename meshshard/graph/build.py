@@ -486,7 +486,7 @@ def build_all(
     """Every part's :class:`ShardedGraph`, built in this process (no process group).
 
     Runs the same per-rank algorithm as :func:`build_graph`, one thread per part; for
-    preprocessing (:mod:`meshshard.pipelines.graphstore`) and tests. The pieces have
+    preprocessing (:mod:`meshshard.datasets.graphstore`) and tests. The pieces have
     ``group=None``.
 
     Examples

@@ -37,7 +37,7 @@ class ShardedGraph:
 
     Build it with :func:`meshshard.graph.build_graph` (each rank passes only some edges),
     :func:`meshshard.graph.from_edge_index` (a full edge list, small cases),
-    :func:`meshshard.graph.from_pyg` or :func:`meshshard.pipelines.graphstore.load_graph_shard`.
+    :func:`meshshard.graph.from_pyg` or :func:`meshshard.datasets.graphstore.load_graph_shard`.
 
     Attributes
     ----------

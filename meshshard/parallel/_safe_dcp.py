@@ -21,6 +21,8 @@ import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from meshshard.errors import StoreError
+
 __all__ = ["SafePlanner", "SafeReader", "UnsafeCheckpoint", "read_metadata"]
 
 _METADATA_CLASSES = {
@@ -37,7 +39,7 @@ _METADATA_CLASSES = {
 }  # fmt: skip
 
 
-class UnsafeCheckpoint(ValueError):
+class UnsafeCheckpoint(StoreError):
     """A checkpoint file that would execute code (or build objects DCP never writes) on load."""
 
 

@@ -18,7 +18,7 @@ with a :class:`CheckpointError` naming the file.
 
 Atomic: every rank writes into ``PATH.tmp``; only after every rank finished (and the
 metadata is on disk) does rank 0 move the old ``PATH`` aside to ``PATH.old``, rename
-``PATH.tmp`` to ``PATH`` and delete ``PATH.old`` (:func:`meshshard._publish.publish`; a
+``PATH.tmp`` to ``PATH`` and delete ``PATH.old`` (:func:`meshshard.store.atomic.publish`; a
 ``PATH.old`` left with no ``PATH`` is kept until the new checkpoint is in place). An
 interrupted save therefore leaves ``PATH`` (or, if it stopped between the two renames,
 ``PATH.old``, which :func:`load_checkpoint` falls back to) as the last good checkpoint.
@@ -38,8 +38,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from meshshard._publish import publish
+from meshshard.errors import StoreError
 from meshshard.parallel._safe_dcp import SafePlanner, SafeReader, UnsafeCheckpoint, read_metadata
+from meshshard.store.atomic import publish
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ FORMAT = "meshshard-dcp-1"
 _META = "meshshard.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(StoreError):
     """A checkpoint that cannot be loaded into this model (foreign, corrupt, other model)."""
 
 

@@ -57,6 +57,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from meshshard.errors import LayoutError
 from meshshard.parallel._submesh import drop, lift, same_mesh
 from meshshard.shardtensor import ShardSpec, ShardTensor
 
@@ -71,7 +72,7 @@ __all__ = [
 MESH_DIM_NAMES = ("data", "domain", "tensor")
 
 
-class TensorParallelPlanError(ValueError):
+class TensorParallelPlanError(LayoutError):
     """A tensor-parallel plan that cannot be applied to the module or mesh given."""
 
 

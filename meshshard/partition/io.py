@@ -66,7 +66,7 @@ def read_mesh(path: str | Path) -> Any:
     import pyvista as pv
     from pyvista.core.utilities.observers import VtkErrorCatcher
 
-    from meshshard._vtklog import capture_vtk_output
+    from meshshard.io.vtklog import capture_vtk_output
 
     p = _check_file(path, MESH_SUFFIXES)
     if p.suffix.lower() == ".ply":

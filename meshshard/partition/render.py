@@ -227,7 +227,7 @@ def render_views(
     """
     import pyvista as pv
 
-    from meshshard._vtklog import capture_vtk_output
+    from meshshard.io.vtklog import capture_vtk_output
 
     P = partition.nparts
     colours = [_hex(c) for c in shard_palette(P)]

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from meshshard.errors import DistributedError
+
 __all__ = ["RunBusy", "run_lock"]
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,7 @@ _UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 _warned = False
 
 
-class RunBusy(RuntimeError):
+class RunBusy(DistributedError):
     """Another live process is writing this run's store."""
 
 

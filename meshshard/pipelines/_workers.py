@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from meshshard.errors import DistributedError
+
 __all__ = ["WorkerDied", "WorkerPool", "describe_exit", "die_with_parent"]
 
 log = logging.getLogger(__name__)
@@ -131,7 +133,7 @@ def _worker_main(conn, parent_pid: int, initializer: Callable | None, initargs: 
             return
 
 
-class TaskError(RuntimeError):
+class TaskError(DistributedError):
     """A task raised in its worker; the message is ``"ExceptionType: text"``."""
 
 

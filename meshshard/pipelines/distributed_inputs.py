@@ -14,7 +14,7 @@ source row numbers), and ``attrs`` are the store attributes the new store inheri
 - a VTK XML mesh with several ``<Piece>`` elements (``.vtp``: the surface part, ``.vtu``: the
   volume part): rank ``r`` reads only whole pieces (its ranges start and end at piece
   boundaries, balanced by cells), each with meshshard's reader
-  (:mod:`~meshshard.pipelines.vtkxml`), and computes their centres, normals, areas and fields
+  (:mod:`~meshshard.io.vtkxml`), and computes their centres, normals, areas and fields
   as the single-process reader does; ``<part>_perm`` is the cell's number in the file.
   Every rank first decodes the first non-empty piece to learn the arrays' dtypes and columns.
   A sibling ``<name>.stl`` gives the length scale (its extent along x) that ``nut`` needs.
@@ -73,17 +73,17 @@ def open_source(path: str | Path, part: str = "volume") -> tuple[Any, dict]:
     ValueError
         A ``.npy`` that is not (N, 2) or (N, 3) real numbers, or fields with another N.
     StoreError, FileNotFoundError
-        A store that is not finished (see :func:`~meshshard.pipelines.store.open_store`).
+        A store that is not finished (see :func:`~meshshard.store.format.open_store`).
     """
     path = Path(path)
     if path.suffix in MESH_PARTS:
         return _mesh_source(path)
     if not path.name.endswith(".npy"):
-        from meshshard.pipelines.store import open_store
+        from meshshard.store.format import open_store
 
         return open_store(path)
-    from meshshard.pipelines.drivaerml import file_fingerprint
-    from meshshard.pipelines.store import STORE_SCHEMA_VERSION
+    from meshshard.datasets.drivaerml import file_fingerprint
+    from meshshard.store.format import STORE_SCHEMA_VERSION
 
     pts = np.load(path, mmap_mode="r", allow_pickle=False)
     if pts.ndim != 2 or pts.shape[1] not in (2, 3) or pts.dtype.kind not in "fiu":
@@ -186,7 +186,7 @@ class PieceArrays(dict):
 
 
 def _read_piece(path: Path, part: str, piece: int, length: float | None) -> Any:
-    from meshshard.pipelines.drivaerml import read_surface, read_volume
+    from meshshard.datasets.drivaerml import read_surface, read_volume
 
     read = read_surface if part == "surface" else read_volume
     return read(path, piece=piece, length=length)
@@ -204,9 +204,9 @@ def _rows_of(part: str, data: Any, first: int) -> dict[str, np.ndarray]:
 
 
 def _mesh_source(path: Path) -> tuple[PieceArrays, dict]:
-    from meshshard.pipelines.drivaerml import file_fingerprint
-    from meshshard.pipelines.store import STORE_SCHEMA_VERSION
-    from meshshard.pipelines.vtkxml import VtkXmlFile
+    from meshshard.datasets.drivaerml import file_fingerprint
+    from meshshard.io.vtkxml import VtkXmlFile
+    from meshshard.store.format import STORE_SCHEMA_VERSION
 
     part = MESH_PARTS[path.suffix]
     with VtkXmlFile(path, threads=1, piece=0) as f:  # the XML only: piece sizes
@@ -219,7 +219,7 @@ def _mesh_source(path: Path) -> tuple[PieceArrays, dict]:
     length = None
     stl = path.with_suffix(".stl")
     if stl.is_file():
-        from meshshard.pipelines.drivaerml import read_stl
+        from meshshard.io.stl import read_stl
 
         length = float(read_stl(stl).length)
         sources["stl"] = file_fingerprint(stl)

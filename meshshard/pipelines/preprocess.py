@@ -17,6 +17,9 @@ left half-written. Each run is written under an advisory lock (:mod:`meshshard.p
 held by the live writer, so a temporary store is removed as stale only when its writer is dead,
 and a second invocation on the same run reports it busy. Under ``torchrun`` (``RANK`` and
 ``WORLD_SIZE`` set) rank ``r`` takes runs ``r::world_size``.
+
+Length (~630 lines): process_run and preprocess_runs with their worker and crash-test hooks;
+the workers themselves are in :mod:`meshshard.pipelines._workers`.
 """
 
 from __future__ import annotations
@@ -34,11 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshshard._publish import publish
+from meshshard.datasets.drivaerml import file_fingerprint, read_run, run_index
+from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.pipelines._runlock import RunBusy, run_lock
-from meshshard.pipelines.drivaerml import file_fingerprint, read_run, run_index
-from meshshard.pipelines.schema import DRIVAERML, DatasetSchema
-from meshshard.pipelines.store import store_status, write_store
+from meshshard.store.atomic import publish
+from meshshard.store.format import store_status, write_store
 
 __all__ = ["METHODS", "RunResult", "discover_runs", "preprocess_runs", "process_run"]
 
@@ -236,7 +239,7 @@ def process_run(
     """Preprocess one run directory into ``dst/<run>.zarr`` (see the module docstring).
 
     ``graph="dual"`` also stores the surface dual graph's shards
-    (:mod:`meshshard.pipelines.graphstore`); with ``method="metis"`` the surface is then cut on
+    (:mod:`meshshard.datasets.graphstore`); with ``method="metis"`` the surface is then cut on
     that dual graph with METIS' volume objective (the ghost rows a GNN layer moves), not on a
     kNN graph of the cell centres; with ``method="hypergraph"`` (``pip install
     meshshard[hypergraph]``) on that dual graph's refresh hypergraph, the ghost rows exactly.
@@ -299,7 +302,7 @@ def process_run(
             # a GNN's ghost rows are the dual graph's communication volume: cut that graph,
             # for that objective (METIS on a kNN graph of the centres moves up to 1.6x more;
             # the hypergraph method minimises exactly those ghost rows)
-            from meshshard.pipelines.graphstore import surface_dual_adjacency
+            from meshshard.datasets.graphstore import surface_dual_adjacency
 
             dual_edges, kw["graph"] = surface_dual_adjacency(run_dir, d.source_index, schema)
             if method == "metis":
@@ -329,7 +332,7 @@ def process_run(
             compressor=compressor,
         )
         if graph is not None:
-            from meshshard.pipelines.graphstore import write_graph
+            from meshshard.datasets.graphstore import write_graph
 
             write_graph(tmp, run_dir, partitions.get("surface"), data, graph, schema=schema,
                         edges=dual_edges)  # fmt: skip
@@ -457,8 +460,8 @@ def _init_worker(
         logging.basicConfig(level=level, format=fmt)
     else:
         logging.getLogger().setLevel(level)
+    from meshshard.io.vtkxml import THREADS_ENV
     from meshshard.pipelines._alloc import tune_allocator
-    from meshshard.pipelines.vtkxml import THREADS_ENV
 
     tune_allocator()
     os.environ[THREADS_ENV] = str(threads)
@@ -586,9 +589,9 @@ def preprocess_runs(
                 results[d] = _safe_process(d, str(dst), kwargs)
                 bar.update(1)
         elif mine:
+            from meshshard.io.vtkxml import usable_cpus
             from meshshard.pipelines._memcap import MEMORY_ENV, worker_budget
             from meshshard.pipelines._workers import TaskError, WorkerDied, WorkerPool
-            from meshshard.pipelines.vtkxml import usable_cpus
 
             n = min(workers, len(mine))
             threads = max(1, usable_cpus() // n)

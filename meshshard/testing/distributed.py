@@ -42,6 +42,8 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from meshshard.errors import DistributedError
+
 __all__ = ["RankError", "run_ranks"]
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,7 @@ _STACK_SIGNAL = getattr(signal, "SIGUSR1", None)
 _COLLECTIVE_MARKERS = ("distributed_c10d.py", "collective_check.py")
 
 
-class RankError(RuntimeError):
+class RankError(DistributedError):
     """One or more ranks failed (raised, crashed, or were still running when stopped).
 
     Attributes

@@ -17,9 +17,10 @@ def world_of_one():
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory, world_of_one) -> dict[str, Path]:
     from meshshard.apps.export import export_surface_model
-    from meshshard.pipelines import make_synthetic_run, preprocess_runs
-    from meshshard.pipelines.curator import write_curator_store
-    from meshshard.train import TrainConfig, load_sample, make_model, train_steps
+    from meshshard.apps.train import TrainConfig, load_sample, make_model, train_steps
+    from meshshard.datasets import make_synthetic_run
+    from meshshard.datasets.curator import write_curator_store
+    from meshshard.pipelines import preprocess_runs
 
     root = tmp_path_factory.mktemp("apps")
     for i, cells in ((1, 1800), (2, 2300), (3, 2000)):

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from meshshard.pipelines import make_synthetic_run, preprocess_runs
+    from meshshard.datasets import make_synthetic_run
+    from meshshard.pipelines import preprocess_runs
 
     root = tmp_path_factory.mktemp("domino")
     make_synthetic_run(root / "raw", index=1, surface_cells=600, volume_cells=0, seed=1)

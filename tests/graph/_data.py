@@ -17,8 +17,8 @@ def _edges(adj) -> np.ndarray:
 
 def surface(cells: int) -> tuple[np.ndarray, np.ndarray]:
     """Cell centres and the dual graph's edges of a small generated car surface."""
-    from meshshard.pipelines.geometry import cell_centres
-    from meshshard.pipelines.synthetic import car_body
+    from meshshard.datasets.synthetic import car_body
+    from meshshard.io.geometry import cell_centres
 
     points, offsets, conn = car_body(cells)
     types = np.where(np.diff(offsets) == 4, 9, 5)

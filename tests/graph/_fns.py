@@ -227,10 +227,10 @@ def pyg_cases(rank: int, P: int, case: dict) -> dict:
 
 def dual_from_cells(rank: int, P: int, cells: int) -> dict:
     """The dual graph built from each rank's own cells against the whole-mesh dual graph."""
+    from meshshard.datasets.synthetic import car_body
     from meshshard.graph import from_adjacency, from_cells
+    from meshshard.io.geometry import cell_centres
     from meshshard.partition import dual_graph, partition
-    from meshshard.pipelines.geometry import cell_centres
-    from meshshard.pipelines.synthetic import car_body
 
     points, offsets, conn = car_body(cells)
     types = np.where(np.diff(offsets) == 4, 9, 5)

@@ -15,7 +15,8 @@ ARGS = ["--steps", "2", "--hidden", "8", "--layers", "1", "--slices", "4"]
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    from meshshard.pipelines import make_synthetic_run, preprocess_runs
+    from meshshard.datasets import make_synthetic_run
+    from meshshard.pipelines import preprocess_runs
 
     root = tmp_path_factory.mktemp("train_tp")
     for i in (1, 2):

@@ -103,7 +103,7 @@ def test_every_shard_of_a_graded_car_volume_is_visible(method, parts, tmp_path):
     # shards hug the body. An octant cut left 3 (hilbert, P=32) and 1 (rcb, P=16) of them
     # in neither view; the half cut through the centre, or in front of a hidden shard, shows
     # them all
-    from meshshard.pipelines.synthetic import make_synthetic_run
+    from meshshard.datasets.synthetic import make_synthetic_run
 
     make_synthetic_run(tmp_path, 1, surface_cells=4000, volume_cells=40000, stl_cells=0)
     mesh = pv.read(tmp_path / "run_1" / "volume_1.vtu")

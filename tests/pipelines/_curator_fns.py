@@ -9,7 +9,7 @@ def load_rank(rank: int, world: int, store: str, root: str) -> dict:
     import zarr
     from torch.distributed.device_mesh import init_device_mesh
 
-    from meshshard.pipelines import ShardedRunDataset, load_shard
+    from meshshard.datasets import ShardedRunDataset, load_shard
 
     reads: list = []  # every row selection of a part array, to show no rank reads it whole
     orig = zarr.Array.__getitem__

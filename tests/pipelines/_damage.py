@@ -139,7 +139,7 @@ def run_child(code: str, *args: str, limit_mb: int | None = None, timeout: float
         """
         import json, resource, sys
         import numpy as np, pyvista, vtkmodules.vtkIOXML
-        import meshshard.pipelines.drivaerml, meshshard.pipelines.vtkxml
+        import meshshard.datasets.drivaerml, meshshard.io.vtkxml
         LIMIT = {limit}
         if LIMIT:
             with open("/proc/self/status") as fh:

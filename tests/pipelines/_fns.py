@@ -7,7 +7,7 @@ import numpy as np
 
 def load_local(rank: int, world_size: int, store: str, part: str) -> dict:
     """Each rank reads its rows without a mesh; returns numpy copies."""
-    from meshshard.pipelines import load_shard
+    from meshshard.datasets import load_shard
 
     keys = (
         (
@@ -29,7 +29,7 @@ def load_sharded(rank: int, world_size: int, store: str) -> dict:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    from meshshard.pipelines import ShardedRunDataset, load_shard
+    from meshshard.datasets import ShardedRunDataset, load_shard
 
     mesh = init_device_mesh("cpu", (world_size,))
     out = load_shard(store, rank, world_size, mesh=mesh, part="surface")
@@ -57,7 +57,8 @@ def load_sharded_error(rank: int, world_size: int, store: str) -> str:
     """Each rank loads a damaged store with a DeviceMesh; returns the error message."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from meshshard.pipelines import StoreError, load_shard
+    from meshshard.datasets import load_shard
+    from meshshard.store import StoreError
 
     mesh = init_device_mesh("cpu", (world_size,))
     try:

@@ -45,7 +45,7 @@ def _payloads(path: Path) -> list[tuple[int, int]]:
     """Byte ranges holding uncompressed array values (a flip there changes a value, which no
     reader can tell from a real one): inline DataArray text, and appended data minus each
     array's size word."""
-    from meshshard.pipelines import vtkxml
+    from meshshard.io import vtkxml
 
     size = path.stat().st_size
     with open(path, "rb") as fh:
@@ -91,7 +91,7 @@ def make_case(raw: bytes, allowed: np.ndarray, kind: str, rng: np.random.Generat
 
 
 def _read(path: Path) -> dict:
-    from meshshard.pipelines.drivaerml import read_surface, read_volume
+    from meshshard.datasets.drivaerml import read_surface, read_volume
 
     if path.suffix == ".vtu":
         d = read_volume(path, length=1.0)
@@ -109,7 +109,7 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def main(spec_path: str, out_path: str) -> None:
-    from meshshard.pipelines.errors import InputFileError
+    from meshshard.io.errors import InputFileError
 
     spec = json.loads(Path(spec_path).read_text())
     work = Path(spec["work"])

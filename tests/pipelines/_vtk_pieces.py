@@ -23,7 +23,7 @@ def _array(a: np.ndarray, name: str = "", comps: int = 1) -> str:
 
 
 def write_pieces(path: Path, mesh, bounds: list[int], *, volume: bool) -> None:
-    """Write ``mesh`` (a :class:`~meshshard.pipelines.vtkxml.CellMesh`) with pieces holding
+    """Write ``mesh`` (a :class:`~meshshard.io.vtkxml.CellMesh`) with pieces holding
     cells ``[bounds[i], bounds[i + 1])``."""
     kind = "UnstructuredGrid" if volume else "PolyData"
     out = [f'<?xml version="1.0"?>\n<VTKFile type="{kind}" version="1.0" '

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshshard.pipelines import make_synthetic_run
+from meshshard.datasets import make_synthetic_run
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from meshshard.datasets import load_shard, make_synthetic_run, read_run
+from meshshard.datasets.curator import curator_info, is_curator_store, write_curator_store
 from meshshard.partition import partition
-from meshshard.pipelines import load_shard, make_synthetic_run, read_run
-from meshshard.pipelines.curator import curator_info, is_curator_store, write_curator_store
-from meshshard.pipelines.store import StoreError
+from meshshard.store.format import StoreError
 from meshshard.testing.distributed import run_ranks
 from tests.pipelines._curator_fns import load_rank
 

@@ -16,9 +16,9 @@ import zlib
 import numpy as np
 import pytest
 
-from meshshard.pipelines import read_run
-from meshshard.pipelines.drivaerml import read_stl
-from meshshard.pipelines.errors import InputFileError
+from meshshard.datasets import read_run
+from meshshard.io.errors import InputFileError
+from meshshard.io.stl import read_stl
 from tests.pipelines._damage import (
     append_block,
     array_tag,
@@ -33,8 +33,8 @@ from tests.pipelines._damage import (
 )
 
 CHILD = """
-import meshshard.pipelines.drivaerml as d
-from meshshard.pipelines.errors import InputFileError
+import meshshard.datasets.drivaerml as d
+from meshshard.io.errors import InputFileError
 
 def no_vtk(*a, **k):
     raise AssertionError("a damaged file was handed to VTK")
@@ -249,8 +249,8 @@ def _spec(tmp_path, cases):
 
 def test_unsupported_layouts_still_go_to_vtk(tmp_path):
     """ASCII (a feature, not damage) is read by VTK, and matches."""
-    from meshshard.pipelines.drivaerml import read_surface
-    from meshshard.pipelines.vtkxml import UnsupportedVtkXml, read_cells
+    from meshshard.datasets.drivaerml import read_surface
+    from meshshard.io.vtkxml import UnsupportedVtkXml, read_cells
 
     mesh = surface_mesh()
     ref = read_surface(write_vtk(mesh, tmp_path / "r.vtp", "appended-raw", "ZLib"))
@@ -268,7 +268,7 @@ def test_unsupported_layouts_still_go_to_vtk(tmp_path):
 
 
 def _stl_run(tmp_path, edit):
-    from meshshard.pipelines import make_synthetic_run
+    from meshshard.datasets import make_synthetic_run
 
     run = make_synthetic_run(tmp_path, 1, surface_cells=300, volume_cells=200, stl_cells=200)
     raw = bytearray(run.stl.read_bytes())

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from meshshard.datasets import load_shard
 from meshshard.partition import partition
-from meshshard.pipelines import load_shard
-from meshshard.pipelines.store import open_store, verify_store
+from meshshard.store.format import open_store, verify_store
 from meshshard.testing.distributed import run_ranks
 from tests.pipelines._dist_preprocess_fns import cli_rank, repartition_rank
 

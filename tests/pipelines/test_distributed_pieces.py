@@ -9,12 +9,13 @@ import shutil
 import numpy as np
 import pytest
 
+from meshshard.datasets import make_synthetic_run
+from meshshard.datasets.drivaerml import read_surface, read_volume
+from meshshard.datasets.schema import DRIVAERML
+from meshshard.io.stl import read_stl
+from meshshard.io.vtkxml import UnsupportedVtkXml, VtkXmlFile, read_cells
 from meshshard.partition import partition
-from meshshard.pipelines import make_synthetic_run
-from meshshard.pipelines.drivaerml import read_stl, read_surface, read_volume
-from meshshard.pipelines.schema import DRIVAERML
-from meshshard.pipelines.store import open_store, verify_store
-from meshshard.pipelines.vtkxml import UnsupportedVtkXml, VtkXmlFile, read_cells
+from meshshard.store.format import open_store, verify_store
 from meshshard.testing.distributed import run_ranks
 from tests.pipelines._dist_preprocess_fns import repartition_rank
 from tests.pipelines._vtk_pieces import write_pieces

@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from meshshard.datasets import load_shard, make_synthetic_run
 from meshshard.partition import partition
-from meshshard.pipelines import load_shard, make_synthetic_run, preprocess_runs
-from meshshard.pipelines.store import open_store, verify_store
+from meshshard.pipelines import preprocess_runs
+from meshshard.store.format import open_store, verify_store
 from meshshard.testing.distributed import run_ranks
 from tests.pipelines._dist_preprocess_fns import cli_rank
 

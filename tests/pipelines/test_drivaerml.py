@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import pyvista as pv
 
-from meshshard.pipelines import DRIVAERML, DatasetSchema, FieldSpec, read_run
-from meshshard.pipelines.drivaerml import file_fingerprint
+from meshshard.datasets import DRIVAERML, DatasetSchema, FieldSpec, read_run
+from meshshard.datasets.drivaerml import file_fingerprint
 
 U, RHO = 38.889, 1.0
 
@@ -185,7 +185,7 @@ def test_meshshard_and_vtk_readers_agree(run_copy, monkeypatch, mode):
     """The default (meshshard's XML reader) and MESHSHARD_READER=vtk give the same run."""
     from vtkmodules import vtkIOXML
 
-    from meshshard.pipelines.vtkxml import read_cells
+    from meshshard.io.vtkxml import read_cells
 
     for name, cls in (("boundary_1.vtp", "vtkXMLPolyDataWriter"),
                       ("volume_1.vtu", "vtkXMLUnstructuredGridWriter")):
@@ -230,14 +230,14 @@ def test_streamed_volume_equals_the_vtk_read(
     """Volumes are read in small pieces (rows and ids cut anywhere), equal to VTK's read."""
     import logging
 
-    from meshshard.pipelines import drivaerml
-    from meshshard.pipelines.drivaerml import read_volume
+    from meshshard.datasets import drivaerml
+    from meshshard.datasets.drivaerml import read_volume
 
     _rewrite_volume(run_copy, mode, compressor, 1000)
     monkeypatch.setattr(drivaerml, "_PIECE_ROWS", 37)
     monkeypatch.setattr(drivaerml, "_PIECE_IDS", 101)
     path = run_copy / "volume_1.vtu"
-    with caplog.at_level(logging.DEBUG, logger="meshshard.pipelines.drivaerml"):
+    with caplog.at_level(logging.DEBUG, logger="meshshard.datasets.drivaerml"):
         ours = read_volume(path, length=4.5, max_cells=max_cells, seed=2)
     assert "read with VTK" not in caplog.text  # the streamed path really ran
     monkeypatch.setenv("MESHSHARD_READER", "vtk")
@@ -248,8 +248,8 @@ def test_streamed_volume_equals_the_vtk_read(
 
 
 def test_streamed_volume_names_missing_fields_and_drops_nans(run_copy, monkeypatch):
-    from meshshard.pipelines import drivaerml
-    from meshshard.pipelines.drivaerml import read_volume
+    from meshshard.datasets import drivaerml
+    from meshshard.datasets.drivaerml import read_volume
 
     monkeypatch.setattr(drivaerml, "_PIECE_ROWS", 50)
     grid = pv.read(run_copy / "volume_1.vtu")

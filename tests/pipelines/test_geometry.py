@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import pyvista as pv
 
-from meshshard.pipelines.geometry import (
+from meshshard.io.geometry import (
     cell_centres,
     polygon_geometry,
     streamed_centres,

@@ -9,8 +9,8 @@ import pytest
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
+from meshshard.io import gmshmesh
 from meshshard.partition import dual_graph
-from meshshard.pipelines import gmshmesh
 
 _FACES = np.array([[0, 2, 1], [0, 1, 3], [1, 2, 3], [0, 3, 2]])  # outward for positive tets
 

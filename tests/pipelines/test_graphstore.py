@@ -8,11 +8,11 @@ import pytest
 import pyvista as pv
 
 from meshshard.cli import main
+from meshshard.datasets import load_shard
+from meshshard.datasets.graphstore import load_graph_shard
 from meshshard.graph import build_all
 from meshshard.partition import Partition, dual_graph
-from meshshard.pipelines import load_shard
-from meshshard.pipelines.graphstore import load_graph_shard
-from meshshard.pipelines.store import StoreError, open_store, store_partition, verify_store
+from meshshard.store.format import StoreError, open_store, store_partition, verify_store
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_metis_with_graph_dual_cuts_the_dual_graph_for_volume(graph_store, runs_
 
 
 def test_inspect_reports_the_graph(graph_store):
-    from meshshard.pipelines import inspect_store
+    from meshshard.store import inspect_store
 
     info = inspect_store(graph_store)["surface_graph"]
     assert info["kind"] == "dual" and info["rings"] == 1 and info["nparts"] == 3
@@ -139,7 +139,7 @@ def test_hypergraph_with_graph_dual_stores_the_same_kind_of_shards(hyper_store, 
 
 
 def inspect_store_graph(path):
-    from meshshard.pipelines import inspect_store
+    from meshshard.store import inspect_store
 
     return inspect_store(path)["surface_graph"]
 

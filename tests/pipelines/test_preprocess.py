@@ -13,17 +13,11 @@ import pyvista as pv
 import zarr
 
 from meshshard.cli import main
+from meshshard.datasets import load_halo, load_shard, read_run
 from meshshard.partition import HaloPlan, Partition
-from meshshard.pipelines import (
-    StoreError,
-    inspect_store,
-    load_halo,
-    load_shard,
-    preprocess_runs,
-    process_run,
-    read_run,
-)
-from meshshard.pipelines.store import CRASH_ENV, write_store
+from meshshard.pipelines import preprocess_runs, process_run
+from meshshard.store import StoreError, inspect_store
+from meshshard.store.format import CRASH_ENV, write_store
 from meshshard.testing.distributed import run_ranks
 from tests.pipelines._fns import load_local, stack
 
@@ -334,7 +328,7 @@ def test_cli_and_inspect(runs_src, tmp_path, capsys):
 
 
 def test_choose_chunk():
-    from meshshard.pipelines.store import choose_chunk
+    from meshshard.store.format import choose_chunk
 
     assert choose_chunk(np.array([0, 4096, 8192, 16384]), 16384) == (4096, True)
     assert choose_chunk(np.array([0, 1 << 20, 1 << 21]), 1 << 21) == (1 << 17, True)
@@ -347,7 +341,7 @@ def test_choose_chunk():
 @pytest.mark.parametrize("method", ["hilbert", "rcb", "metis"])
 def test_stored_partition_is_the_partitioners(runs_src, tmp_path, method):
     from meshshard.partition import partition
-    from meshshard.pipelines.store import store_partition
+    from meshshard.store.format import store_partition
 
     process_run(runs_src / "run_2", tmp_path, parts=3, method=method, volume=False)
     data = read_run(runs_src / "run_2", volume=False)

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from meshshard.cli import main
-from meshshard.pipelines import make_synthetic_run, preprocess_runs, process_run
+from meshshard.datasets import make_synthetic_run
+from meshshard.pipelines import preprocess_runs, process_run
 from meshshard.pipelines._runlock import RunBusy, run_lock
 from meshshard.pipelines.preprocess import CRASH_RUN_ENV, HOLD_ENV
 

@@ -13,8 +13,10 @@ import pytest
 import zarr
 
 from meshshard.cli import main
-from meshshard.pipelines import StoreError, load_shard, open_store, process_run
-from meshshard.pipelines.store import store_partition, verify_store
+from meshshard.datasets import load_shard
+from meshshard.pipelines import process_run
+from meshshard.store import StoreError, open_store
+from meshshard.store.format import store_partition, verify_store
 from meshshard.testing.distributed import run_ranks
 from tests.pipelines._fns import load_sharded_error
 

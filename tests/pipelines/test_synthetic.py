@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import pyvista as pv
 
-from meshshard.pipelines import make_synthetic_run
+from meshshard.datasets import make_synthetic_run
 
 
 def test_layout_names_and_fields(runs_src):

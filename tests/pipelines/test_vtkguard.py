@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meshshard.pipelines.drivaerml import read_surface, read_volume
-from meshshard.pipelines.vtkguard import check_before_vtk, check_vtk_output, read_all_pieces
-from meshshard.pipelines.vtkxml import CellMesh, CorruptVtkXml, SeveralPieces, read_cells
+from meshshard.datasets.drivaerml import read_surface, read_volume
+from meshshard.io.vtkguard import check_before_vtk, check_vtk_output, read_all_pieces
+from meshshard.io.vtkxml import CellMesh, CorruptVtkXml, SeveralPieces, read_cells
 from tests.pipelines._damage import (
     set_array_attr,
     set_attr,

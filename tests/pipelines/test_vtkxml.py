@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import pyvista as pv
 
-from meshshard.pipelines import vtkxml
-from meshshard.pipelines.geometry import vtk_cells
-from meshshard.pipelines.vtkxml import CorruptVtkXml, UnsupportedVtkXml, read_cells
+from meshshard.io import vtkxml
+from meshshard.io.geometry import vtk_cells
+from meshshard.io.vtkxml import CorruptVtkXml, UnsupportedVtkXml, read_cells
 from tests.pipelines._damage import write_vtk
 
 

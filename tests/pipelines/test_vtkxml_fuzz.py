@@ -21,7 +21,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from meshshard.pipelines.drivaerml import read_surface
+from meshshard.datasets.drivaerml import read_surface
 from tests.pipelines._damage import surface_mesh, volume_mesh, write_vtk
 
 SEED = 20261201

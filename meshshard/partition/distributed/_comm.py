@@ -17,13 +17,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from meshshard.errors import DistributedError
+
 __all__ = ["Comm", "ExchangeError"]
 
 # torch 2.13 renamed all_gather_into_tensor (now deprecated) to all_gather_single
 _ALLGATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-class ExchangeError(RuntimeError):
+class ExchangeError(DistributedError):
     """A collective of the distributed partitioner failed on this rank (another rank raised,
     died or timed out)."""
 

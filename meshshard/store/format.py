@@ -11,7 +11,7 @@ Layout (PhysicsNeMo's DrivaerML keys, rows in partition order)::
 
 Attributes (``group.attrs``): ``schema_version``, ``complete`` (written last), ``run``,
 ``nparts``, ``sources`` (fingerprints of the source files, see
-:func:`meshshard.pipelines.drivaerml.file_fingerprint`), ``dataset`` (field names, ``u_inf``,
+:func:`meshshard.datasets.drivaerml.file_fingerprint`), ``dataset`` (field names, ``u_inf``,
 ``rho``, length), ``request`` (the options that produced the store), ``arrays`` (expected
 shapes), and per part (``surface``, ``volume``): ``partition_ptr``, ``sharding_shapes``,
 ``method``, ``params``, ``columns``, ``scales``, ``chunk``, ``chunk_aligned``, ``halo``.
@@ -29,6 +29,9 @@ Chunks: zarr 3.1 has only regular chunk grids, so the chunk length along rows is
 divisor of every shard offset that is <= ``target_chunk`` rows (each rank then reads whole
 chunks only); when the offsets share no divisor >= 1024 rows (or half an average shard, for
 small samples) it is ``target_chunk`` (128Ki rows) and ``chunk_aligned`` is false.
+
+Length (~680 lines): the store format in one place: writer, seal, integrity checks and readers
+must agree on every key and attribute, and are changed together when the format changes.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from meshshard.errors import StoreError
 
 __all__ = [
     "STORE_SCHEMA_VERSION",
@@ -64,10 +69,6 @@ CRASH_ENV = "MESHSHARD_TEST_CRASH_AFTER_ARRAYS"
 SURFACE_KEYS = ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fields")
 VOLUME_KEYS = ("volume_mesh_centers", "volume_fields")
 STL_KEYS = ("stl_coordinates", "stl_faces", "stl_centers", "stl_areas")
-
-
-class StoreError(ValueError):
-    """A store is incomplete, corrupt, stale or from a newer meshshard."""
 
 
 def choose_chunk(
@@ -168,7 +169,7 @@ def write_store(
     compressor: str | None = "lz4",
     target_chunk: int = 1 << 17,
 ) -> dict:
-    """Write ``run`` (a :class:`~meshshard.pipelines.drivaerml.RunData`) into a new zarr group
+    """Write ``run`` (a :class:`~meshshard.datasets.drivaerml.RunData`) into a new zarr group
     at ``path`` in partition order; attributes last, ``complete: true`` marking a finished
     store. ``path`` must not exist (the caller writes to a temporary name and renames).
 
@@ -392,7 +393,7 @@ def _check_integrity(path: Path, attrs: dict, *, full: bool) -> dict:
 
 def _not_rows(part: str) -> tuple[str, ...]:
     """Prefixes of a part's arrays whose rows are not the part's rows (halo plans, graph
-    shards: see :mod:`meshshard.pipelines.graphstore`)."""
+    shards: see :mod:`meshshard.datasets.graphstore`)."""
     return (f"{part}_halo_", f"{part}_graph_")
 
 

@@ -42,11 +42,11 @@ _PREFIX = "surface_graph"
 
 def surface_dual_edges(run_dir: str | Path, source_index: np.ndarray, schema: Any = None):
     """Edges ``(2, E)`` of the surface's dual graph (cells sharing an edge) over the rows of a
-    :class:`~meshshard.pipelines.drivaerml.SurfaceData` (row ``j`` = source cell
+    :class:`~meshshard.datasets.drivaerml.SurfaceData` (row ``j`` = source cell
     ``source_index[j]``; edges to dropped cells are left out)."""
+    from meshshard.datasets.drivaerml import _read_cells, run_index
+    from meshshard.datasets.schema import DRIVAERML
     from meshshard.partition.graph import dual_graph
-    from meshshard.pipelines.drivaerml import _read_cells, run_index
-    from meshshard.pipelines.schema import DRIVAERML
 
     schema = schema or DRIVAERML
     run_dir = Path(run_dir)
@@ -111,7 +111,7 @@ def write_graph(
     import zarr
 
     from meshshard.graph import build_all
-    from meshshard.pipelines.store import seal_store
+    from meshshard.store.format import seal_store
 
     if kind not in GRAPH_KINDS:
         msg = f"graph={kind!r} is not one of {GRAPH_KINDS}"
@@ -169,7 +169,7 @@ def load_graph_shard(store: str | Path, rank: int, world_size: int, *, group: An
     """This rank's :class:`~meshshard.graph.ShardedGraph` of a store's surface dual graph.
 
     Node ids are *stored* rows (the store's partition order), so owned rows are exactly the rows
-    :func:`meshshard.pipelines.load_shard` returns for this rank; ``world_size`` must equal the
+    :func:`meshshard.datasets.load_shard` returns for this rank; ``world_size`` must equal the
     store's number of parts. No collective (every rank reads its own slices).
 
     Raises
@@ -183,7 +183,7 @@ def load_graph_shard(store: str | Path, rank: int, world_size: int, *, group: An
 
     from meshshard.graph import ShardedGraph
     from meshshard.partition.record import HaloPlan
-    from meshshard.pipelines.store import StoreError, open_store
+    from meshshard.store.format import StoreError, open_store
 
     grp, attrs = open_store(store)
     meta = attrs.get(_PREFIX)

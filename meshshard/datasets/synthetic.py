@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from meshshard.pipelines.geometry import cell_centres, polygon_geometry, polygon_normals_areas
-from meshshard.pipelines.schema import DRIVAERML, DatasetSchema
+from meshshard.datasets.schema import DRIVAERML, DatasetSchema
+from meshshard.io.geometry import cell_centres, polygon_geometry, polygon_normals_areas
 
 __all__ = ["SyntheticRun", "car_body", "make_synthetic_run"]
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from meshshard.errors import InputError
+
 __all__ = ["InputFileError"]
 
 
-class InputFileError(ValueError):
+class InputFileError(InputError):
     """An input file (VTK, STL) is damaged, inconsistent or lacks what the schema needs.
 
     The message starts with the file's path; ``path`` holds it (None when not known yet).

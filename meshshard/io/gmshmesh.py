@@ -1,6 +1,6 @@
 """An unstructured tetrahedral volume around a car-like body, meshed with gmsh (extra: ``mesh``).
 
-The generated DrivaerML-like meshes (:mod:`meshshard.pipelines.synthetic`) are structured
+The generated DrivaerML-like meshes (:mod:`meshshard.datasets.synthetic`) are structured
 grids bent around a body: a space-filling curve already cuts them almost optimally, so they
 cannot show what a graph partitioner buys on a real CFD mesh. This module meshes a wind-tunnel
 box minus a car-like body (an ellipsoid body, a cabin, four wheels) with gmsh's Delaunay

@@ -21,8 +21,8 @@ extent along x. ``U`` and ``rho`` come from the attributes, else from
 of each array (zarr reads only the chunks they touch), the ranks partition the centres together
 (:func:`~meshshard.partition.distributed.partition_distributed`, ``W`` parts), and rows move to
 the rank owning their part (:func:`~meshshard.partition.distributed.redistribute_rows`).
-:func:`~meshshard.pipelines.load_shard` calls it for curator stores, so
-:class:`~meshshard.pipelines.ShardedRunDataset` reads them beside meshshard's own stores.
+:func:`~meshshard.datasets.load_shard` calls it for curator stores, so
+:class:`~meshshard.datasets.ShardedRunDataset` reads them beside meshshard's own stores.
 :func:`write_curator_store` writes the layout from a run directory (for tests: the real dataset
 is not here).
 """
@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.pipelines.schema import DRIVAERML, DatasetSchema
-from meshshard.pipelines.store import StoreError
+from meshshard.datasets.schema import DRIVAERML, DatasetSchema
+from meshshard.store.format import StoreError
 
 __all__ = ["CURATOR_COLUMNS", "curator_info", "is_curator_store", "load_curator_shard",
            "write_curator_store"]
@@ -162,7 +162,7 @@ def load_curator_shard(
     """This rank's rows of a curator store, partitioned by all ranks together.
 
     Collective when ``world_size > 1``: every rank of ``mesh`` (or ``group``, else the default
-    group) must call this. Returns what :func:`~meshshard.pipelines.load_shard` returns (rows in
+    group) must call this. Returns what :func:`~meshshard.datasets.load_shard` returns (rows in
     partition order of ``world_size`` parts); ``<part>_perm`` (the row in the curator store)
     is added when asked for in ``keys``. Fields are non-dimensional (see the module notes).
     """
@@ -170,8 +170,8 @@ def load_curator_shard(
 
     g, info = curator_info(store)
     if part == "stl":  # not sharded: every rank reads the body whole
-        from meshshard.pipelines.loader import _device
-        from meshshard.pipelines.store import STL_KEYS
+        from meshshard.datasets.loader import _device
+        from meshshard.store.format import STL_KEYS
 
         dev = _device(mesh, device)
         out = {}
@@ -217,7 +217,7 @@ def load_curator_shard(
         dp = partition_distributed(rows[f"{part}_mesh_centers"], world_size, grp, method)
         moved = redistribute_rows(rows, dp, grp)
         sizes = dp.sizes.tolist()
-    from meshshard.pipelines.loader import _device, wrap_rows
+    from meshshard.datasets.loader import _device, wrap_rows
 
     return wrap_rows({k: moved[k] for k in keys}, mesh, sizes, _device(mesh, device))
 
@@ -236,7 +236,7 @@ def write_curator_store(
     import zarr
     from zarr.codecs import BloscCodec
 
-    from meshshard.pipelines.drivaerml import read_run
+    from meshshard.datasets.drivaerml import read_run
 
     run = read_run(run_dir, schema=schema, volume=volume)
     comp = BloscCodec(cname="zstd", clevel=5, shuffle="shuffle")

@@ -1,7 +1,7 @@
 """Domain-parallel training of the reference Transolver on one sharded DrivaerML-like run.
 
 Used by ``meshshard demo``, ``examples/train_drivaerml.py`` and ``benchmarks/bench_memory.py``.
-Every rank loads only its rows of the store (:func:`meshshard.pipelines.load_shard`), adds
+Every rank loads only its rows of the store (:func:`meshshard.datasets.load_shard`), adds
 kNN-based geometric features with :mod:`meshshard.ops` (exact across shard boundaries), and
 trains the *unmodified* :class:`~meshshard.models.Transolver` on ShardTensors: the loss is a
 true global mean and weight gradients equal the single-device ones.
@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from meshshard.store.atomic import publish, resolve
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,7 @@ def load_sample(
 
     Returns ``{"coords": (1, N, 3), "features": (1, N, 3 + 4), "target": (1, N, C)}``.
     """
-    from meshshard.pipelines import load_shard
+    from meshshard.datasets import load_shard
 
     keys = ("surface_mesh_centers", "surface_normals", "surface_fields")
     data = load_shard(store, rank, world_size, mesh=mesh, part="surface", keys=keys)
@@ -192,7 +194,9 @@ def train_steps(
 
 def save_checkpoint(path: str | Path, model, optimizer, step: int, cfg: TrainConfig,
                     extra: dict | None = None) -> Path:
-    """Write atomically (temporary name, fsync, rename): a crash never leaves a torn file."""
+    """Write atomically (temporary name, fsync, then :func:`~meshshard.store.atomic.publish`):
+    a crash never leaves a torn file, and ``PATH`` or ``PATH.old`` is complete at every
+    instant (:func:`load_checkpoint` falls back to ``PATH.old``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
@@ -208,14 +212,16 @@ def save_checkpoint(path: str | Path, model, optimizer, step: int, cfg: TrainCon
         torch.save(payload, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    publish(tmp, path, path.with_name(path.name + ".old"))
     return path
 
 
 def load_checkpoint(path: str | Path) -> dict:
     """Read a checkpoint with ``weights_only=True``; a corrupt or foreign file raises
-    ValueError naming it (nothing is overwritten)."""
+    ValueError naming it (nothing is overwritten). A ``PATH.old`` left by a save that was
+    interrupted between its renames is read when ``PATH`` is missing."""
     path = Path(path)
+    path = resolve(path, path.with_name(path.name + ".old")) or path
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from meshshard.train import TrainConfig
+from meshshard.apps.train import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def train_rank(
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
-    from meshshard.train import load_sample, make_model, relative_l2, train_steps
+    from meshshard.apps.train import load_sample, make_model, relative_l2, train_steps
 
     cfg = TrainConfig(**cfg_dict)
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("domain",))
@@ -76,7 +76,7 @@ def train_rank(
         l2_wss = relative_l2(pred, sample["target"], slice(1, 4))
     if export:  # the target scaling load_sample applied, for predictions in store units
         from meshshard.apps.export import export_surface_model
-        from meshshard.pipelines import load_shard
+        from meshshard.datasets import load_shard
 
         raw = load_shard(store, rank, world_size, mesh=mesh, keys=("surface_fields",))
         t = raw["surface_fields"].float()
@@ -167,9 +167,10 @@ def run_demo(
     chunk: int = 1 << 16,
 ) -> dict[str, Any]:
     """Run the whole demo; return a summary (files written, losses, largest difference)."""
+    from meshshard.datasets import make_synthetic_run
     from meshshard.partition.report import format_report, render_png, report
-    from meshshard.pipelines import make_synthetic_run, preprocess_runs
-    from meshshard.pipelines.store import store_partition
+    from meshshard.pipelines import preprocess_runs
+    from meshshard.store.format import store_partition
     from meshshard.testing import run_ranks
 
     out = Path(out)

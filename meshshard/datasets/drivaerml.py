@@ -5,13 +5,13 @@ A run directory ``run_<i>/`` holds ``boundary_<i>.vtp`` (surface, cell data), ``
 centres, normals, areas and non-dimensional fields, volume cell centres and fields, and the STL
 (vertices, triangles, centres, areas).
 
-Reading. VTK XML files (``.vtp``, ``.vtu``) are read by :mod:`meshshard.pipelines.vtkxml`,
+Reading. VTK XML files (``.vtp``, ``.vtu``) are read by :mod:`meshshard.io.vtkxml`,
 which decodes only the points, the cells and the arrays named in the schema, decompressing in
 parallel (zlib, LZ4, lzma); files of several pieces are read piece by piece and merged
-(:mod:`meshshard.pipelines.vtkguard`). Files in a layout it does not decode (ASCII) and other
+(:mod:`meshshard.io.vtkguard`). Files in a layout it does not decode (ASCII) and other
 formats go through VTK with every other array disabled before the file is parsed. A file
 meshshard's reader finds damaged is never handed to VTK (whose readers can crash or allocate
-without bound on one): it fails with a :class:`~meshshard.pipelines.errors.InputFileError`
+without bound on one): it fails with a :class:`~meshshard.io.errors.InputFileError`
 naming the file. Set ``MESHSHARD_READER=vtk`` to send every file through VTK; an XML file's
 headers are then validated first, the same way, and VTK's output is checked against them.
 
@@ -19,7 +19,7 @@ Validation. Whichever reader was used, what it returns is checked before anythin
 or written: point coordinates finite, offsets starting at 0, non-decreasing and ending at the
 connectivity's length, vertex ids in range, every cell array one row per cell; fields finite
 (or, with ``drop_nan``, the cells holding NaN/inf dropped). Every failure is an
-:class:`~meshshard.pipelines.errors.InputFileError` whose message starts with the file.
+:class:`~meshshard.io.errors.InputFileError` whose message starts with the file.
 
 Memory. A surface's arrays are decoded whole. A volume is streamed (through meshshard's
 reader): its fields and connectivity are decoded a few pieces at a time, so besides the output
@@ -28,6 +28,9 @@ without compression) is memory-mapped and its pages released once read. With
 ``max_volume_cells`` the centres and fields of only a random (seeded) subset of volume cells
 are kept. Through VTK (fallback or ``MESHSHARD_READER=vtk``) the whole geometry and the
 requested arrays are held.
+
+Length (~660 lines): the DrivaerML reader in one place: VTK fall-back, field selection, the NaN
+policy and volume streaming all act on the same schema and the same validated cells.
 """
 
 from __future__ import annotations
@@ -42,17 +45,19 @@ from pathlib import Path
 
 import numpy as np
 
-from meshshard._vtklog import capture_vtk_output
-from meshshard.pipelines.errors import InputFileError
-from meshshard.pipelines.geometry import (
+from meshshard.datasets.schema import DRIVAERML, DatasetSchema, FieldSpec
+from meshshard.io.errors import InputFileError
+from meshshard.io.geometry import (
     cell_centres,
     polygon_geometry,
     streamed_centres,
     vtk_cells,
 )
-from meshshard.pipelines.schema import DRIVAERML, DatasetSchema, FieldSpec
-from meshshard.pipelines.vtkguard import check_before_vtk, check_vtk_output, read_all_pieces
-from meshshard.pipelines.vtkxml import (
+from meshshard.io.stl import StlData, read_stl
+from meshshard.io.validate import check_points, require_file, validate_cells
+from meshshard.io.vtkguard import check_before_vtk, check_vtk_output, read_all_pieces
+from meshshard.io.vtklog import capture_vtk_output
+from meshshard.io.vtkxml import (
     CellMesh,
     SeveralPieces,
     UnsupportedVtkXml,
@@ -62,12 +67,10 @@ from meshshard.pipelines.vtkxml import (
 
 __all__ = [
     "RunData",
-    "StlData",
     "SurfaceData",
     "VolumeData",
     "file_fingerprint",
     "read_run",
-    "read_stl",
     "read_surface",
     "read_volume",
     "run_index",
@@ -143,23 +146,6 @@ class VolumeData:
 
 
 @dataclass
-class StlData:
-    """The body: ``coordinates`` (V, 3), ``faces`` (T, 3) int64, ``centers`` (T, 3),
-    ``areas`` (T,)."""
-
-    coordinates: np.ndarray
-    faces: np.ndarray
-    centers: np.ndarray
-    areas: np.ndarray
-
-    @property
-    def length(self) -> float:
-        """Extent along x (the car's length)."""
-        x = self.coordinates[:, 0]
-        return float(x.max() - x.min())
-
-
-@dataclass
 class RunData:
     """Everything read from one run directory."""
 
@@ -185,12 +171,6 @@ def run_index(run_dir: str | Path, schema: DatasetSchema = DRIVAERML) -> int:
     return int(m.group(1))
 
 
-def _require(path: Path, what: str) -> None:
-    if not path.is_file():
-        msg = f"{path}: missing {what} file (a run directory holds its {what} as {path.name})"
-        raise FileNotFoundError(msg)
-
-
 #: ``vtk`` sends every file through VTK's readers (default ``auto``: meshshard's XML reader first)
 READER_ENV = "MESHSHARD_READER"
 _XML_READERS = {".vtp": "vtkXMLPolyDataReader", ".vtu": "vtkXMLUnstructuredGridReader"}
@@ -198,7 +178,7 @@ _XML_READERS = {".vtp": "vtkXMLPolyDataReader", ".vtu": "vtkXMLUnstructuredGridR
 
 def _corrupt(path: Path, exc: BaseException, vtk_said: str = "") -> InputFileError:
     """The one-line error for a file VTK could not read; ``vtk_said`` is VTK's own output
-    (captured by :func:`meshshard._vtklog.capture_vtk_output`), preferred when present."""
+    (captured by :func:`meshshard.io.vtklog.capture_vtk_output`), preferred when present."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     first = vtk_said or first
     msg = f"{path}: truncated or corrupt VTK file ({first[:300]}); re-export or re-download it"
@@ -222,10 +202,10 @@ def _read_cells(
     """Points, cells (the polygons when ``polys``) and ``specs``' cell arrays of ``path``, and
     the specs present.
 
-    VTK XML files go through meshshard's own reader (:mod:`meshshard.pipelines.vtkxml`: only
+    VTK XML files go through meshshard's own reader (:mod:`meshshard.io.vtkxml`: only
     the named arrays are decoded, in parallel); a file in a layout it does not decode -- ASCII
     data, LZ4, several pieces -- is read by VTK. A damaged file raises
-    :class:`~meshshard.pipelines.vtkxml.CorruptVtkXml` and never reaches VTK. With ``piece``
+    :class:`~meshshard.io.vtkxml.CorruptVtkXml` and never reaches VTK. With ``piece``
     only that ``<Piece>`` is read, by meshshard's reader only (VTK would merge the pieces).
     """
     if piece is not None:
@@ -252,57 +232,6 @@ def _checked(
     return mesh, present
 
 
-def _bad_points(path: Path, points: np.ndarray) -> None:
-    """An error unless ``points`` is (n, 3) with finite coordinates."""
-    if points.ndim != 2 or points.shape[1] != 3:
-        msg = f"{path}: points of shape {points.shape}, expected (n, 3)"
-        raise InputFileError(msg, path)
-    if points.size and not np.isfinite(points.sum(dtype=np.float64)):
-        bad = ~np.isfinite(points).all(axis=1)
-        if bad.any():
-            msg = (
-                f"{path}: {int(bad.sum())} of {points.shape[0]} points have non-finite (NaN/inf) "
-                f"coordinates (first: point {int(np.flatnonzero(bad)[0])}); the mesh is damaged"
-            )
-            raise InputFileError(msg, path)
-
-
-def validate_cells(path: str | Path, mesh: CellMesh) -> None:
-    """Check what a reader returned (meshshard's or VTK's) before anything is computed from it.
-
-    Checks: points (n, 3) and finite; offsets start at 0, never decrease and end at the
-    connectivity's length; vertex ids in ``[0, n_points)``; every cell array has one row per
-    cell. Field values are checked later (NaN policy).
-
-    Raises
-    ------
-    InputFileError
-        Naming ``path`` and what is wrong.
-    """
-    path = Path(path)
-    points, off, conn = mesh.points, np.asarray(mesh.offsets), np.asarray(mesh.connectivity)
-    _bad_points(path, points)
-    problem = None
-    if off.ndim != 1 or off.size < 1 or (off.size and int(off[0]) != 0):
-        problem = f"cell offsets must start at 0 (found {off[:1].tolist()})"
-    elif np.any(off[1:] < off[:-1]):
-        i = int(np.flatnonzero(off[1:] < off[:-1])[0])
-        problem = f"cell offsets decrease at cell {i} ({int(off[i])} -> {int(off[i + 1])})"
-    elif int(off[-1]) != conn.size:
-        problem = f"cell offsets end at {int(off[-1])}, but the connectivity has {conn.size} ids"
-    elif conn.size and (int(conn.min()) < 0 or int(conn.max()) >= points.shape[0]):
-        bad = int(conn.min()) if int(conn.min()) < 0 else int(conn.max())
-        problem = f"a cell refers to point {bad}, but the mesh has {points.shape[0]} points"
-    else:
-        for name, arr in mesh.cell_data.items():
-            if arr.shape[0] != mesh.n_cells:
-                problem = f"cell array {name!r} has {arr.shape[0]} rows for {mesh.n_cells} cells"
-                break
-    if problem is not None:
-        msg = f"{path}: {problem}; the mesh is damaged, re-export or re-download it"
-        raise InputFileError(msg, path)
-
-
 def _fields_present(
     path: Path, specs: tuple[FieldSpec, ...], have, listed: list[str]
 ) -> tuple[FieldSpec, ...]:
@@ -321,7 +250,7 @@ def _fields_present(
 
 def _read_vtk(path: Path, specs: tuple[FieldSpec, ...], polys: bool) -> CellMesh:
     """:func:`_read_cells` through VTK's readers. An XML file's headers are validated first
-    (:func:`~meshshard.pipelines.vtkguard.check_before_vtk`: a damaged one never reaches VTK)
+    (:func:`~meshshard.io.vtkguard.check_before_vtk`: a damaged one never reaches VTK)
     and VTK's output is compared with the counts they declare."""
     counts = None
     if path.suffix.lower() in _XML_READERS:
@@ -470,71 +399,6 @@ def _nan_rows(path: Path, fields: np.ndarray, columns: dict, drop_nan: bool) -> 
     return np.flatnonzero(~bad.any(axis=1))
 
 
-def _binary_stl_problem(path: Path) -> str | None:
-    """What is wrong with a binary STL whose triangles VTK did not return (None: not binary,
-    or nothing found)."""
-    size = path.stat().st_size
-    if size < 84:
-        return None
-    with open(path, "rb") as fh:
-        fh.seek(80)
-        count = int(np.frombuffer(fh.read(4), "<u4")[0])
-        if 84 + 50 * count != size:
-            return None  # not a binary STL (or a damaged one VTK has spoken about)
-        rec = np.dtype([("normal", "<f4", 3), ("v", "<f4", (3, 3)), ("attr", "<u2")])
-        tri = np.fromfile(fh, rec, count)
-    bad = ~np.isfinite(tri["v"]).all(axis=(1, 2))
-    if bad.any():
-        return (
-            f"{int(bad.sum())} of {count} triangles have non-finite (NaN/inf) vertices "
-            f"(first: triangle {int(np.flatnonzero(bad)[0])})"
-        )
-    return None
-
-
-def read_stl(path: str | Path) -> StlData:
-    """Read an STL body (triangulated if needed).
-
-    Raises
-    ------
-    InputFileError
-        Damaged or empty file, non-finite vertices, vertex ids out of range (named).
-    """
-    import pyvista as pv
-
-    path = Path(path)
-    _require(path, "STL")
-    try:
-        with capture_vtk_output() as said, pv.VtkErrorCatcher(raise_errors=True):
-            mesh = pv.read(str(path))
-    except (RuntimeError, OSError) as exc:
-        why = said.summary() or str(exc).strip()
-        msg = f"{path}: truncated or corrupt STL file ({why[:300]})"
-        raise InputFileError(msg, path) from exc
-    if mesh.n_cells == 0:
-        problem = _binary_stl_problem(path)
-        if problem is not None:
-            msg = f"{path}: {problem}; the STL is damaged, re-export it"
-        else:
-            msg = f"{path}: has 0 triangles; the file is empty or truncated"
-        raise InputFileError(msg, path)
-    if not mesh.is_all_triangles:
-        mesh = mesh.triangulate()
-    points = np.asarray(mesh.points, dtype=np.float32)
-    offsets, conn = vtk_cells(mesh.GetPolys())
-    if offsets.size - 1 != mesh.n_cells:
-        msg = f"{path}: {mesh.n_cells - offsets.size + 1} cells are not triangles"
-        raise InputFileError(msg, path)
-    validate_cells(path, CellMesh(points, offsets, conn, {}, []))
-    centers, _, areas = polygon_geometry(points, offsets, conn)
-    return StlData(
-        coordinates=points,
-        faces=conn.reshape(-1, 3).astype(np.int64),
-        centers=centers,
-        areas=areas,
-    )
-
-
 def read_surface(
     path: str | Path,
     *,
@@ -546,7 +410,7 @@ def read_surface(
     """Surface cell centres, normals, areas and non-dimensional fields of a ``.vtp`` file
     (with ``piece``: of that ``<Piece>`` only; ``source_index`` then counts its cells)."""
     path = Path(path)
-    _require(path, "surface")
+    require_file(path, "surface")
     mesh, specs = _read_cells(path, schema.surface_fields, polys=True, piece=piece)
     if mesh.offsets.size <= 1:
         msg = f"{path}: has 0 cells (no polygons); the file is empty or truncated"
@@ -599,7 +463,7 @@ def read_volume(
     that ``<Piece>`` is read (by meshshard's reader; ``source_index`` counts its cells).
     """
     path = Path(path)
-    _require(path, "volume")
+    require_file(path, "volume")
     if max_cells is not None and max_cells < 1:
         msg = f"max_cells={max_cells} must be >= 1 (or None for every cell)"
         raise ValueError(msg)
@@ -664,7 +528,7 @@ def _volume_streamed(
 
     def centres(cells: np.ndarray | None) -> np.ndarray:
         points = f.points()
-        _bad_points(path, points)
+        check_points(path, points)
         return streamed_centres(points, f.offsets(), f.pieces(None, _PIECE_IDS), cells)
 
     return _volume(

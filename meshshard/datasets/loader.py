@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.pipelines.store import (
+from meshshard.store.format import (
     STL_KEYS,
     SURFACE_KEYS,
     VOLUME_KEYS,
@@ -125,10 +125,10 @@ def load_shard(
     if mesh is not None and mesh.size(0) != world_size:
         msg = f"mesh has {mesh.size(0)} ranks but world_size={world_size}"
         raise ValueError(msg)
-    from meshshard.pipelines.curator import is_curator_store
+    from meshshard.datasets.curator import is_curator_store
 
     if is_curator_store(store):  # collective: the ranks partition together
-        from meshshard.pipelines.curator import load_curator_shard
+        from meshshard.datasets.curator import load_curator_shard
 
         return load_curator_shard(store, rank, world_size, mesh=mesh, part=part, keys=keys,
                                   device=device)

@@ -14,7 +14,7 @@ believe allocates without bound, and some damage ends in SIGSEGV or SIGABRT insi
   the counts the XML declares;
 - :func:`check_vtk_output` compares what VTK returned with those counts.
 
-Each raises :class:`~meshshard.pipelines.vtkxml.CorruptVtkXml`, naming the file.
+Each raises :class:`~meshshard.io.vtkxml.CorruptVtkXml`, naming the file.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meshshard.pipelines.vtkxml import (
+from meshshard.io.vtkxml import (
     CellMesh,
     CorruptVtkXml,
     UnsupportedVtkXml,
