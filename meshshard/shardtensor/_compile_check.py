@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Partial
 
+from meshshard.errors import LayoutError
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.spec import ShardSpec
 
@@ -26,7 +27,7 @@ _all_reduce = dist.all_reduce  # the verdict's own collective, never counted
 _patch_lock = threading.Lock()
 
 
-class LocalityError(ValueError):
+class LocalityError(LayoutError):
     """A block given to :func:`compile_local` is not row-local on ShardTensor inputs."""
 
 

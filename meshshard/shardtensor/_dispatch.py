@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from meshshard.errors import MeshShardError
 from meshshard.shardtensor._classify import _ROUTES, _is_pointwise, _route_key, _trace
 from meshshard.shardtensor._classify import _state as _trace_state
 from meshshard.shardtensor._fallback import _gather_fallback, allow_gather_fallback
@@ -49,7 +50,7 @@ __all__ = [
 ]
 
 
-class NoShardingRuleError(NotImplementedError):
+class NoShardingRuleError(MeshShardError, NotImplementedError):
     """A torch function has no sharding rule for ShardTensor arguments."""
 
 

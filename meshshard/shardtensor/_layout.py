@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from meshshard.errors import LayoutError as _LayoutError
 from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor.api import ShardTensor
 from meshshard.shardtensor.spec import ShardSpec, intern_spec, mesh_group
@@ -28,7 +29,7 @@ __all__ = [
 ]
 
 
-class LayoutError(ValueError):
+class LayoutError(_LayoutError):
     """Operands are laid out incompatibly (different meshes or different shard sizes)."""
 
 

@@ -19,6 +19,8 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from meshshard.errors import MeshShardError
+
 __all__ = [
     "NotTraceableError",
     "all_gather",
@@ -35,7 +37,7 @@ _TRACING = [False]
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
-class NotTraceableError(RuntimeError):
+class NotTraceableError(MeshShardError, RuntimeError):
     """An op on ShardTensors that cannot be part of a :func:`compile_sharded` graph."""
 
 

@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from meshshard.errors import LayoutError
 from meshshard.shardtensor import collectives as C
 from meshshard.shardtensor._tracemode import constant
 
@@ -38,7 +39,7 @@ __all__ = ["HaloError", "count_halo_bytes", "fetch_rows", "halo_limit", "owner_o
 _state = threading.local()
 
 
-class HaloError(ValueError):
+class HaloError(LayoutError):
     """A halo cannot be supplied under the current limits (raised on every rank)."""
 
 
