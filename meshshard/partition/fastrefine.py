@@ -35,8 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.partition._validation import _to_numpy, check_graph, check_targets, check_weights
-
 __all__ = ["ROUNDS", "refine_volume_fast"]
 
 log = logging.getLogger(__name__)
@@ -120,17 +118,11 @@ def refine_volume_fast(
     ...     path, refine_volume_fast(path, a, 2, ufactor=400), 2)
     (4, 2)
     """
-    from meshshard.partition.volrefine import _check_assignment, _check_int, _check_ufactor
+    from meshshard.partition.volrefine import _check_int, check_refine_args
 
-    parts = _check_int("parts", parts, 1)
     rounds = _check_int("rounds", rounds, 1)
-    seed = _check_int("seed", seed, 0)
-    ufactor = _check_ufactor(ufactor)
-    g = check_graph(graph_csr)
-    n = g.shape[0]
-    a = _check_assignment(assignment, n, parts)
-    w = check_weights(None if weights is None else _to_numpy(weights), n)
-    t = check_targets(targets, parts)
+    g, a, parts, w, t, ufactor, seed = check_refine_args(graph_csr, assignment, parts, weights,
+                                                         targets, ufactor, seed)
     return _refine_fast(g, a, parts, w, t, ufactor, rounds, seed, bool(plateau))
 
 

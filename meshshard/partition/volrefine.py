@@ -167,17 +167,25 @@ def refine_volume(
     ...     path, refine_volume(path, a, 2, ufactor=400), 2)
     (4, 2)
     """
-    parts = _check_int("parts", parts, 1)
     passes = _check_int("passes", passes, 1)
     window = _check_int("window", window, 1)
+    g, a, parts, w, t, ufactor, seed = check_refine_args(graph_csr, assignment, parts, weights,
+                                                         targets, ufactor, seed)
+    return _refine(g, a, parts, w, t, float(ufactor), passes, window, seed)
+
+
+def check_refine_args(graph_csr: Any, assignment: Any, parts: Any, weights: Any, targets: Any,
+                      ufactor: Any, seed: Any) -> tuple:
+    """The validated ``(graph, assignment, parts, weights, targets, ufactor, seed)`` of a
+    ghost-row refinement (shared by the FM here and :mod:`.fastrefine`)."""
+    parts = _check_int("parts", parts, 1)
     seed = _check_int("seed", seed, 0)
     ufactor = _check_ufactor(ufactor)
     g = check_graph(graph_csr)
     n = g.shape[0]
     a = _check_assignment(assignment, n, parts)
     w = check_weights(None if weights is None else _to_numpy(weights), n)
-    t = check_targets(targets, parts)
-    return _refine(g, a, parts, w, t, float(ufactor), passes, window, seed)
+    return g, a, parts, w, check_targets(targets, parts), ufactor, seed
 
 
 def _refine(

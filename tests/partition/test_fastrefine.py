@@ -7,30 +7,7 @@ import scipy.sparse as sp
 
 from meshshard.partition import communication_volume, dual_graph, knn_graph, metis, metrics
 from meshshard.partition.fastrefine import refine_volume_fast
-
-
-def _brute_volume(g, a) -> int:
-    """Distinct (vertex, remote part) pairs, one vertex at a time (the definition)."""
-    total = 0
-    for v in range(g.shape[0]):
-        seen = {int(a[u]) for u in g.indices[g.indptr[v] : g.indptr[v + 1]]}
-        seen.discard(int(a[v]))
-        total += len(seen)
-    return total
-
-
-def _grid(nx: int, ny: int):
-    path = lambda m: sp.diags([1, 1], [-1, 1], shape=(m, m), dtype=int)  # noqa: E731
-    return (sp.kron(sp.eye(ny), path(nx)) + sp.kron(path(ny), sp.eye(nx))).tocsr().astype(int)
-
-
-def _slabs(x: np.ndarray, w: np.ndarray, targets) -> np.ndarray:
-    """Cut along x so that part p holds about targets[p] of the weight (jagged, in balance)."""
-    order = np.argsort(x, kind="stable")
-    frac = np.cumsum(w[order]) / w.sum()
-    a = np.empty(x.size, dtype=np.int64)
-    a[order] = np.searchsorted(np.cumsum(targets)[:-1], frac - 0.5 * w[order] / w.sum())
-    return a
+from tests.partition._refine_data import _brute_volume, _grid, _slabs
 
 
 @pytest.fixture(scope="module")
