@@ -32,6 +32,13 @@ R = "randn"
 
 
 # ------------------------------------------------------------------ reductions
+@case("softmax_over_sharded_dim")
+def _c(x):
+    t = x.masked_fill(x > 1.0, float("-inf"))  # masked entries, as in attention: weight 0
+    return (x.softmax(1) * x, torch.log_softmax(x, 1), torch.softmax(t, 1) * 2,
+            x.softmax(2), (x * 3).log_softmax(-1))
+
+
 @case("amax_amin")
 def _c(x):
     return x.amax(1) + x.amin((0, 1)), x.amax(), x.amin(2, keepdim=True) * x
@@ -258,7 +265,8 @@ def run_case(name, shard, n, seed):
 
 
 def second_order(shard, n, seed):
-    """d/dx of |d loss/dx|^2 (create_graph=True) through var, logsumexp, max.dim, gather."""
+    """d/dx of |d loss/dx|^2 (create_graph=True) through var, logsumexp, max.dim, gather and
+    (log-)softmax over the sharded dim."""
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(2, n, 5, generator=g, dtype=torch.float64)
     gidx = torch.randint(0, 5, (2, n, 2), generator=g)
@@ -266,7 +274,8 @@ def second_order(shard, n, seed):
     def f(x):
         return ((x.var(1) * torch.logsumexp(x, 1)).sum() + (x.max(1).values ** 2).sum()
                 + (x.gather(2, gidx) ** 3).sum() + (x.cumsum(2) * x).sum()
-                + torch.linalg.vector_norm(x, dim=(0, 1)).sum())
+                + torch.linalg.vector_norm(x, dim=(0, 1)).sum()
+                + (x.softmax(1) ** 2).sum() + (x.log_softmax(1) * x).sum())
 
     out = {}
     for which, x in (("ref", X.clone().requires_grad_()),

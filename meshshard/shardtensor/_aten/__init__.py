@@ -18,6 +18,7 @@ from meshshard.shardtensor._aten import (  # noqa: F401  (each registers its rul
     rules_reduce,
     rules_shape,
     rules_slice,
+    rules_softmax,
 )
 from meshshard.shardtensor._aten.layout import from_local, redistribute
 from meshshard.shardtensor._aten.tensor import AtenShardTensor, from_local_aten
