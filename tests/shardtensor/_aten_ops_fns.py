@@ -32,6 +32,13 @@ R = "randn"
 
 
 # ------------------------------------------------------------------ reductions
+@case("all_any", grad=False)
+def _c(x):
+    pos = x > -0.5
+    return (pos.all(), pos.any(), pos.all(1), pos.any(1, keepdim=True), pos.all(2),
+            (x == x).all(), (x > 100).any(), pos.all(dim=(0, 1)))
+
+
 @case("softmax_over_sharded_dim")
 def _c(x):
     t = x.masked_fill(x > 1.0, float("-inf"))  # masked entries, as in attention: weight 0
