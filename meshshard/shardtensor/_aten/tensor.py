@@ -246,6 +246,13 @@ class AtenShardTensor(torch.Tensor):
             raise ValueError(msg)
         return s
 
+    def __format__(self, spec: str) -> str:
+        """A one-element tensor formats as its value (a Partial one is reduced first:
+        collective, like ``item()``); anything else as its repr."""
+        if self.numel() == 1:
+            return self.item().__format__(spec)
+        return repr(self)
+
     def __repr__(self) -> str:  # type: ignore[override]
         return f"AtenShardTensor(local={tuple(self._local.shape)}, {self._spec})"
 
