@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 
-def _sample(rank: int, world_size: int):
+def _sample(rank: int, world_size: int, core: bool = False):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.shardtensor import Shard, from_local
+
+    if core:  # the new core (issue 22): its collectives make the same checks
+        from meshshard.shardtensor._aten import from_local
 
     mesh = init_device_mesh("cpu", (world_size,))
     sizes = [3 + r for r in range(world_size)]  # uneven shards
@@ -38,13 +41,13 @@ def _caught(call):
     return None
 
 
-def debug_cases(rank: int, world_size: int) -> dict:
+def debug_cases(rank: int, world_size: int, core: bool = False) -> dict:
     """With MESHSHARD_DEBUG_COLLECTIVES=1: each case diverges (or not) and every rank returns
     what it saw; a mismatch leaves the ranks in step, so the next case runs on."""
     from meshshard.distributed import check_collective, debug_enabled
 
     out: dict = {"debug": debug_enabled()}
-    x, loss = _sample(rank, world_size)
+    x, loss = _sample(rank, world_size, core)
 
     def item_vs_gather():  # rank 0 reduces the Partial loss alone; the others go on
         if rank == 0:

@@ -8,9 +8,11 @@ from meshshard.testing import RankError, run_ranks
 from tests import _diverge_fns
 
 
-@pytest.fixture(scope="module")
-def debug_run():
-    return run_ranks(_diverge_fns.debug_cases, 3, env={DEBUG_ENV: "1"}, collective_timeout=60)
+@pytest.fixture(scope="module", params=["today", "core"])
+def debug_run(request):
+    # "core": the aten-level ShardTensor of issue 22, whose collectives make the same checks
+    return run_ranks(_diverge_fns.debug_cases, 3, request.param == "core",
+                     env={DEBUG_ENV: "1"}, collective_timeout=60)
 
 
 def test_rank0_only_item_is_named_on_every_rank(debug_run):

@@ -23,6 +23,7 @@ from meshshard.shardtensor._aten.rules import (
     _coord,
     _fc,
     _narrow,
+    check,
     rule,
 )
 from meshshard.shardtensor._aten.tensor import SHARDED, ASpec, AtenShardTensor, make_spec
@@ -117,6 +118,7 @@ def _move_rows(t: torch.Tensor, dim: int, src: tuple, dst: tuple, mesh, i: int) 
     send = [max(0, min(so[me + 1], do[q + 1]) - max(so[me], do[q])) for q in range(n)]
     recv = [max(0, min(do[me + 1], so[q + 1]) - max(do[me], so[q])) for q in range(n)]
     x = t.movedim(dim, 0).contiguous()
+    check("all_to_all", mesh, i, x, "re-split rows", varying_dim=0)
     y = _fc.wait_tensor(_fc.all_to_all_single(x, recv, send, _coord(mesh)[2][i]))
     return y.movedim(0, dim)
 

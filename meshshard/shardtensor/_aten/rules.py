@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from meshshard.collective_check import check_collective, debug_enabled
 from meshshard.shardtensor._aten.tensor import (
     SHARDED,
     ASpec,
@@ -199,9 +200,19 @@ def _coord(mesh) -> tuple:
     return c
 
 
+def check(op: str, mesh, i: int, t: torch.Tensor, detail: str,
+          varying_dim: int | None = None) -> None:
+    """``MESHSHARD_DEBUG_COLLECTIVES``: every rank of mesh dim ``i`` agrees on the collective
+    about to run, else each names the diverging rank and call. Eager only (a compiled graph
+    runs its collectives as traced, on every rank alike)."""
+    if debug_enabled() and type(t) is torch.Tensor and not torch.compiler.is_compiling():
+        check_collective(op, mesh.get_group(i), t, varying_dim=varying_dim, detail=detail)
+
+
 def _all_reduce(t: torch.Tensor, mesh, i: int) -> torch.Tensor:
     if mesh.size(i) == 1:
         return t
+    check("all_reduce", mesh, i, t, "sum")
     name = _coord(mesh)[2][i]
     return _fc.wait_tensor(_fc.all_reduce(t.contiguous(), "sum", name))
 
@@ -222,6 +233,7 @@ def _all_gather_v(t: torch.Tensor, dim: int, sizes: tuple, mesh, i: int,
     x = t.movedim(dim, 0)
     pad = m - x.shape[0]  # no branch on it: a symbolic size stays unguarded
     x = torch.cat([x, x.new_zeros((pad, *x.shape[1:]))])
+    check("all_gather", mesh, i, x, "uneven rows")
     g = _fc.wait_tensor(_fc.all_gather_into_tensor(x.contiguous(), n, name))
     pieces = [g.narrow(0, r * m, s) for r, s in enumerate(sizes)]
     return torch.cat(pieces).movedim(0, dim)

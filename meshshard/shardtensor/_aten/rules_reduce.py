@@ -22,6 +22,7 @@ from meshshard.shardtensor._aten.rules import (
     Plan,
     _coord,
     _reduced,
+    check,
     make_spec,
     rule,
     shard_like,
@@ -36,6 +37,7 @@ def all_reduce_op(t: torch.Tensor, mesh, i: int, op: str) -> torch.Tensor:
     collective, so it traces."""
     if mesh.size(i) == 1:
         return t
+    check("all_reduce", mesh, i, t, op)
     return _fc.wait_tensor(_fc.all_reduce(t.contiguous(), op, _coord(mesh)[2][i]))
 
 
