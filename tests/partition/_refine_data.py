@@ -1,4 +1,5 @@
-"""Shared by the ghost-row refinement tests: a brute-force count, a grid graph, a slab cut."""
+"""Shared by the ghost-row refinement tests: a brute-force count, a grid graph, a slab cut
+(the graphs they run on are fixtures in conftest.py)."""
 
 from __future__ import annotations
 

@@ -2,12 +2,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import pyvista as pv
 import scipy.sparse as sp
 
 from meshshard.partition import (
     communication_volume,
-    dual_graph,
     knn_graph,
     metis,
     metrics,
@@ -15,20 +13,6 @@ from meshshard.partition import (
 )
 from meshshard.partition.graphpart import metis_seeds
 from tests.partition._refine_data import _brute_volume, _grid, _slabs
-
-
-@pytest.fixture(scope="module")
-def cloud():
-    pts = np.random.default_rng(1).random((3000, 3))
-    return pts, knn_graph(pts, 6)
-
-
-@pytest.fixture(scope="module")
-def trimesh():
-    pts = np.random.default_rng(2).random((2500, 2))
-    surf = pv.PolyData(np.c_[pts, np.zeros(len(pts))]).delaunay_2d()
-    centres = np.asarray(surf.cell_centers().points)[:, :2]
-    return centres, dual_graph(surf)
 
 
 @pytest.mark.parametrize("parts", [2, 3, 5])
