@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import Shard
 
-from meshshard.shardtensor._aten.rules import _DIRECT, _coord, _fc, rule
+from meshshard.shardtensor._aten.rules import _DIRECT, _coord, _fc, check, rule
 from meshshard.shardtensor._aten.tensor import FUNCTION_RULES, AtenShardTensor, make_spec
 
 _REDUCES = ("sum", "mean", "max")
@@ -258,6 +258,7 @@ _ghost_adjoint.register_autograd(_adjoint_backward, setup_context=_adjoint_setup
 def _a2a(t: torch.Tensor, out_splits: list, in_splits: list, mesh) -> torch.Tensor:
     if mesh.size(0) == 1:
         return t
+    check("all_to_all", mesh, 0, t, "graph rows", varying_dim=0)
     return _fc.wait_tensor(_fc.all_to_all_single(t.contiguous(), out_splits, in_splits,
                                                  _coord(mesh)[2][0]))
 

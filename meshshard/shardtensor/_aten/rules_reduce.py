@@ -331,6 +331,7 @@ def _cumsum(func, args, kwargs) -> Plan:
         if n == 1:
             return c
         tot = aten.sum.dim_IntList(loc, [d], True, dtype=c.dtype)
+        check("all_gather", mesh, i, tot, "cumsum totals")
         g = _fc.wait_tensor(_fc.all_gather_into_tensor(tot.movedim(d, 0).contiguous(), n,
                                                        name))
         before = g.narrow(0, 0, me).sum(0, keepdim=True).movedim(0, d)

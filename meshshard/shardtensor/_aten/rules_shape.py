@@ -27,6 +27,7 @@ from meshshard.shardtensor._aten.rules import (
     _coord,
     _local_shape,
     _replicated,
+    check,
     make_spec,
     rule,
     shard_like,
@@ -78,6 +79,7 @@ def move_rows(pieces: list, dim: int, target: tuple, mesh, i: int, order=None) -
     if n == 1:
         got = buf
     else:
+        check("all_to_all", mesh, i, buf, "rows changing owner", varying_dim=0)
         got = _fc.wait_tensor(_fc.all_to_all_single(buf.contiguous(), recv_counts,
                                                     send_counts, _coord(mesh)[2][i]))
     pos, where = 0, {}
