@@ -50,8 +50,8 @@ def layout_cases(rank: int, world: int, sizes: tuple, other: tuple) -> dict:
                                 [torch.Size([s, 3]) for s in sizes]).sharding_sizes()),
         torch.tensor(sizes))
     loss = (x.detach() ** 2).sum()  # a Partial scalar: formatting reduces it (collective)
-    out["format of a Partial scalar"] = (torch.tensor(float(f"{loss:.9e}")),
-                                         torch.tensor(float(f"{(X ** 2).sum():.9e}")))
+    out["format of a Partial scalar"] = (torch.tensor(float(f"{loss:.17e}")),
+                                         torch.tensor(float(f"{(X ** 2).sum():.17e}")))
     out["Partial max"] = _error_of(lambda: from_local(X, mesh, [Partial("max")]))
     out["a ShardTensor given"] = _error_of(lambda: from_local(x, mesh, [Shard(0)]))
     out["bad target sizes"] = _error_of(lambda: redistribute(x, [Shard(0)], [n + 1] + [0] * (
