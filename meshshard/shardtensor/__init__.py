@@ -12,7 +12,14 @@ from meshshard.shardtensor import handlers as _handlers  # noqa: F401  (register
 from meshshard.shardtensor._dispatch import NoShardingRuleError
 from meshshard.shardtensor._fallback import allow_gather_fallback
 from meshshard.shardtensor._layout import LayoutError
-from meshshard.shardtensor.api import ShardTensor, from_local, scatter
+from meshshard.shardtensor.api import scatter as _scatter_a
+from meshshard.shardtensor._aten import AtenShardTensor as ShardTensor
+from meshshard.shardtensor._aten import from_local
+
+
+def scatter(tensor, mesh, sizes, *, src=0, dim=0, mesh_dim=0):
+    st = _scatter_a(tensor, mesh, sizes, src=src, dim=dim, mesh_dim=mesh_dim)
+    return from_local(st.to_local(), mesh, st.placements, {mesh_dim: list(st.sharding_sizes(mesh_dim))}, validate=False)
 from meshshard.shardtensor.compile import LocalityError, compile_local, compile_local_plan
 from meshshard.shardtensor.registry import list_handlers, register_handler, unregister_handler
 from meshshard.shardtensor.sharded_compile import NotTraceableError, compile_sharded

@@ -253,6 +253,24 @@ class AtenShardTensor(torch.Tensor):
             return self.item().__format__(spec)
         return repr(self)
 
+    def sharding_shapes(self) -> dict:
+        """mesh dim -> the local shape on every coordinate of that mesh dim (others fixed at
+        this rank's coordinate)."""
+        mesh = self._spec.mesh
+        coord = mesh.get_coordinate() or [0] * mesh.ndim
+        out = {}
+        for i, s in enumerate(self._spec.sizes):
+            if s is None:
+                continue
+            shapes = []
+            for c in range(len(s)):
+                shape = list(self._local.shape)
+                p = self._spec.placements[i]
+                shape[p.dim] = s[c] * getattr(p, "blocks", 1)
+                shapes.append(torch.Size(shape))
+            out[i] = tuple(shapes)
+        return out
+
     def __repr__(self) -> str:  # type: ignore[override]
         return f"AtenShardTensor(local={tuple(self._local.shape)}, {self._spec})"
 
