@@ -13,7 +13,7 @@ from meshshard.shardtensor._dispatch import NoShardingRuleError
 from meshshard.shardtensor._fallback import allow_gather_fallback
 from meshshard.shardtensor._layout import LayoutError
 from meshshard.shardtensor.api import scatter as _scatter_a
-from meshshard.shardtensor._aten import AtenShardTensor as ShardTensor
+from meshshard.shardtensor._aten import ShardTensor
 from meshshard.shardtensor._aten import from_local
 
 

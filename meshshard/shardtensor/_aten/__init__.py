@@ -22,6 +22,6 @@ from meshshard.shardtensor._aten import (  # noqa: F401  (each registers its rul
     rules_softmax,
 )
 from meshshard.shardtensor._aten.layout import from_local, redistribute
-from meshshard.shardtensor._aten.tensor import AtenShardTensor, from_local_aten
+from meshshard.shardtensor._aten.tensor import AtenShardTensor, ShardTensor, from_local_aten
 
-__all__ = ["AtenShardTensor", "from_local", "from_local_aten", "redistribute"]
+__all__ = ["AtenShardTensor", "ShardTensor", "from_local", "from_local_aten", "redistribute"]

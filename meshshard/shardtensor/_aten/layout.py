@@ -1,4 +1,4 @@
-"""Making and re-laying-out :class:`AtenShardTensor`: ``from_local`` with the library's checks,
+"""Making and re-laying-out :class:`ShardTensor`: ``from_local`` with the library's checks,
 and ``redistribute`` between Shard (any uneven sizes), Replicate and Partial('sum').
 
 Both are autograd functions on the wrapper, so gradients of any order flow through them:
@@ -26,7 +26,7 @@ from meshshard.shardtensor._aten.rules import (
     check,
     rule,
 )
-from meshshard.shardtensor._aten.tensor import SHARDED, ASpec, AtenShardTensor, make_spec
+from meshshard.shardtensor._aten.tensor import SHARDED, ASpec, ShardTensor, make_spec
 
 __all__ = ["from_local", "redistribute"]
 
@@ -38,14 +38,15 @@ def from_local(
     sharding_shapes: Any = None,
     *,
     validate: bool = True,
-) -> AtenShardTensor:
+) -> ShardTensor:
     """Wrap this rank's piece (differentiable w.r.t. ``local``), with the same forms of
     ``sharding_shapes`` and the same checks as :func:`meshshard.shardtensor.from_local`:
     ``None`` infers every rank's sizes with one all-gather of shapes; given sizes are checked
     against every rank's actual shape unless ``validate=False``. Collective as that says."""
-    from meshshard.shardtensor.api import ShardTensor, resolve_layout
+    from meshshard.shardtensor.api import ShardTensor as _OldShardTensor
+    from meshshard.shardtensor.api import resolve_layout
 
-    if isinstance(local, (AtenShardTensor, ShardTensor)):
+    if isinstance(local, (ShardTensor, _OldShardTensor)):
         msg = (f"from_local got a {type(local).__name__}; pass its .to_local() (or use "
                "redistribute() to change a layout)")
         raise TypeError(msg)
@@ -234,7 +235,7 @@ def _(x, kinds, dims, blocks, sizes, counts):
 
 
 def _redistribute_setup(ctx, inputs, output) -> None:
-    ctx.spec = inputs[0]._spec if isinstance(inputs[0], AtenShardTensor) else None
+    ctx.spec = inputs[0]._spec if isinstance(inputs[0], ShardTensor) else None
 
 
 def _redistribute_backward(ctx, g):
@@ -244,21 +245,21 @@ def _redistribute_backward(ctx, g):
 _redistribute_op.register_autograd(_redistribute_backward, setup_context=_redistribute_setup)
 
 
-def _redistribute_rule(func, args, kwargs) -> AtenShardTensor:
+def _redistribute_rule(func, args, kwargs) -> ShardTensor:
     x, *enc = args
     spec = x._spec
     placements, sizes = _target(spec, *_decode(spec, *enc))
     if placements == spec.placements and sizes == spec.sizes:
-        return AtenShardTensor(x._local.view_as(x._local), spec)
+        return ShardTensor(x._local.view_as(x._local), spec)
     local = redistribute_local(x._local, spec, placements, sizes)
-    return AtenShardTensor(local, make_spec(spec.mesh, placements, sizes, spec.shape))
+    return ShardTensor(local, make_spec(spec.mesh, placements, sizes, spec.shape))
 
 
 rule(torch.ops.meshshard.redistribute.default)(_redistribute_rule)
 _DIRECT.add(_redistribute_rule)
 
 
-def _relayout(x: AtenShardTensor, placements: tuple, sizes: tuple) -> AtenShardTensor:
+def _relayout(x: ShardTensor, placements: tuple, sizes: tuple) -> ShardTensor:
     return torch.ops.meshshard.redistribute(x, *_encode(placements, list(sizes)))
 
 
@@ -266,7 +267,7 @@ def grad_in_layout(g: Any, spec: ASpec) -> Any:
     """A gradient ``g`` (arrived in any layout) in the layout of a tensor of ``spec``:
     differentiably, so double backward flows through. A Partial input's terms each get the
     whole gradient, so Partial dims become Replicate."""
-    if not isinstance(g, AtenShardTensor) or spec is None:
+    if not isinstance(g, ShardTensor) or spec is None:
         return g
     back = tuple(Replicate() if isinstance(p, Partial) else p for p in spec.placements)
     if g._spec.placements == back and g._spec.sizes == spec.sizes:
@@ -274,14 +275,14 @@ def grad_in_layout(g: Any, spec: ASpec) -> Any:
     return _relayout(g, back, spec.sizes)
 
 
-def redistribute(x: AtenShardTensor, placements: Sequence[Any] | None = None,
-                 sizes: Any = None) -> AtenShardTensor:
+def redistribute(x: ShardTensor, placements: Sequence[Any] | None = None,
+                 sizes: Any = None) -> ShardTensor:
     """``x`` in another layout: Shard <-> Replicate <-> Partial('sum'), or a Shard dim with
     new uneven sizes (``sizes``: per mesh dim, or a flat list with one Shard placement; ``None``
     keeps the current sizes of an unchanged Shard dim and splits evenly otherwise).
     Differentiable to any order; collective over the mesh dims that change; traceable by
     ``torch.compile`` (one graph node)."""
-    if not isinstance(x, AtenShardTensor):
+    if not isinstance(x, ShardTensor):
         msg = f"redistribute needs a ShardTensor, got {type(x).__name__}"
         raise TypeError(msg)
     return torch.ops.meshshard.redistribute(

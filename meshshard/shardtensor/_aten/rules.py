@@ -1,4 +1,4 @@
-"""Spike (issue 22): aten-level sharding rules for :class:`AtenShardTensor`.
+"""Spike (issue 22): aten-level sharding rules for :class:`ShardTensor`.
 
 Every aten op on a wrapper, forward or backward, comes here below autograd. Rules compute on
 the local pieces and return wrappers; layout changes they need (Partial -> Replicate,
@@ -19,7 +19,7 @@ from meshshard.collective_check import check_collective, debug_enabled
 from meshshard.shardtensor._aten.tensor import (
     SHARDED,
     ASpec,
-    AtenShardTensor,
+    ShardTensor,
     make_spec,
     shard_like,
 )
@@ -59,7 +59,7 @@ _PLANS: dict = {}
 
 def _key_of(a: Any) -> Any:
     t = type(a)
-    if t is AtenShardTensor:
+    if t is ShardTensor:
         return a._spec
     if t in (list, tuple):
         return tuple(_key_of(b) for b in a)
@@ -76,7 +76,7 @@ def dispatch(func, args: tuple, kwargs: dict) -> Any:
     key_parts = [func]
     for a in args:
         t = type(a)
-        if t is AtenShardTensor:
+        if t is ShardTensor:
             if type(a._local) is not torch.Tensor:
                 tracing = True
             key_parts.append(a._spec)
@@ -103,7 +103,7 @@ def dispatch(func, args: tuple, kwargs: dict) -> Any:
                     fn = _pointwise
                 else:
                     msg = (
-                        f"AtenShardTensor (spike) has no sharding rule for {func}; register "
+                        f"ShardTensor (spike) has no sharding rule for {func}; register "
                         "one in meshshard.shardtensor._aten.rules"
                     )
                     raise NotImplementedError(msg)
@@ -121,20 +121,20 @@ def dispatch(func, args: tuple, kwargs: dict) -> Any:
 def _execute(func, args: tuple, kwargs: dict, plan: Plan) -> Any:
     outs = plan.outs
     if not plan.steps and not plan.overrides and type(outs) is ASpec \
-            and type(args[0]) is AtenShardTensor:
+            and type(args[0]) is ShardTensor:
         # the common case (views, same-layout pointwise ops): no conversion, one output
-        locs = [a._local if type(a) is AtenShardTensor else a for a in args]
-        return AtenShardTensor((plan.call or func)(*locs, **kwargs), outs)
+        locs = [a._local if type(a) is ShardTensor else a for a in args]
+        return ShardTensor((plan.call or func)(*locs, **kwargs), outs)
     locs = []
     mesh = None
     for a in args:
         t = type(a)
-        if t is AtenShardTensor:
+        if t is ShardTensor:
             locs.append(a._local)
             mesh = a._spec.mesh
-        elif t in (list, tuple) and a and any(type(b) is AtenShardTensor for b in a):
-            locs.append([b._local if type(b) is AtenShardTensor else b for b in a])
-            mesh = next(b._spec.mesh for b in a if type(b) is AtenShardTensor)
+        elif t in (list, tuple) and a and any(type(b) is ShardTensor for b in a):
+            locs.append([b._local if type(b) is ShardTensor else b for b in a])
+            mesh = next(b._spec.mesh for b in a if type(b) is ShardTensor)
         else:
             locs.append(a)
     for pos, step in plan.steps:
@@ -148,11 +148,11 @@ def _execute(func, args: tuple, kwargs: dict, plan: Plan) -> Any:
     out = (plan.call or func)(*locs, **kwargs)
     outs = plan.outs
     if type(outs) is tuple:
-        return tuple(None if o is None or s is None else AtenShardTensor(o, s)
+        return tuple(None if o is None or s is None else ShardTensor(o, s)
                      for o, s in zip(out, outs))
     if type(outs) is list:
-        return [AtenShardTensor(o, s) for o, s in zip(out, outs)]
-    return AtenShardTensor(out, outs)
+        return [ShardTensor(o, s) for o, s in zip(out, outs)]
+    return ShardTensor(out, outs)
 
 
 def _apply_step(loc: torch.Tensor, step: tuple, mesh) -> torch.Tensor:
@@ -292,7 +292,7 @@ def _pointwise(func, args, kwargs) -> Plan:
     for a in args:
         if isinstance(a, torch.Tensor):
             tensors.append(a)
-            if mesh is None and type(a) is AtenShardTensor:
+            if mesh is None and type(a) is ShardTensor:
                 mesh = a._spec.mesh
     shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))
     out_nd = len(shape)
@@ -303,7 +303,7 @@ def _pointwise(func, args, kwargs) -> Plan:
         shard = None
         partial_args = []
         for k, a in enumerate(args):
-            if type(a) is not AtenShardTensor:
+            if type(a) is not ShardTensor:
                 continue
             p = a._spec.placements[i]
             if isinstance(p, SHARDED):
@@ -320,7 +320,7 @@ def _pointwise(func, args, kwargs) -> Plan:
             for k, a in enumerate(args):
                 if not isinstance(a, torch.Tensor):
                     continue
-                p = a._spec.placements[i] if type(a) is AtenShardTensor else _REP
+                p = a._spec.placements[i] if type(a) is ShardTensor else _REP
                 ad = od - (out_nd - a.ndim)
                 if isinstance(p, SHARDED):
                     if p.dim != ad or a._spec.sizes[i] != s or type(p) is not type(sp) \
@@ -590,7 +590,7 @@ def _contract(func, args, labels: tuple, out_labels: str, tensor_pos: tuple):
     """Placement rule for products: per mesh dim, a label sharded on some operand is sharded
     in the output, or (contracted) makes it Partial. Returns (steps, out spec)."""
     ops = [args[k] for k in tensor_pos]
-    mesh = next(a._spec.mesh for a in ops if type(a) is AtenShardTensor)
+    mesh = next(a._spec.mesh for a in ops if type(a) is ShardTensor)
     steps = []
     placements, sizes = [], []
     dimsize = {}
@@ -602,7 +602,7 @@ def _contract(func, args, labels: tuple, out_labels: str, tensor_pos: tuple):
         sharded = None
         partial = []
         for k, (a, lab) in enumerate(zip(ops, labels)):
-            if type(a) is not AtenShardTensor:
+            if type(a) is not ShardTensor:
                 continue
             p = a._spec.placements[i]
             if isinstance(p, SHARDED) and sharded is None:
@@ -613,7 +613,7 @@ def _contract(func, args, labels: tuple, out_labels: str, tensor_pos: tuple):
             L, s, sp = sharded
             blocks = getattr(sp, "blocks", 1)
             for k, (a, lab) in enumerate(zip(ops, labels)):
-                p = a._spec.placements[i] if type(a) is AtenShardTensor else _REP
+                p = a._spec.placements[i] if type(a) is ShardTensor else _REP
                 if isinstance(p, Partial):
                     steps.append((tensor_pos[k], ("reduce", i)))
                     p = _REP
@@ -658,7 +658,7 @@ def _bmm(func, args, kwargs) -> Plan:
 def _addmm(func, args, kwargs) -> Plan:
     steps, spec = _contract(aten.mm.default, args, ("mk", "kn"), "mn", (1, 2))
     bias = args[0]
-    if type(bias) is AtenShardTensor and any(not isinstance(p, Replicate)
+    if type(bias) is ShardTensor and any(not isinstance(p, Replicate)
                                              for p in bias._spec.placements):
         msg = f"{func}: a sharded or partial bias (not in the spike)"
         raise NotImplementedError(msg)
@@ -699,7 +699,7 @@ def _reduced(x, pos: int):
 
 def _to_spec(x, pos: int, spec) -> tuple:
     """Steps that bring ``x`` (a wrapper or a plain, replicated tensor) to ``spec``."""
-    if type(x) is not AtenShardTensor:
+    if type(x) is not ShardTensor:
         return ((pos, ("respec", _replicated(spec), spec)),)
     if same_layout(x._spec, spec):
         return ()
@@ -760,19 +760,19 @@ def _layer_norm_bwd(func, args, kwargs) -> Plan:
 def _cat(func, args, kwargs) -> Plan:
     tensors = args[0]
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-    ref = next(t for t in tensors if type(t) is AtenShardTensor)
+    ref = next(t for t in tensors if type(t) is ShardTensor)
     dim = dim % ref.ndim
     _check_free(ref, [dim], func)
     steps = []
     rs = ref._spec
     for j, t in enumerate(tensors):
-        if type(t) is AtenShardTensor and t._spec.placements == rs.placements \
+        if type(t) is ShardTensor and t._spec.placements == rs.placements \
                 and t._spec.sizes == rs.sizes:
             continue
         shape = list(rs.shape)
         shape[dim] = t.shape[dim]
         tspec = make_spec(rs.mesh, rs.placements, rs.sizes, tuple(shape))
-        src = t._spec if type(t) is AtenShardTensor else _replicated(tspec)
+        src = t._spec if type(t) is ShardTensor else _replicated(tspec)
         steps.append(((0, j), ("respec", src, tspec)))
     shape = list(ref.shape)
     shape[dim] = sum(t.shape[dim] for t in tensors)
@@ -829,7 +829,7 @@ def _slice_bwd(func, args, kwargs) -> Plan:
                 _spec_with(g._spec, g._spec.placements, g._spec.sizes, sizes))
 
 
-def _fill_local(x: AtenShardTensor, value) -> None:
+def _fill_local(x: ShardTensor, value) -> None:
     """In place: every element ``value`` (a Partial dim keeps it on coordinate 0 only)."""
     coord = _coord(x._spec.mesh)[1]
     keep = all(c == 0 for p, c in zip(x._spec.placements, coord) if isinstance(p, Partial))

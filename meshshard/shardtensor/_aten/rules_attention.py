@@ -33,7 +33,7 @@ from meshshard.shardtensor._aten.rules import _DIRECT, _coord, _narrow, rule
 from meshshard.shardtensor._aten.tensor import (
     FUNCTION_RULES,
     SHARDED,
-    AtenShardTensor,
+    ShardTensor,
     make_spec,
 )
 
@@ -171,7 +171,7 @@ def sdpa_function(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
 
 # ------------------------------------------------------------------ rules
 def _spec_of(t, mesh):
-    if isinstance(t, AtenShardTensor):
+    if isinstance(t, ShardTensor):
         return t._spec
     return make_spec(mesh, (Replicate(),) * mesh.ndim, (None,) * mesh.ndim, tuple(t.shape))
 
@@ -179,7 +179,7 @@ def _spec_of(t, mesh):
 def _reduced(t, mesh):
     """(local, spec) with Partial mesh dims summed (Replicate)."""
     spec = _spec_of(t, mesh)
-    local = t._local if isinstance(t, AtenShardTensor) else t
+    local = t._local if isinstance(t, ShardTensor) else t
     if any(isinstance(p, Partial) for p in spec.placements):
         pl = tuple(Replicate() if isinstance(p, Partial) else p for p in spec.placements)
         local = redistribute_local(local, spec, pl, spec.sizes)
@@ -193,7 +193,7 @@ def _layout(q, k, v, mask, causal, scale, gqa):
     every rank raises alike."""
     from meshshard.shardtensor.handlers.attention import _validate
 
-    mesh = next(t._spec.mesh for t in (q, k, v, mask) if isinstance(t, AtenShardTensor))
+    mesh = next(t._spec.mesh for t in (q, k, v, mask) if isinstance(t, ShardTensor))
     _validate(q, k, v, mask, 0.0, causal, scale, gqa)
     nd = q.ndim
     if nd not in (3, 4):
@@ -268,7 +268,7 @@ def _local4(t, mesh, nd):
 def _mask_local(mask, qs, ring_dim, nd, dtype, mesh):
     """This rank's query rows of the mask, every key column in global order, additive, 4-d."""
     ms = _spec_of(mask, mesh)
-    local = mask._local if isinstance(mask, AtenShardTensor) else mask
+    local = mask._local if isinstance(mask, ShardTensor) else mask
     rows_d = mask.ndim - 2
     for i, p in enumerate(ms.placements):
         qp = qs.placements[i]
@@ -305,7 +305,7 @@ def _sdpa_rule(func, args, kwargs):
         out, lse = out.squeeze(1), lse.squeeze(1)
     ospec = make_spec(mesh, qs.placements, qs.sizes, (*qs.shape[:-1], vs.shape[-1]))
     lspec = make_spec(mesh, qs.placements, qs.sizes, tuple(qs.shape[:-1]))
-    return AtenShardTensor(out, ospec), AtenShardTensor(lse, lspec)
+    return ShardTensor(out, ospec), ShardTensor(lse, lspec)
 
 
 def _bcast(ql, kl, vl, gqa: bool):
@@ -337,7 +337,7 @@ def _sdpa_bwd_rule(func, args, kwargs):
         kpl[ring_dim] = Partial()
     kspec = make_spec(mesh, tuple(kpl), ks.sizes, ks.shape)
     vspec = make_spec(mesh, tuple(kpl), vs.sizes, vs.shape)
-    return AtenShardTensor(dq, qs), AtenShardTensor(dk, kspec), AtenShardTensor(dv, vspec)
+    return ShardTensor(dq, qs), ShardTensor(dk, kspec), ShardTensor(dv, vspec)
 
 
 def _unbroadcast(g: torch.Tensor, shape) -> torch.Tensor:

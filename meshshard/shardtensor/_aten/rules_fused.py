@@ -31,7 +31,7 @@ from meshshard.shardtensor._aten.rules import (
 from meshshard.shardtensor._aten.tensor import (
     FUNCTION_RULES,
     SHARDED,
-    AtenShardTensor,
+    ShardTensor,
     make_spec,
 )
 
@@ -98,7 +98,7 @@ def _linear_rule(func, args, kwargs):
         y2 = aten.mm.default(x2, wt) if b is None else aten.addmm.default(b, x2, wt)
         return aten.reshape.default(y2, [*x.shape[:-1], w.shape[0]])
     out = F.linear(x._local, w, b)
-    return AtenShardTensor(out, make_spec(spec.mesh, spec.placements, spec.sizes,
+    return ShardTensor(out, make_spec(spec.mesh, spec.placements, spec.sizes,
                                           (*spec.shape[:-1], w.shape[0])))
 
 
@@ -124,7 +124,7 @@ def _linear_bwd_rule(func, args, kwargs):
         for i in reduce_dims:
             flat = _all_reduce(flat, spec.mesh, i)
         gw, gb = flat[: gw.numel()].view_as(gw), flat[gw.numel() :]
-    return AtenShardTensor(gx, spec), gw, gb
+    return ShardTensor(gx, spec), gw, gb
 
 
 for _op, _fn in ((torch.ops.meshshard.linear.default, _linear_rule),
@@ -136,8 +136,8 @@ for _op, _fn in ((torch.ops.meshshard.linear.default, _linear_rule),
 def linear_function(input, weight, bias=None):
     """``F.linear`` on a ShardTensor input with plain weights: the fused op; anything else
     (weights that are ShardTensors, a plain input) keeps the generic path."""
-    if type(input) is not AtenShardTensor or isinstance(weight, AtenShardTensor) or \
-            isinstance(bias, AtenShardTensor) or torch.is_autocast_enabled(input.device.type):
+    if type(input) is not ShardTensor or isinstance(weight, ShardTensor) or \
+            isinstance(bias, ShardTensor) or torch.is_autocast_enabled(input.device.type):
         return NotImplemented  # (autocast casts at the aten level: the generic path keeps it)
     return torch.ops.meshshard.linear(input, weight, bias)
 

@@ -25,12 +25,12 @@ import torch
 from torch.distributed.tensor import Shard
 
 from meshshard.shardtensor._aten.rules import _DIRECT, _coord, _fc, check, rule
-from meshshard.shardtensor._aten.tensor import FUNCTION_RULES, AtenShardTensor, make_spec
+from meshshard.shardtensor._aten.tensor import FUNCTION_RULES, ShardTensor, make_spec
 
 _REDUCES = ("sum", "mean", "max")
 
 
-def _rows_spec(x: AtenShardTensor, what: str):
+def _rows_spec(x: ShardTensor, what: str):
     spec = x._spec
     if spec.mesh.ndim != 1 or spec.placements[0] != Shard(0):
         msg = f"{what}: needs a Shard(0) ShardTensor on a 1-D mesh, got {spec}"
@@ -42,7 +42,7 @@ def _offset(spec) -> int:
     return sum(spec.sizes[0][: _coord(spec.mesh)[1][0]])
 
 
-def _local_ids(x_spec, idx: AtenShardTensor, what: str) -> torch.Tensor:
+def _local_ids(x_spec, idx: ShardTensor, what: str) -> torch.Tensor:
     """This rank's indices as rows of its local piece of ``x``; checked eagerly (a row-local
     gather is exact only if every index names a row of the same rank)."""
     off = _offset(x_spec)
@@ -85,13 +85,13 @@ def _(src, idx, like, reduce):
     return src.new_empty((like.shape[0], *src.shape[1:]))
 
 
-def row_gather(x: AtenShardTensor, idx: AtenShardTensor) -> AtenShardTensor:
+def row_gather(x: ShardTensor, idx: ShardTensor) -> ShardTensor:
     """``x[idx]`` for an index sharded like ``x``'s rows naming rows of the same rank."""
     return torch.ops.meshshard.row_gather(x, idx)
 
 
-def row_scatter(src: AtenShardTensor, idx: AtenShardTensor, like: AtenShardTensor,
-                reduce: str = "sum") -> AtenShardTensor:
+def row_scatter(src: ShardTensor, idx: ShardTensor, like: ShardTensor,
+                reduce: str = "sum") -> ShardTensor:
     """Rows of ``like``'s layout: ``out[idx[e]] (+)= src[e]`` (sum, mean or max; rows without
     entries are 0, PyG's convention). ``idx`` names rows of ``like`` on the same rank."""
     if reduce not in _REDUCES:
@@ -118,7 +118,7 @@ def _scatter_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(src, idx, like, output if reduce == "max" else None)
 
 
-def _expand_rows(w: AtenShardTensor, ndim: int) -> AtenShardTensor:
+def _expand_rows(w: ShardTensor, ndim: int) -> ShardTensor:
     return w.reshape(w.shape[0], *([1] * (ndim - 1)))
 
 
@@ -142,24 +142,24 @@ _row_scatter.register_autograd(_scatter_backward, setup_context=_scatter_setup)
 def _row_local(x, idx) -> bool:
     """Both Shard(0) on the same 1-D mesh: the row-local case. Otherwise ``x[idx]`` has its
     ordinary meaning and the generic rules handle it."""
-    if type(x) is not AtenShardTensor or type(idx) is not AtenShardTensor:
+    if type(x) is not ShardTensor or type(idx) is not ShardTensor:
         return False
     xs, is_ = x._spec, idx._spec
     return (xs.mesh is is_.mesh and xs.mesh.ndim == 1 and xs.placements[0] == Shard(0)
             and is_.placements[0] == Shard(0))
 
 
-def _gather_rule(func, args, kwargs) -> AtenShardTensor:
+def _gather_rule(func, args, kwargs) -> ShardTensor:
     x, idx = args
     if not _row_local(x, idx):
         return torch.ops.aten.index_select.default(x, 0, idx)
     xs, is_ = x._spec, idx._spec
     out = x._local.index_select(0, _local_ids(xs, idx, "row gather"))
     spec = make_spec(xs.mesh, xs.placements, is_.sizes, (idx.shape[0], *x.shape[1:]))
-    return AtenShardTensor(out, spec)
+    return ShardTensor(out, spec)
 
 
-def _scatter_rule(func, args, kwargs) -> AtenShardTensor:
+def _scatter_rule(func, args, kwargs) -> ShardTensor:
     src, idx, like, reduce = args
     if not (_row_local(like, idx) and _row_local(src, idx)):
         if reduce != "sum":
@@ -190,7 +190,7 @@ def _scatter_rule(func, args, kwargs) -> AtenShardTensor:
                 0, ids, torch.ones_like(ids, dtype=vals.dtype)).clamp_min(1)
             out = out / cnt.reshape(-1, *([1] * len(feat)))
     spec = make_spec(ls.mesh, ls.placements, ls.sizes, (like.shape[0], *feat))
-    return AtenShardTensor(out, spec)
+    return ShardTensor(out, spec)
 
 
 # ------------------------------------------------------------------ ghost refresh
@@ -218,8 +218,8 @@ def _(g, send_idx, send, recv, owned, extended, into):
     return g.new_empty((sum(into), *g.shape[1:]))
 
 
-def ghost_refresh(x: AtenShardTensor, send_idx: torch.Tensor, send: list[int],
-                  recv: list[int], owned: list[int], extended: list[int]) -> AtenShardTensor:
+def ghost_refresh(x: ShardTensor, send_idx: torch.Tensor, send: list[int],
+                  recv: list[int], owned: list[int], extended: list[int]) -> ShardTensor:
     """Owned rows of ``x`` (owned or extended layout) then fresh ghost rows: the extended
     layout. ``send_idx``: this rank's owned rows to send, grouped by destination (``send``
     rows to each rank); ``recv``: ghost rows from each rank. Collective."""
@@ -263,7 +263,7 @@ def _a2a(t: torch.Tensor, out_splits: list, in_splits: list, mesh) -> torch.Tens
                                                  _coord(mesh)[2][0]))
 
 
-def _refresh_rule(func, args, kwargs) -> AtenShardTensor:
+def _refresh_rule(func, args, kwargs) -> ShardTensor:
     x, send_idx, send, recv, owned, extended = args
     xs = _rows_spec(x, "ghost refresh")
     if tuple(xs.sizes[0]) not in (tuple(owned), tuple(extended)):
@@ -275,10 +275,10 @@ def _refresh_rule(func, args, kwargs) -> AtenShardTensor:
     ghosts = _a2a(mine.index_select(0, send_idx.to(mine.device)), list(recv), list(send),
                   xs.mesh)
     spec = make_spec(xs.mesh, xs.placements, (tuple(extended),), (sum(extended), *x.shape[1:]))
-    return AtenShardTensor(torch.cat([mine, ghosts]), spec)
+    return ShardTensor(torch.cat([mine, ghosts]), spec)
 
 
-def _adjoint_rule(func, args, kwargs) -> AtenShardTensor:
+def _adjoint_rule(func, args, kwargs) -> ShardTensor:
     g, send_idx, send, recv, owned, extended, into = args
     gs = _rows_spec(g, "ghost refresh (gradient)")
     me = _coord(gs.mesh)[1][0]
@@ -289,7 +289,7 @@ def _adjoint_rule(func, args, kwargs) -> AtenShardTensor:
     if into[me] != owned[me]:  # the input was extended: its ghost rows got no gradient
         mine = torch.cat([mine, loc.new_zeros((into[me] - owned[me], *loc.shape[1:]))])
     spec = make_spec(gs.mesh, gs.placements, (tuple(into),), (sum(into), *g.shape[1:]))
-    return AtenShardTensor(mine, spec)
+    return ShardTensor(mine, spec)
 
 
 for _op, _fn in ((torch.ops.meshshard.row_gather.default, _gather_rule),
@@ -302,18 +302,18 @@ for _op, _fn in ((torch.ops.meshshard.row_gather.default, _gather_rule),
 
 # ------------------------------------------------------------------ h[idx], index_select
 def _is_row_index(idx) -> bool:
-    return type(idx) is AtenShardTensor and not idx.dtype.is_floating_point and \
+    return type(idx) is ShardTensor and not idx.dtype.is_floating_point and \
         idx.dtype != torch.bool and idx.ndim == 1
 
 
 def _getitem(x, index):
-    if type(x) is AtenShardTensor and _is_row_index(index):
+    if type(x) is ShardTensor and _is_row_index(index):
         return row_gather(x, index)
     return NotImplemented
 
 
 def _index_select(x, dim, index):
-    if type(x) is AtenShardTensor and dim in (0, -x.ndim) and _is_row_index(index):
+    if type(x) is ShardTensor and dim in (0, -x.ndim) and _is_row_index(index):
         return row_gather(x, index)
     return NotImplemented
 

@@ -34,7 +34,7 @@ from meshshard.shardtensor._aten.rules import (
     rule,
     same_layout,
 )
-from meshshard.shardtensor._aten.tensor import AtenShardTensor, make_spec
+from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
 from meshshard.shardtensor.handlers.grid._window import sliding_plan
 from meshshard.shardtensor.handlers.grid.conv_transpose import transpose_plan
 
@@ -61,7 +61,7 @@ def ints(v) -> tuple:
 def grid_input(x, nsp: int, op) -> tuple:
     """(local, spec, sharded) of a grid input: Partials summed, ``sharded`` maps each sharded
     spatial tensor dim to its mesh dim. Channel or Blocked sharding: a clear error."""
-    if type(x) is not AtenShardTensor:
+    if type(x) is not ShardTensor:
         msg = f"{op}: the grid input must be the ShardTensor (only it may be sharded)"
         raise NotImplementedError(msg)
     spec = x._spec
@@ -90,7 +90,7 @@ def grid_input(x, nsp: int, op) -> tuple:
 
 def rep_local(t, op):
     """The full local value of a weight-like argument (Replicate; Partial is summed)."""
-    if type(t) is not AtenShardTensor:
+    if type(t) is not ShardTensor:
         return t
     loc = t._local
     for i, p in enumerate(t._spec.placements):
@@ -165,7 +165,7 @@ def replicate_spec_of(spec, shape):
 def grad_local(g, spec):
     """``g`` (a gradient wrapper, or a plain replicated tensor) as a local piece of ``spec``.
     A split that differs only in slab sizes moves the rows that change owner (all-to-all)."""
-    if type(g) is not AtenShardTensor:
+    if type(g) is not ShardTensor:
         return from_replicate_local(g, spec)
     gs = g._spec
     if same_layout(gs, spec):
@@ -181,7 +181,7 @@ def grad_local(g, spec):
 
 
 def wrap(t, spec):
-    return None if t is None else AtenShardTensor(t, spec)
+    return None if t is None else ShardTensor(t, spec)
 
 
 def empty_window(shape, sharded) -> bool:
@@ -240,9 +240,9 @@ def _convolution(func, args, kwargs):
         out = tie(win.new_zeros(oshape), win)
         if transposed and bl is not None:
             out = out + bl.reshape([1, -1] + [1] * len(k))
-        return AtenShardTensor(out, so)
+        return ShardTensor(out, so)
     if not transposed:
-        return AtenShardTensor(func(win, wl, bl, list(s), lp, list(dl), False, list(op_),
+        return ShardTensor(func(win, wl, bl, list(s), lp, list(dl), False, list(op_),
                                     groups), so)
     lop = [0 if first + a in sharded else op_[a] for a in range(len(k))]
     raw = func(win, wl, None, list(s), lp, list(dl), True, lop, groups)
@@ -252,7 +252,7 @@ def _convolution(func, args, kwargs):
         out = aten.constant_pad_nd(raw, crop, 0.0)
     if bl is not None:
         out = out + bl.reshape([1, -1] + [1] * len(k))
-    return AtenShardTensor(out, so)
+    return ShardTensor(out, so)
 
 
 def _crop(raw_shape, oshape, starts, first, nsp) -> list:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from meshshard.shardtensor._aten import tensor as _tensor
 from meshshard.shardtensor._aten.grid_halo import tie
 from meshshard.shardtensor._aten.rules_grid import (
-    AtenShardTensor,
+    ShardTensor,
     direct,
     empty_window,
     gather,
@@ -95,8 +95,8 @@ def _pad_fwd(func, args, kwargs):
     win = gather(local, spec, exs)
     oshape = local_shape(so)
     if any(v == 0 for v in oshape) or empty_window(win.shape, [e.dim for e in exs]):
-        return AtenShardTensor(tie(win.new_zeros(oshape), win), so)
-    return AtenShardTensor(F.pad(win, lpad, mode="circular") if any(lpad) else win, so)
+        return ShardTensor(tie(win.new_zeros(oshape), win), so)
+    return ShardTensor(F.pad(win, lpad, mode="circular") if any(lpad) else win, so)
 
 
 @direct(torch.ops.meshshard.grid_pad_circular_backward.default)
@@ -111,12 +111,12 @@ def _pad_bwd(func, args, kwargs):
         gwin = circular_fold(gl, lpad)
     else:
         gwin = gl
-    return AtenShardTensor(gather_transpose(gwin, spec, exs), spec)
+    return ShardTensor(gather_transpose(gwin, spec, exs), spec)
 
 
 def _pad_rule(input, pad, mode="constant", value=None):
     """``F.pad`` on a ShardTensor, circular mode: the custom op (else NotImplemented)."""
-    if mode == "circular" and type(input) is AtenShardTensor:
+    if mode == "circular" and type(input) is ShardTensor:
         return torch.ops.meshshard.grid_pad_circular(input, [int(v) for v in pad])
     return NotImplemented
 

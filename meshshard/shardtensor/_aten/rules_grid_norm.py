@@ -27,7 +27,7 @@ from meshshard.shardtensor._aten.rules_grid import (
     replicate_spec_of,
     wrap,
 )
-from meshshard.shardtensor._aten.tensor import AtenShardTensor, make_spec
+from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
 
 aten = torch.ops.aten
 
@@ -106,8 +106,8 @@ def _group_norm(func, args, kwargs):
     if bl is not None:
         y = y + _channel_view(bl, local.ndim)
     ss = _stat_spec(spec, (x.shape[0], groups))
-    return (AtenShardTensor(y, spec), AtenShardTensor(mean.reshape(n_loc, groups), ss),
-            AtenShardTensor(rstd.reshape(n_loc, groups), ss))
+    return (ShardTensor(y, spec), ShardTensor(mean.reshape(n_loc, groups), ss),
+            ShardTensor(rstd.reshape(n_loc, groups), ss))
 
 
 @direct(aten.native_group_norm_backward.default)
@@ -141,12 +141,12 @@ def _group_norm_backward(func, args, kwargs):
 
 def rep_local_stats(t):
     """Saved statistics come back in the layout the forward gave them: use the local piece."""
-    return t._local if type(t) is AtenShardTensor else t
+    return t._local if type(t) is ShardTensor else t
 
 
 # ------------------------------------------------------------------ batch norm
 def _buf(t):
-    return t._local if type(t) is AtenShardTensor else t
+    return t._local if type(t) is ShardTensor else t
 
 
 def _bn(x, w, b, rm, rv, training, momentum, eps, op):
@@ -177,7 +177,7 @@ def _bn(x, w, b, rm, rv, training, momentum, eps, op):
     if bl is not None:
         y = y + _channel_view(bl, nd)
     rs = replicate_spec_of(spec, tuple(mean.shape))
-    return AtenShardTensor(y, spec), wrap(mean, rs), wrap(rstd, rs), new_rm, new_rv, rs
+    return ShardTensor(y, spec), wrap(mean, rs), wrap(rstd, rs), new_rm, new_rv, rs
 
 
 def _copy_stats(rm, rv, new_rm, new_rv):
@@ -259,4 +259,4 @@ def _repeat(func, args, kwargs):
         raise NotImplementedError(msg)
     out = func(x._local, *args[1:], **kwargs)
     sp = x._spec
-    return AtenShardTensor(out, make_spec(sp.mesh, sp.placements, sp.sizes, tuple(out.shape)))
+    return ShardTensor(out, make_spec(sp.mesh, sp.placements, sp.sizes, tuple(out.shape)))

@@ -20,7 +20,7 @@ from torch.distributed.tensor import Shard
 
 from meshshard.shardtensor._aten.grid_halo import tie
 from meshshard.shardtensor._aten.rules_grid import (
-    AtenShardTensor,
+    ShardTensor,
     direct,
     exchanges,
     gather,
@@ -164,8 +164,8 @@ def _upsample(name, nsp, linear):
         win = gather(local, spec, exs)
         oshape = local_shape(so)
         if any(v == 0 for v in oshape) or any(win.shape[d] == 0 for d in sharded):
-            return AtenShardTensor(tie(win.new_zeros(oshape), win), so)
-        return AtenShardTensor(_resample(win, rows), so)
+            return ShardTensor(tie(win.new_zeros(oshape), win), so)
+        return ShardTensor(_resample(win, rows), so)
 
     @direct(getattr(aten, f"{name}_backward").default)
     def bwd(func, args, kwargs):
@@ -196,7 +196,7 @@ def _upsample(name, nsp, linear):
             gwin = tie(gl.new_zeros(wshape), gl)
         else:
             gwin = _resample_transpose(gl, rows, wshape)
-        return AtenShardTensor(gather_transpose(gwin, spec, exs), spec)
+        return ShardTensor(gather_transpose(gwin, spec, exs), spec)
 
     return fwd, bwd
 

@@ -24,7 +24,7 @@ import torch
 
 from meshshard.shardtensor._aten.grid_halo import tie
 from meshshard.shardtensor._aten.rules_grid import (
-    AtenShardTensor,
+    ShardTensor,
     direct,
     empty_window,
     exchanges,
@@ -131,7 +131,7 @@ def _max_pool(nsp):
             if starts:
                 idx = _reindex(idx, list(win.shape[first:]), ints(spec.shape[first:]),
                                _shifts(first, nsp, starts, 1))
-        return AtenShardTensor(out, so), AtenShardTensor(idx, so)
+        return ShardTensor(out, so), ShardTensor(idx, so)
 
     @direct(getattr(aten, f"max_pool{nsp}d_with_indices_backward").default)
     def bwd(func, args, kwargs):
@@ -149,7 +149,7 @@ def _max_pool(nsp):
                 il = _reindex(il, ints(spec.shape[first:]), wshape[first:],
                               _shifts(first, nsp, starts, -1))
             gwin = func(gl, local.new_zeros(wshape), list(k), list(s), lp, list(dl), ceil, il)
-        return AtenShardTensor(gather_transpose(gwin, spec, exs), spec)
+        return ShardTensor(gather_transpose(gwin, spec, exs), spec)
 
     return fwd, bwd
 
@@ -185,11 +185,11 @@ def _avg_pool(nsp):
         win = gather(local, spec, exs)
         oshape = local_shape(so)
         if any(v == 0 for v in oshape) or empty_window(win.shape, sharded):
-            return AtenShardTensor(tie(win.new_zeros(oshape), win), so)
+            return ShardTensor(tie(win.new_zeros(oshape), win), so)
         out = func(win, list(k), list(s), lp, ceil, cip, override)
         if override is None and sharded:
             out = out * _avg_factor(spec, so, sharded, first, k, s, p, ceil, cip, so.shape, out)
-        return AtenShardTensor(out, so)
+        return ShardTensor(out, so)
 
     @direct(getattr(aten, f"avg_pool{nsp}d_backward").default)
     def bwd(func, args, kwargs):
@@ -208,7 +208,7 @@ def _avg_pool(nsp):
                                       gl)
             gwin = func(gl, local.new_zeros(wshape), list(k), list(s), lp, ceil, cip,
                         override)
-        return AtenShardTensor(gather_transpose(gwin, spec, exs), spec)
+        return ShardTensor(gather_transpose(gwin, spec, exs), spec)
 
     return fwd, bwd
 
@@ -249,16 +249,16 @@ def _adaptive(nsp, kind):
         if any(v == 0 for v in oshape) or empty_window(win.shape, sharded):
             out = tie(win.new_zeros(oshape), win)
             if kind == "avg":
-                return AtenShardTensor(out, so)
-            return AtenShardTensor(out, so), AtenShardTensor(
+                return ShardTensor(out, so)
+            return ShardTensor(out, so), ShardTensor(
                 torch.zeros(oshape, dtype=torch.long, device=win.device), so)
         if kind == "avg":
-            return AtenShardTensor(func(win, lsz), so)
+            return ShardTensor(func(win, lsz), so)
         out, idx = func(win, lsz)
         if starts:
             idx = _reindex(idx, list(win.shape[first:]), ints(spec.shape[first:]),
                            _shifts(first, nsp, starts, 1))
-        return AtenShardTensor(out, so), AtenShardTensor(idx, so)
+        return ShardTensor(out, so), ShardTensor(idx, so)
 
     bname = f"_adaptive_avg_pool{nsp}d_backward" if kind == "avg" else \
         f"adaptive_max_pool{nsp}d_backward"
@@ -282,7 +282,7 @@ def _adaptive(nsp, kind):
                 il = _reindex(il, ints(spec.shape[first:]), wshape[first:],
                               _shifts(first, nsp, starts, -1))
             gwin = func(gl, local.new_zeros(wshape), il)
-        return AtenShardTensor(gather_transpose(gwin, spec, exs), spec)
+        return ShardTensor(gather_transpose(gwin, spec, exs), spec)
 
     return fwd, bwd
 
@@ -333,8 +333,8 @@ def _constant_pad(func, args, kwargs):
     win = gather(local, spec, exs, value)
     oshape = local_shape(so)
     if any(v == 0 for v in oshape) or empty_window(win.shape, [e.dim for e in exs]):
-        return AtenShardTensor(tie(win.new_full(oshape, value), win), so)
-    return AtenShardTensor(func(win, lpad, value) if any(lpad) else win, so)
+        return ShardTensor(tie(win.new_full(oshape, value), win), so)
+    return ShardTensor(func(win, lpad, value) if any(lpad) else win, so)
 
 
 def _mode_pad(nsp, mode, prefix):
@@ -345,8 +345,8 @@ def _mode_pad(nsp, mode, prefix):
         win = gather(local, spec, exs)
         oshape = local_shape(so)
         if any(v == 0 for v in oshape) or empty_window(win.shape, [e.dim for e in exs]):
-            return AtenShardTensor(tie(win.new_zeros(oshape), win), so)
-        return AtenShardTensor(func(win, lpad) if any(lpad) else win, so)
+            return ShardTensor(tie(win.new_zeros(oshape), win), so)
+        return ShardTensor(func(win, lpad) if any(lpad) else win, so)
 
     @direct(getattr(aten, f"{prefix}_pad{nsp}d_backward").default)
     def bwd(func, args, kwargs):
@@ -358,7 +358,7 @@ def _mode_pad(nsp, mode, prefix):
             gwin = tie(local.new_zeros(wshape), gl)
         else:
             gwin = func(gl, local.new_zeros(wshape), lpad) if any(lpad) else gl
-        return AtenShardTensor(gather_transpose(gwin, spec, exs), spec)
+        return ShardTensor(gather_transpose(gwin, spec, exs), spec)
 
     return fwd, bwd
 

@@ -23,7 +23,7 @@ from meshshard.shardtensor._aten import rules as _R
 from meshshard.shardtensor._aten.rules import (
     _REP,
     SHARDED,
-    AtenShardTensor,
+    ShardTensor,
     Plan,
     _coord,
     _local_shape,
@@ -42,7 +42,7 @@ def _err(func, what, spec=None):
 
 
 def _placement(t, i):
-    return t._spec.placements[i] if type(t) is AtenShardTensor else _REP
+    return t._spec.placements[i] if type(t) is ShardTensor else _REP
 
 
 def align(func, args, positions, free: list[int]) -> tuple[tuple, object]:
@@ -50,7 +50,7 @@ def align(func, args, positions, free: list[int]) -> tuple[tuple, object]:
     spec with the shape of ``args[positions[0]]``. A sharded dim in ``free`` (the op's own dim)
     is refused; Partials are reduced; Replicate operands are narrowed to this rank's rows."""
     ts = [(k, args[k]) for k in positions if isinstance(args[k], torch.Tensor)]
-    mesh = next(t._spec.mesh for _, t in ts if type(t) is AtenShardTensor)
+    mesh = next(t._spec.mesh for _, t in ts if type(t) is ShardTensor)
     steps, placements, sizes = [], [], []
     for i in range(mesh.ndim):
         ref = None
@@ -70,7 +70,7 @@ def align(func, args, positions, free: list[int]) -> tuple[tuple, object]:
             if rp.dim in free:
                 _err(func, f"along the sharded dim {rp.dim} (index tensors on a sharded dim "
                      "have data-dependent sizes; not supported)", t._spec
-                     if type(t) is AtenShardTensor else None)
+                     if type(t) is ShardTensor else None)
             if isinstance(p, SHARDED):
                 if p != rp or t._spec.sizes[i] != rs:
                     _err(func, f"operands sharded differently on mesh dim {i}", t._spec)
@@ -150,7 +150,7 @@ def _hidden(args, over):
     spec = x._spec
     pl = tuple(_REP if i in over else p for i, p in enumerate(spec.placements))
     sz = tuple(None if i in over else v for i, v in enumerate(spec.sizes))
-    fake = AtenShardTensor(x._local, make_spec(spec.mesh, pl, sz, spec.shape))
+    fake = ShardTensor(x._local, make_spec(spec.mesh, pl, sz, spec.shape))
     return (fake, *args[1:]), spec
 
 
@@ -207,7 +207,7 @@ def _index_select(func, args, kwargs) -> Plan:
         return Plan(steps, (), _unwrap_call(func, (2,)), spec)
 
     def call(loc, dim, index, *_a, **_k):
-        index = index._local if type(index) is AtenShardTensor else index
+        index = index._local if type(index) is ShardTensor else index
         out, keep = _owned(loc, d, index, xspec, over,
                            lambda src, ix: aten.index_select.default(src, d, ix))
         view = [1] * out.ndim
@@ -218,7 +218,7 @@ def _index_select(func, args, kwargs) -> Plan:
 
 
 def _plain_index(func, t):
-    if type(t) is AtenShardTensor and any(not isinstance(p, Replicate)
+    if type(t) is ShardTensor and any(not isinstance(p, Replicate)
                                           for p in t._spec.placements):
         _err(func, "a sharded or partial index tensor (use meshshard.ops for row fetches)",
              t._spec)
@@ -229,10 +229,10 @@ def _unwrap_call(func, positions):
         locs = list(locs)
         for k in positions:
             v = locs[k]
-            if type(v) is AtenShardTensor:
+            if type(v) is ShardTensor:
                 locs[k] = v._local
             elif isinstance(v, (list, tuple)):
-                locs[k] = [b._local if type(b) is AtenShardTensor else b for b in v]
+                locs[k] = [b._local if type(b) is ShardTensor else b for b in v]
         return func(*locs, **kw)
 
     return call
@@ -249,10 +249,10 @@ def _inplace(plan_rule):
 
     def run(func, args, kwargs):
         plan = plan_rule(func, args, kwargs)
-        if type(args[0]) is not AtenShardTensor or any(
+        if type(args[0]) is not ShardTensor or any(
                 pos == 0 for pos, _ in plan.steps) or not _R.same_layout(plan.outs,
                                                                          args[0]._spec):
-            spec = args[0]._spec if type(args[0]) is AtenShardTensor else "a plain tensor"
+            spec = args[0]._spec if type(args[0]) is ShardTensor else "a plain tensor"
             _err(func, f"in place on {spec}, whose layout the result does not have "
                  "(use the out-of-place op)")
         _R._execute(func, args, kwargs, plan)
@@ -319,7 +319,7 @@ def _index_shape(shape, indices) -> list:
 def _index_put(func, args, kwargs) -> Plan:
     x, indices, values = args[0], list(args[1]), args[2]
     adv, res_nd, out_dim = _adv_layout(func, x.ndim, indices)
-    mesh = (x if type(x) is AtenShardTensor else values)._spec.mesh
+    mesh = (x if type(x) is ShardTensor else values)._spec.mesh
     steps = []
     placements, sizes = [], []
     for i in range(mesh.ndim):

@@ -21,7 +21,7 @@ from torch.distributed.tensor import Partial
 from meshshard.shardtensor._aten import rules as _R
 from meshshard.shardtensor._aten.rules import (
     SHARDED,
-    AtenShardTensor,
+    ShardTensor,
     Plan,
     _contract,
     _coord,
@@ -109,14 +109,14 @@ _spike_cat = _R._RULES[aten.cat.default]
 def _cat(func, args, kwargs) -> Plan:
     tensors = args[0]
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-    ref = next(t for t in tensors if type(t) is AtenShardTensor)
+    ref = next(t for t in tensors if type(t) is ShardTensor)
     dim = dim % ref.ndim
-    over = [i for t in tensors if type(t) is AtenShardTensor
+    over = [i for t in tensors if type(t) is ShardTensor
             for i in _shard_mesh_dims(t._spec, dim)]
     if not over:
         return _spike_cat(func, args, kwargs)
     i = over[0]
-    rs = next(t._spec for t in tensors if type(t) is AtenShardTensor
+    rs = next(t._spec for t in tensors if type(t) is ShardTensor
               and i in _shard_mesh_dims(t._spec, dim))
     _plain_blocks(rs, i, func)
     mesh, n = rs.mesh, rs.mesh.size(i)
@@ -124,15 +124,15 @@ def _cat(func, args, kwargs) -> Plan:
     for j, t in enumerate(tensors):  # every operand: the reference's other placements,
         shape = list(rs.shape)        # Shard(dim) on mesh dim i with its own (or even) sizes
         shape[dim] = t.shape[dim]
-        own = t._spec.sizes[i] if type(t) is AtenShardTensor and \
+        own = t._spec.sizes[i] if type(t) is ShardTensor and \
             i in _shard_mesh_dims(t._spec, dim) else even_sizes(t.shape[dim], n)
         sizes = list(rs.sizes)
         sizes[i] = tuple(own)
         tspec = make_spec(mesh, rs.placements, tuple(sizes), tuple(shape))
         specs.append(tspec)
-        if type(t) is AtenShardTensor and _R.same_layout(t._spec, tspec):
+        if type(t) is ShardTensor and _R.same_layout(t._spec, tspec):
             continue
-        src = t._spec if type(t) is AtenShardTensor else _replicated(tspec)
+        src = t._spec if type(t) is ShardTensor else _replicated(tspec)
         steps.append(((0, j), ("respec", src, tspec)))
     target = tuple(sum(s.sizes[i][r] for s in specs) for r in range(n))
     base, starts = 0, []
@@ -309,14 +309,14 @@ def _roll(func, args, kwargs) -> Plan:
 @rule(aten.stack.default)
 def _stack(func, args, kwargs) -> Plan:
     tensors = args[0]
-    ref = next(t for t in tensors if type(t) is AtenShardTensor)
+    ref = next(t for t in tensors if type(t) is ShardTensor)
     d = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % (ref.ndim + 1)
     rs = ref._spec
     steps = []
     for j, t in enumerate(tensors):
-        if type(t) is AtenShardTensor and _R.same_layout(t._spec, rs):
+        if type(t) is ShardTensor and _R.same_layout(t._spec, rs):
             continue
-        src = t._spec if type(t) is AtenShardTensor else _replicated(rs)
+        src = t._spec if type(t) is ShardTensor else _replicated(rs)
         steps.append(((0, j), ("respec", src, rs)))
     shape = list(rs.shape)
     shape.insert(d, len(tensors))

@@ -1,6 +1,6 @@
 """Spike (issue 22): a ShardTensor whose autograd lives on the wrapper, dispatched at aten level.
 
-``AtenShardTensor`` is a wrapper subclass like torch's DTensor: ``requires_grad``, ``grad_fn``
+``ShardTensor`` is a wrapper subclass like torch's DTensor: ``requires_grad``, ``grad_fn``
 and ``.grad`` are the wrapper's own, autograd records the *global* computation, and every aten
 op (forward and backward alike) reaches :func:`meshshard.shardtensor._aten.rules.dispatch`,
 which computes on the local pieces. Unlike DTensor the spec records every rank's size of each
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-__all__ = ["ASpec", "AtenShardTensor", "Blocked", "from_local_aten"]
+__all__ = ["ASpec", "AtenShardTensor", "Blocked", "ShardTensor", "from_local_aten"]
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def make_spec(mesh, placements: tuple, sizes: tuple, shape: tuple) -> ASpec:
     return hit
 
 
-class AtenShardTensor(torch.Tensor):
+class ShardTensor(torch.Tensor):
     _local: torch.Tensor
     _spec: ASpec
 
@@ -172,7 +172,7 @@ class AtenShardTensor(torch.Tensor):
             for i, p in enumerate(placements)
         )
         spec = make_spec(mesh, placements, sizes, tuple(outer_size))
-        out = AtenShardTensor(inner["_local"], spec, requires_grad=False)
+        out = ShardTensor(inner["_local"], spec, requires_grad=False)
         for name, c in inner.items():
             if name != "_local":
                 out.__dict__[name] = c
@@ -232,7 +232,7 @@ class AtenShardTensor(torch.Tensor):
         """The global tensor on every rank (differentiable). Collective."""
         return _Full.apply(self)
 
-    def redistribute(self, placements=None, sizes=None) -> AtenShardTensor:
+    def redistribute(self, placements=None, sizes=None) -> ShardTensor:
         """This tensor in another layout (see :func:`..layout.redistribute`). Collective."""
         from meshshard.shardtensor._aten.layout import redistribute
 
@@ -272,21 +272,21 @@ class AtenShardTensor(torch.Tensor):
         return out
 
     def __repr__(self) -> str:  # type: ignore[override]
-        return f"AtenShardTensor(local={tuple(self._local.shape)}, {self._spec})"
+        return f"ShardTensor(local={tuple(self._local.shape)}, {self._spec})"
 
 
 # ------------------------------------------------------------------ lifting plain tensors
 def _lift_plain(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     mesh = None
     for a in args:
-        if type(a) is AtenShardTensor:
+        if type(a) is ShardTensor:
             mesh = a._spec.mesh
             break
     if mesh is None:
         for a in args:
             if isinstance(a, (list, tuple)):
                 for b in a:
-                    if type(b) is AtenShardTensor:
+                    if type(b) is ShardTensor:
                         mesh = b._spec.mesh
                         break
     if mesh is None:
@@ -342,8 +342,12 @@ def _is_custom_op_autograd(func: Any) -> bool:
     return isinstance(owner, type) and owner.__module__ == "torch._library.autograd"
 
 
+# the name the port used before the swap; tests written then still import it
+AtenShardTensor = ShardTensor
+
+
 def _plain_needing_grad(a: Any) -> bool:
-    return isinstance(a, torch.Tensor) and type(a) is not AtenShardTensor and a.requires_grad
+    return isinstance(a, torch.Tensor) and type(a) is not ShardTensor and a.requires_grad
 
 
 def replicate_spec(mesh, shape) -> ASpec:
@@ -354,8 +358,8 @@ class _Lift(torch.autograd.Function):
     """Plain tensor -> Replicate ShardTensor; backward: the full gradient as a plain tensor."""
 
     @staticmethod
-    def forward(x: torch.Tensor, mesh) -> AtenShardTensor:
-        return AtenShardTensor(x.detach(), replicate_spec(mesh, x.shape))
+    def forward(x: torch.Tensor, mesh) -> ShardTensor:
+        return ShardTensor(x.detach(), replicate_spec(mesh, x.shape))
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # functorch needs it split out
@@ -363,7 +367,7 @@ class _Lift(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        if isinstance(g, AtenShardTensor):
+        if isinstance(g, ShardTensor):
             return _Full.apply(g), None
         return g, None
 
@@ -372,7 +376,7 @@ class _Lift(torch.autograd.Function):
 # (double backward through to_local / full_tensor / from_local).
 class _ToLocal(torch.autograd.Function):
     @staticmethod
-    def forward(x: AtenShardTensor) -> torch.Tensor:
+    def forward(x: ShardTensor) -> torch.Tensor:
         return x._local.view_as(x._local)
 
     @staticmethod
@@ -386,7 +390,7 @@ class _ToLocal(torch.autograd.Function):
 
 class _Full(torch.autograd.Function):
     @staticmethod
-    def forward(x: AtenShardTensor) -> torch.Tensor:
+    def forward(x: ShardTensor) -> torch.Tensor:
         from meshshard.shardtensor._aten.rules import to_replicate_local
 
         return to_replicate_local(x._local, x._spec)
@@ -403,7 +407,7 @@ class _Full(torch.autograd.Function):
         return grad_in_layout(_FromLocal.apply(g, replicate_spec(spec.mesh, spec.shape)), spec)
 
 
-def from_local_aten(local: torch.Tensor, mesh, placements, sizes) -> AtenShardTensor:
+def from_local_aten(local: torch.Tensor, mesh, placements, sizes) -> ShardTensor:
     """Wrap this rank's piece (differentiable w.r.t. ``local``). ``sizes``: per mesh dim, the
     per-rank sizes of each Shard placement (None for others). No collective."""
     placements = tuple(placements)
@@ -421,8 +425,8 @@ def from_local_aten(local: torch.Tensor, mesh, placements, sizes) -> AtenShardTe
 
 class _FromLocal(torch.autograd.Function):
     @staticmethod
-    def forward(local: torch.Tensor, spec: ASpec) -> AtenShardTensor:
-        return AtenShardTensor(local.view_as(local), spec)
+    def forward(local: torch.Tensor, spec: ASpec) -> ShardTensor:
+        return ShardTensor(local.view_as(local), spec)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -430,7 +434,7 @@ class _FromLocal(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        if not isinstance(g, AtenShardTensor):
+        if not isinstance(g, ShardTensor):
             return g, None
         from meshshard.shardtensor._aten.layout import grad_in_layout
 
