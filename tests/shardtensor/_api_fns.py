@@ -63,8 +63,12 @@ def construction(rank, ws, sizes):
     st2 = from_local(leaf, mesh, [Shard(0)], sizes)
     (st2.redistribute(sizes=list(new)) * 2).sum().backward()
     out["rebalance_grad_ok"] = torch.equal(leaf.grad, torch.full_like(leaf, 2.0))
-    # grads of a ShardTensor leaf are visible through .grad
-    out["grad_is_shardtensor"] = type(st2.grad).__name__ == "ShardTensor"
+    # a ShardTensor leaf's .grad is a ShardTensor in the leaf's layout
+    st3 = from_local(local.clone(), mesh, [Shard(0)], sizes).requires_grad_()
+    (st3.redistribute(sizes=list(new)) * 2).sum().backward()
+    out["grad_is_shardtensor"] = (type(st3.grad).__name__ == "ShardTensor"
+                                  and st3.grad.placements == st3.placements
+                                  and torch.equal(st3.grad.to_local(), torch.full_like(local, 2.0)))
     return out
 
 

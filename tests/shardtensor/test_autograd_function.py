@@ -28,21 +28,35 @@ def test_plain_functions_unchanged():
     assert x.grad is not None and w.grad is not None
 
 
-def test_import_changes_nothing_in_torch_until_a_shardtensor_exists():
-    # STYLE: nothing configures the process on import. A fresh interpreter, so that no other
-    # test's ShardTensor installed the bridge already.
+def test_importing_or_using_shardtensor_changes_nothing_in_torch():
+    # STYLE: nothing configures the process on import, and (the new core) nothing is patched on
+    # use either: autograd lives on the wrapper. A fresh interpreter with a 1-rank gloo group.
     import subprocess
     import sys
 
     code = (
-        "import torch\n"
-        "orig = torch.autograd.Function.apply\n"
+        "import torch, torch.distributed as dist\n"
+        "names = ('autograd.Function.apply', 'Tensor.backward', 'autograd.backward', "
+        "'autograd.grad', 'nn.functional.linear', 'Tensor.__torch_function__')\n"
+        "def now():\n"
+        "    out = []\n"
+        "    for n in names:\n"
+        "        o = torch\n"
+        "        for part in n.split('.'):\n"
+        "            o = getattr(o, part)\n"
+        "        out.append(o)\n"
+        "    return out\n"
+        "orig = now()\n"
         "import meshshard.shardtensor as st, meshshard.models, meshshard.parallel\n"
-        "assert torch.autograd.Function.apply == orig, 'patched on import'\n"
-        "from meshshard.shardtensor.spec import ShardSpec\n"
-        "st.ShardTensor(torch.zeros(2), ShardSpec(None, (st.Replicate(),), (None,), "
-        "torch.Size([2])))\n"
-        "assert torch.autograd.Function.apply != orig, 'not installed by the first ShardTensor'\n"
+        "assert now() == orig, 'patched on import'\n"
+        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, "
+        "world_size=1)\n"
+        "mesh = torch.distributed.device_mesh.init_device_mesh('cpu', (1,))\n"
+        "x = st.from_local(torch.randn(5, 3, requires_grad=True), mesh, [st.Shard(0)])\n"
+        "(torch.nn.functional.linear(x, torch.randn(2, 3, requires_grad=True)) ** 2)"
+        ".sum().backward()\n"
+        "assert now() == orig, 'patched by using a ShardTensor'\n"
+        "dist.destroy_process_group()\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)

@@ -53,10 +53,10 @@ def from_local(
     if not isinstance(local, torch.Tensor):
         msg = f"from_local needs a torch.Tensor, got {type(local).__name__}"
         raise TypeError(msg)
-    for p in placements:
-        if isinstance(p, Partial) and p.reduce_op != "sum":
-            msg = f"from_local: Partial('{p.reduce_op}') is not supported; use Partial('sum')"
-            raise NotImplementedError(msg)
+    placements = list(placements) if isinstance(placements, (list, tuple)) else placements
+    if isinstance(placements, list) and any(
+            isinstance(p, Partial) and p.reduce_op != "sum" for p in placements):
+        local, placements = _reduce_partials(local, mesh, placements)
     placements, sizes, shape = resolve_layout(local, mesh, placements, sharding_shapes,
                                               validate=validate)
     sizes = tuple(None if s is None else tuple(int(v) for v in s) for s in sizes)
@@ -64,6 +64,56 @@ def from_local(
     from meshshard.shardtensor._aten.tensor import _FromLocal
 
     return _FromLocal.apply(local, spec)
+
+
+_PARTIAL_OPS = ("avg", "max", "min")
+
+
+def _reduce_partials(local: torch.Tensor, mesh, placements: list) -> tuple[torch.Tensor, list]:
+    """Partial('avg'|'max'|'min') pieces reduced now (one all-reduce per such mesh dim,
+    differentiable) and their dims made Replicate: only Partial('sum') stays pending, since
+    every rule treats a pending Partial as a sum."""
+    if len(placements) != mesh.ndim:
+        return local, placements  # resolve_layout gives the clear error
+    out = list(placements)
+    for i, p in enumerate(placements):
+        if not isinstance(p, Partial) or p.reduce_op == "sum":
+            continue
+        if p.reduce_op not in _PARTIAL_OPS:
+            msg = (f"from_local: Partial('{p.reduce_op}') is not supported; use one of "
+                   f"Partial('sum'), {', '.join(repr(o) for o in _PARTIAL_OPS)}")
+            raise ValueError(msg)
+        local = _PartialReduce.apply(local, mesh, i, p.reduce_op)
+        out[i] = Replicate()
+    return local, out
+
+
+class _PartialReduce(torch.autograd.Function):
+    """The all-reduce of one mesh dim's pieces by avg, max or min; the backward gives each
+    piece its share: ``g / n`` for avg, and for max/min ``g`` split evenly among the pieces
+    that attain the extremum (torch.amax's rule on the stacked pieces)."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, mesh, i: int, op: str) -> torch.Tensor:
+        n = mesh.size(i)
+        ctx.n, ctx.op, ctx.mesh, ctx.i = n, op, mesh, i
+        if n == 1:
+            return local.clone()
+        name = _coord(mesh)[2][i]
+        check("all_reduce", mesh, i, local, f"Partial({op})")
+        red = _fc.wait_tensor(_fc.all_reduce(local.contiguous(), "sum" if op == "avg" else op,
+                                             name))
+        if op == "avg":
+            return red / n
+        hit = (local == red).to(local.dtype)
+        ctx.share = hit / _all_reduce(hit, mesh, i)
+        return red
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.n == 1:
+            return g, None, None, None
+        return (g / ctx.n if ctx.op == "avg" else g * ctx.share), None, None, None
 
 
 # ------------------------------------------------------------------ redistribute

@@ -253,11 +253,15 @@ class ShardTensor(torch.Tensor):
             return self.item().__format__(spec)
         return repr(self)
 
+    @property
+    def spec(self) -> ASpec:
+        """The layout record: mesh, placements, global shape and, per mesh dim, every rank's
+        sizes of the tensor dim it shards (None for Replicate/Partial)."""
+        return self._spec
+
     def sharding_shapes(self) -> dict:
         """mesh dim -> the local shape on every coordinate of that mesh dim (others fixed at
         this rank's coordinate)."""
-        mesh = self._spec.mesh
-        coord = mesh.get_coordinate() or [0] * mesh.ndim
         out = {}
         for i, s in enumerate(self._spec.sizes):
             if s is None:
@@ -312,13 +316,41 @@ def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False,
     """``Tensor.backward`` without going through torch-function handling again."""
     from meshshard.shardtensor._aten._torch_private import run_backward
 
-    return run_backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+    out = run_backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+    _complete_plain_leaf_grads((self,))
+    return out
 
 
-def _backward(*args, **kwargs):
+def _backward(tensors, *args, **kwargs):
     from meshshard.shardtensor._aten._torch_private import run_backward
 
-    return run_backward(*args, **kwargs)
+    out = run_backward(tensors, *args, **kwargs)
+    _complete_plain_leaf_grads((tensors,) if isinstance(tensors, torch.Tensor) else tensors)
+    return out
+
+
+def _complete_plain_leaf_grads(roots) -> None:
+    """Make a ShardTensor left in a plain leaf's ``.grad`` the plain global gradient.
+
+    torch runs a custom ``autograd.Function`` without torch-function handling, so its plain
+    inputs (weights) are not lifted as they are for every torch op, and its backward may give
+    them a ShardTensor gradient (e.g. a Partial sum over points). One walk of the graph after
+    ``backward`` finds those leaves (same graph, same order on every rank: the reduction is
+    collective). No torch function is patched."""
+    stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set = set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        v = getattr(node, "variable", None)
+        if v is not None:
+            if type(v) is not ShardTensor and type(v.grad) is ShardTensor:
+                with torch.no_grad():
+                    v.grad = v.grad.full_tensor()
+            continue
+        stack.extend(n for n, _ in node.next_functions)
 
 
 def _grad(*args, **kwargs):
@@ -435,6 +467,14 @@ class _FromLocal(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         if not isinstance(g, ShardTensor):
+            if any(s is not None for s in ctx.spec.sizes):
+                msg = (
+                    "a custom autograd.Function's backward (or a grad_outputs) returned a plain "
+                    "tensor as the gradient of a sharded ShardTensor input (global shape "
+                    f"{tuple(ctx.spec.shape)}); return a ShardTensor there, e.g. computed from "
+                    "the incoming gradient or made with from_local"
+                )
+                raise TypeError(msg)
             return g, None
         from meshshard.shardtensor._aten.layout import grad_in_layout
 
