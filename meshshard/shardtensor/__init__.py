@@ -9,12 +9,11 @@ Export: :class:`ShardTensor`, torch's :class:`Shard`, :class:`Replicate`, :class
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.shardtensor import handlers as _handlers  # noqa: F401  (registers the rules)
+from meshshard.shardtensor._aten import ShardTensor, from_local
 from meshshard.shardtensor._dispatch import NoShardingRuleError
 from meshshard.shardtensor._fallback import allow_gather_fallback
 from meshshard.shardtensor._layout import LayoutError
 from meshshard.shardtensor.api import scatter as _scatter_a
-from meshshard.shardtensor._aten import ShardTensor
-from meshshard.shardtensor._aten import from_local
 
 
 def scatter(tensor, mesh, sizes, *, src=0, dim=0, mesh_dim=0):

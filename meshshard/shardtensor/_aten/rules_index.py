@@ -23,8 +23,8 @@ from meshshard.shardtensor._aten import rules as _R
 from meshshard.shardtensor._aten.rules import (
     _REP,
     SHARDED,
-    ShardTensor,
     Plan,
+    ShardTensor,
     _coord,
     _local_shape,
     _pointwise,

@@ -21,8 +21,8 @@ from torch.distributed.tensor import Partial
 from meshshard.shardtensor._aten import rules as _R
 from meshshard.shardtensor._aten.rules import (
     SHARDED,
-    ShardTensor,
     Plan,
+    ShardTensor,
     _contract,
     _coord,
     _local_shape,
