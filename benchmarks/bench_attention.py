@@ -114,9 +114,8 @@ def step(rank, world_size, n, threads, live=False):
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
-    from meshshard.shardtensor import Shard, from_local
+    from meshshard.shardtensor import Shard, even_sizes, from_local
     from meshshard.shardtensor.ring import bytes_sent, reset_bytes_sent
-    from meshshard.shardtensor.spec import even_sizes
 
     mesh = None
     if world_size > 1:

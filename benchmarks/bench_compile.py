@@ -66,9 +66,10 @@ def _time(fn, repeats, clock="wall"):
 
 def _variant(name, backend):
     """(model, step function) for one variant."""
+    from meshshard.shardtensor.compile import compile_local_plan
+
     from meshshard.models import Transolver
     from meshshard.shardtensor import compile_sharded
-    from meshshard.shardtensor.compile import compile_local_plan
 
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -38,8 +38,7 @@ def step_memory(rank, world_size, n):
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.models import Transolver
-    from meshshard.shardtensor import Shard, from_local
-    from meshshard.shardtensor.spec import even_sizes
+    from meshshard.shardtensor import Shard, even_sizes, from_local
 
     mesh = init_device_mesh("cpu", (world_size,))
     torch.manual_seed(0)

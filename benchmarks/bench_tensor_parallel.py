@@ -27,8 +27,7 @@ def step(rank, world_size, layout, n, model_kw, repeat):
     from meshshard.models import Transolver
     from meshshard.parallel.plans import transolver_plan
     from meshshard.parallel.tensor import init_mesh_3d, parallelize_module
-    from meshshard.shardtensor import Shard, from_local
-    from meshshard.shardtensor.spec import even_sizes
+    from meshshard.shardtensor import Shard, even_sizes, from_local
 
     domain, tensor = layout
     mesh = init_mesh_3d(1, domain, tensor, device_type="cpu")

@@ -14,8 +14,6 @@ from typing import Any
 __version__ = "0.1.0"
 __all__ = [
     "__version__",
-    "compile_local",
-    "compile_local_plan",
     "models",
     "ops",
     "partition",
@@ -29,7 +27,5 @@ _SUBMODULES = {"models", "ops", "partition", "pipelines", "shardtensor", "testin
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"meshshard.{name}")
-    if name in ("compile_local", "compile_local_plan"):
-        return getattr(importlib.import_module("meshshard.shardtensor.compile"), name)
     msg = f"module 'meshshard' has no attribute {name!r}"
     raise AttributeError(msg)

@@ -22,7 +22,8 @@ This module imports nothing: every floor of the house may use it.
 
 from __future__ import annotations
 
-__all__ = ["DistributedError", "InputError", "LayoutError", "MeshShardError", "StoreError"]
+__all__ = ["DistributedError", "InputError", "LayoutError", "MeshShardError", "NoShardingRuleError",
+           "StoreError"]
 
 
 class MeshShardError(Exception):
@@ -35,6 +36,11 @@ class InputError(MeshShardError, ValueError):
 
 class LayoutError(MeshShardError, ValueError):
     """A shard layout, a placement or a parallel plan does not fit the data or the mesh."""
+
+
+class NoShardingRuleError(MeshShardError, NotImplementedError):
+    """A torch op met a ShardTensor in a layout no sharding rule covers; the message names the
+    op and the layout change (``redistribute``) that makes it computable."""
 
 
 class StoreError(MeshShardError, ValueError):

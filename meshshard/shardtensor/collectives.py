@@ -1,4 +1,5 @@
-"""Autograd-aware collectives on local tensors (every function here is a collective).
+"""Autograd-aware collectives on local tensors over process groups (every function here is a
+collective), for ops that work on a ShardTensor's pieces (``meshshard.ops``).
 
 Gradient convention (what makes replicated-weight gradients exact with no manual scaling): the
 local gradient of a *Replicate* value is the full gradient (identical on every rank); of a
@@ -14,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from meshshard.collective_check import check_collective
-from meshshard.shardtensor import _tracemode as T
 
 __all__ = [
     "all_gather_v",
@@ -192,3 +192,33 @@ def all_to_all_v(
     and ``recv_counts[q]`` arrive from rank ``q``. Collective.
     """
     return _AllToAllV.apply(x, tuple(map(int, send_counts)), tuple(map(int, recv_counts)), group)
+
+
+# ------------------------------------------------------------------ plain collectives
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+class T:
+    """Not differentiable, eager: what the autograd functions above run."""
+
+    @staticmethod
+    def reduce(t: torch.Tensor, op: str, group) -> torch.Tensor:
+        out = t.detach().clone().contiguous()
+        dist.all_reduce(out, op=_OPS[op], group=group)
+        return out
+
+    @staticmethod
+    def all_gather(t: torch.Tensor, n: int, group) -> list[torch.Tensor]:
+        t = t.contiguous()
+        bufs = [torch.empty_like(t) for _ in range(n)]
+        dist.all_gather(bufs, t, group=group)
+        return bufs
+
+    @staticmethod
+    def all_to_all_single(x: torch.Tensor, recv: Sequence[int], send: Sequence[int],
+                          group) -> torch.Tensor:
+        x = x.contiguous()
+        recv, send = [int(v) for v in recv], [int(v) for v in send]
+        out = x.new_empty((sum(recv), *x.shape[1:]))
+        dist.all_to_all_single(out, x, recv, send, group=group)
+        return out

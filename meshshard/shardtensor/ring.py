@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from meshshard.shardtensor._tracemode import refuse
-
 __all__ = ["DoubleBuffer", "Ring", "bytes_sent", "reset_bytes_sent"]
 
 _SENT = [0]
@@ -111,7 +109,6 @@ class Ring:
 
         Collective over the ring: every rank must call it with matching sizes and ``tag``.
         """
-        refuse("a ring shift (point-to-point send/recv, e.g. ring attention)")
         pending = _Pending()
         if into is None:
             buf = torch.empty(int(recv_numel), dtype=dtype, device=device)

@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from meshshard.shardtensor._attention_block import (
     _acc_dtype,
@@ -43,10 +44,9 @@ from meshshard.shardtensor._attention_block import (
     _fold,
     _merge_,
 )
-from meshshard.shardtensor._tracemode import reduce
 from meshshard.shardtensor.ring import DoubleBuffer, Ring
 
-__all__ = ["AttnPlan", "attention"]
+__all__ = ["AttnPlan", "reduce"]
 
 _TAG_KV, _TAG_ACC = 11, 12
 KV_CHUNK_ROWS = 1024  # key rows per rank per ring pass (bounds the transient buffers)
@@ -88,35 +88,6 @@ class AttnPlan:
 
     def kv_offset(self, owner: int) -> int:
         return int(sum(self.kv_sizes[:owner]))
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttnPlan) -> torch.Tensor:
-    """``softmax(q k^T * scale + mask) v`` for this rank's queries over every rank's keys.
-
-    ``q``: (B, H, Lq, E); ``k``: (B, H / gqa_groups, n, E); ``v``: (B, H / gqa_groups, n, Ev),
-    this rank's pieces. Differentiable (exact gradients for q, k and v; the mask gets none).
-
-    Collective over ``plan.ring`` (forward and backward) in modes ``"ring"`` and ``"merge"``:
-    every rank of the group must call it with plans that agree.
-    """
-    return _Attention.apply(q, k, v, plan)
-
-
-class _Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, plan):
-        with torch.no_grad():
-            out, lse = _forward(q.detach(), k.detach(), v.detach(), plan)
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.plan = plan
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(dout.contiguous(), q, k, v, out, lse, ctx.plan)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
 # ---------------------------------------------------------------------------- block tiles
@@ -356,3 +327,15 @@ def _backward(do, q, k, v, out, lse, plan: AttnPlan):
     if plan.mode == "merge" and plan.ring.size > 1:
         dq = reduce(dq, "sum", plan.ring.group)
     return dq, dk, dv
+
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def reduce(t: torch.Tensor, op: str, group) -> torch.Tensor:
+    """``t`` reduced over ``group`` (``op`` in sum/max/min) as a new tensor. The kernels run
+    inside the ``meshshard::ring_attention`` custom ops, so eagerly even under torch.compile.
+    Collective."""
+    out = t.detach().clone().contiguous()
+    dist.all_reduce(out, op=_OPS[op], group=group)
+    return out

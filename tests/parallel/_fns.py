@@ -73,24 +73,19 @@ def full_grads(m) -> dict:
     return out
 
 
-def data_parallel_run(rank, world_size, mode, shard_dims, steps, extra=None, compile=None,
-                      inplace=False):
-    """2x2 mesh; each data group trains on its own sample with ``mode`` over "data";
-    ``compile="sharded"`` applies compile_sharded (aot_eager) to the model first; ``inplace``
+def data_parallel_run(rank, world_size, mode, shard_dims, steps, extra=None, inplace=False):
+    """2x2 mesh; each data group trains on its own sample with ``mode`` over "data"; ``inplace``
     scales the model's output in place before the loss (FSDP2 drops its pre-backward hook
     when that output is a view)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.parallel import data_parallel
-    from meshshard.shardtensor import compile_sharded
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "domain"))
     d = mesh.get_local_rank("data")
     data = samples()
     c, f, t = shard(mesh, data[d], SIZES[d])
     inner = model()
-    if compile == "sharded":
-        compile_sharded(inner, backend="aot_eager")
     m = data_parallel(inner, mesh, mode=mode, shard_dims=shard_dims, **(extra or {}))
     opt = torch.optim.Adam(m.parameters(), lr=1e-2)
     out = m(c, f)
@@ -117,25 +112,7 @@ def data_parallel_run(rank, world_size, mode, shard_dims, steps, extra=None, com
     report.update(grads=grads, losses=losses, weights=full_params(m),
                   view_warnings=[str(w.message)[:120] for w in caught
                                  if "view tensor" in str(w.message)])  # fmt: skip
-    if compile == "sharded":
-        report["compiled layouts"] = len(inner.forward.entries)
     return report
-
-
-def compiled_runs(rank, world_size, steps):
-    """One spawn for every compile_sharded case: DDP, FSDP2 on the root only, and FSDP2 on the
-    blocks (refused on every rank, reported as the error's text)."""
-    from meshshard.shardtensor import NotTraceableError
-
-    out = {"ddp": data_parallel_run(rank, world_size, "ddp", None, steps, None, "sharded"),
-           "fsdp-root": data_parallel_run(rank, world_size, "fsdp", None, steps,
-                                          {"blocks": []}, "sharded")}  # fmt: skip
-    try:
-        data_parallel_run(rank, world_size, "fsdp", None, 1, None, "sharded")
-        out["fsdp-blocks"] = "no error"
-    except NotTraceableError as exc:
-        out["fsdp-blocks"] = f"NotTraceableError: {exc}"
-    return out
 
 
 def bad_inputs(rank, world_size):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import traceback
-import warnings
 
 import torch
 
@@ -127,16 +126,8 @@ def bad_misc(rank, ws):
     return out
 
 
-def fallback_and_registry(rank, ws):
-    from meshshard.shardtensor import (
-        NoShardingRuleError,
-        Shard,
-        allow_gather_fallback,
-        from_local,
-        list_handlers,
-        register_handler,
-        unregister_handler,
-    )
+def no_rule(rank, ws):
+    from meshshard.shardtensor import NoShardingRuleError, Replicate, Shard, from_local
 
     mesh = _mesh(ws)
     sizes = (3, 5)
@@ -144,54 +135,16 @@ def fallback_and_registry(rank, ws):
     off = sum(sizes[:rank])
     a = from_local(full[off : off + sizes[rank]], mesh, [Shard(0)], sizes)
     out = {}
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        with allow_gather_fallback():
-            r1 = torch.flip(a, dims=(0,))
-            r2 = torch.flip(a, dims=(0,))
-        out["fallback_equal"] = torch.equal(r1.full_tensor(), torch.flip(full, dims=(0,)))
-        out["fallback_sizes"] = r2.sharding_sizes()
-        out["warnings"] = sum("flip" in str(x.message) for x in w)
     try:
         torch.flip(a, dims=(0,))
-        out["no_rule"] = None
+        out["error"] = ("no error", "")
     except NoShardingRuleError as exc:
-        out["no_rule"] = str(exc)
-
-    # a user rule at function level, and refusal to overwrite
-    # (a rule for flips along unsharded dims: purely local)
-    @register_handler(torch.flip)
-    def flip_rule(x, dims):
-        return from_local(torch.flip(x.to_local(), dims), x.device_mesh, x.placements,
-                          x.sharding_sizes(), validate=False)
-
-    try:
-        r = torch.flip(a, dims=(1,))
-        out["user_rule_sizes"] = r.sharding_sizes()
-        out["user_rule_equal"] = torch.equal(r.full_tensor(), torch.flip(full, dims=(1,)))
-        out["overwrite"] = _catch(lambda: register_handler(torch.flip)(flip_rule))
-        register_handler(torch.flip, override=True)(flip_rule)
-        out["listed"] = any("flip" in n for n in list_handlers()["function"])
-    finally:
-        unregister_handler(torch.flip)
-
-    # an aten-level rule, used for any function that is exactly that aten op
-    calls = []
-
-    @register_handler(torch.ops.aten.flip.default)
-    def aten_flip(x, dims):
-        calls.append(dims)
-        return from_local(torch.flip(x.to_local(), dims), x.device_mesh, x.placements,
-                          x.sharding_sizes(), validate=False)
-
-    try:
-        torch.flip(a, dims=(1,))
-        a.flip(1)
-        out["aten_calls"] = len(calls)
-    finally:
-        unregister_handler(torch.ops.aten.flip.default)
+        out["error"] = (type(exc).__name__, str(exc))
+    out["free_dim_equal"] = torch.equal(torch.flip(a, dims=(1,)).full_tensor(),
+                                        torch.flip(full, dims=(1,)))
+    r = torch.flip(a.redistribute([Replicate()]), dims=(0,))
+    out["after_redistribute_equal"] = torch.equal(r.full_tensor(), torch.flip(full, dims=(0,)))
     return out
-
 
 def error_text(rank, ws):
     try:

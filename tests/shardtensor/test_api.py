@@ -51,17 +51,12 @@ def test_bad_layouts_give_clear_errors_on_every_rank():
         assert r["auto_redistribute_sizes"] == ((3, 5), 32.0)
 
 
-def test_gather_fallback_warns_once_and_registry():
-    for r in run_ranks(F.fallback_and_registry, 2, timeout=60):
-        assert r["fallback_equal"] is True
-        assert r["fallback_sizes"] == (3, 5)
-        assert r["warnings"] == 1
-        assert r["no_rule"] and "aten.flip.default" in r["no_rule"]
-        assert r["user_rule_sizes"] == (3, 5)
-        assert r["user_rule_equal"] is True
-        assert "already registered" in r["overwrite"] and "override=True" in r["overwrite"]
-        assert r["listed"] is True
-        assert r["aten_calls"] == 2
+def test_an_op_without_a_rule_names_itself_and_the_way_out():
+    for r in run_ranks(F.no_rule, 2, timeout=60):
+        assert r["error"][0] == "NoShardingRuleError", r
+        assert "flip" in r["error"][1] and "Replicate" in r["error"][1], r
+        assert r["free_dim_equal"] is True  # a flip of a dim that is not sharded is local
+        assert r["after_redistribute_equal"] is True
 
 
 def test_repr_str_format_len():

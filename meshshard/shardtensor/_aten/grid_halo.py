@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from meshshard.shardtensor.handlers.grid.halo import owner_of
+from meshshard.shardtensor._aten.grid_plan import owner_of
 
 _fc = torch.ops._c10d_functional
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from meshshard.shardtensor._aten.layout_args import even_sizes, resolve_layout
 from meshshard.shardtensor._aten.rules import (
     _DIRECT,
     _all_gather_v,
@@ -43,10 +44,7 @@ def from_local(
     ``sharding_shapes`` and the same checks as :func:`meshshard.shardtensor.from_local`:
     ``None`` infers every rank's sizes with one all-gather of shapes; given sizes are checked
     against every rank's actual shape unless ``validate=False``. Collective as that says."""
-    from meshshard.shardtensor.api import ShardTensor as _OldShardTensor
-    from meshshard.shardtensor.api import resolve_layout
-
-    if isinstance(local, (ShardTensor, _OldShardTensor)):
+    if isinstance(local, ShardTensor):
         msg = (f"from_local got a {type(local).__name__}; pass its .to_local() (or use "
                "redistribute() to change a layout)")
         raise TypeError(msg)
@@ -119,8 +117,6 @@ class _PartialReduce(torch.autograd.Function):
 # ------------------------------------------------------------------ redistribute
 def _target(spec: ASpec, placements: tuple | None, want: list) -> tuple[tuple, tuple]:
     """Validated target layout: ``want`` holds, per mesh dim, the requested sizes or None."""
-    from meshshard.shardtensor.spec import even_sizes
-
     mesh = spec.mesh
     if placements is None:
         placements = spec.placements

@@ -16,6 +16,7 @@ import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.collective_check import check_collective, debug_enabled
+from meshshard.errors import NoShardingRuleError
 from meshshard.shardtensor._aten.tensor import (
     SHARDED,
     ASpec,
@@ -103,10 +104,11 @@ def dispatch(func, args: tuple, kwargs: dict) -> Any:
                     fn = _pointwise
                 else:
                     msg = (
-                        f"ShardTensor (spike) has no sharding rule for {func}; register "
-                        "one in meshshard.shardtensor._aten.rules"
+                        f"ShardTensor has no sharding rule for {func}; redistribute the "
+                        "inputs to Replicate() first (x.redistribute([Replicate()])) or add a "
+                        "rule (meshshard/shardtensor/_aten/rules*.py, docs/design/core.md)"
                     )
-                    raise NotImplementedError(msg)
+                    raise NoShardingRuleError(msg)
             _RULES[func] = fn
         if fn in _DIRECT:
             return fn(func, args, kwargs)
@@ -682,8 +684,9 @@ def _addmm(func, args, kwargs) -> Plan:
 def _check_free(x, dims, func):
     for p in x._spec.placements:
         if isinstance(p, SHARDED) and p.dim in dims:
-            msg = f"{func} over the sharded dim {p.dim} needs a global rule (not in the spike)"
-            raise NotImplementedError(msg)
+            msg = (f"{func} over the sharded dim {p.dim} has no sharding rule; redistribute "
+                   "that dim to Replicate() (or shard another dim) first")
+            raise NoShardingRuleError(msg)
 
 
 def _reduced(x, pos: int):

@@ -191,7 +191,7 @@ def _layout(q, k, v, mask, causal, scale, gqa):
     """What both directions need: the mesh, the (Partial-reduced) specs of q, k, v, the mode
     and the local kernel's plan arguments. Checks depend only on global shapes and layouts, so
     every rank raises alike."""
-    from meshshard.shardtensor.handlers.attention import _validate
+    from meshshard.shardtensor._aten.attention_parts import validate as _validate
 
     mesh = next(t._spec.mesh for t in (q, k, v, mask) if isinstance(t, ShardTensor))
     _validate(q, k, v, mask, 0.0, causal, scale, gqa)
@@ -349,7 +349,7 @@ def _unbroadcast(g: torch.Tensor, shape) -> torch.Tensor:
 def mha_function(*args, **kwargs):
     """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``) on ShardTensors: run as
     its parts, so its attention is the ring above (``need_weights=False`` required)."""
-    from meshshard.shardtensor.handlers.mha import mha_decomposed
+    from meshshard.shardtensor._aten.attention_parts import mha_decomposed
 
     return mha_decomposed(*args, **kwargs)
 

@@ -25,6 +25,7 @@ from meshshard.shardtensor._aten.grid_halo import (
     fetch_transpose,
     tie,
 )
+from meshshard.shardtensor._aten.grid_plan import sliding_plan, transpose_plan
 from meshshard.shardtensor._aten.rules import (
     _DIRECT,
     _all_reduce,
@@ -35,8 +36,6 @@ from meshshard.shardtensor._aten.rules import (
     same_layout,
 )
 from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
-from meshshard.shardtensor.handlers.grid._window import sliding_plan
-from meshshard.shardtensor.handlers.grid.conv_transpose import transpose_plan
 
 aten = torch.ops.aten
 _REP = Replicate()

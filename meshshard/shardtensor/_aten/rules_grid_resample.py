@@ -19,6 +19,7 @@ import torch
 from torch.distributed.tensor import Shard
 
 from meshshard.shardtensor._aten.grid_halo import tie
+from meshshard.shardtensor._aten.grid_plan import DimPlan, out_sizes_of, ranges_of
 from meshshard.shardtensor._aten.rules_grid import (
     ShardTensor,
     direct,
@@ -33,7 +34,6 @@ from meshshard.shardtensor._aten.rules_grid import (
     out_spec,
 )
 from meshshard.shardtensor._aten.tensor import make_spec
-from meshshard.shardtensor.handlers.grid._window import DimPlan, out_sizes_of, ranges_of
 
 aten = torch.ops.aten
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from meshshard.shardtensor._aten.grid_halo import tie
+from meshshard.shardtensor._aten.grid_plan import divisors, pad_plan, sliding_plan
 from meshshard.shardtensor._aten.rules_grid import (
     ShardTensor,
     direct,
@@ -39,9 +40,6 @@ from meshshard.shardtensor._aten.rules_grid import (
     window_shape,
 )
 from meshshard.shardtensor._aten.tensor import make_spec
-from meshshard.shardtensor.handlers.grid._window import sliding_plan
-from meshshard.shardtensor.handlers.grid.pad import pad_plan
-from meshshard.shardtensor.handlers.grid.pool import divisors
 
 aten = torch.ops.aten
 
