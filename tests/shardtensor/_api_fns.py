@@ -126,25 +126,43 @@ def bad_misc(rank, ws):
     return out
 
 
-def no_rule(rank, ws):
-    from meshshard.shardtensor import NoShardingRuleError, Replicate, Shard, from_local
+def no_rule(rank, ws, sizes):
+    """Ops without a rule of their own: local where exact (replicated inputs; along a free dim
+    for ops that work along ``dim``), else NoShardingRuleError naming the op."""
+    from meshshard.shardtensor import NoShardingRuleError, Partial, Replicate, Shard, from_local
 
     mesh = _mesh(ws)
-    sizes = (3, 5)
-    full = torch.arange(16.0).reshape(8, 2)
+    g = torch.Generator().manual_seed(3)
+    full = torch.randn(sum(sizes), 4, generator=g, dtype=torch.float64)
     off = sum(sizes[:rank])
     a = from_local(full[off : off + sizes[rank]], mesh, [Shard(0)], sizes)
+    rep = from_local(full, mesh, [Replicate()])
+    part = from_local(full * (rank + 1) / sum(range(1, ws + 1)), mesh, [Partial()])
     out = {}
-    try:
-        torch.flip(a, dims=(0,))
-        out["error"] = ("no error", "")
-    except NoShardingRuleError as exc:
-        out["error"] = (type(exc).__name__, str(exc))
-    out["free_dim_equal"] = torch.equal(torch.flip(a, dims=(1,)).full_tensor(),
-                                        torch.flip(full, dims=(1,)))
-    r = torch.flip(a.redistribute([Replicate()]), dims=(0,))
-    out["after_redistribute_equal"] = torch.equal(r.full_tensor(), torch.flip(full, dims=(0,)))
+    for name, fn in (("sort over the sharded dim", lambda: torch.sort(a, dim=0)),
+                     ("renorm (its dim is not the one it works along)",
+                      lambda: torch.renorm(a, 2, 1, 1.0)),
+                     ("random op on replicated copies", lambda: torch.rand_like(rep))):
+        try:
+            fn()
+            out[name] = ("no error", "")
+        except NoShardingRuleError as exc:
+            out[name] = (type(exc).__name__, str(exc))
+    v, i = torch.sort(a, dim=1, descending=True)
+    rv, ri = torch.sort(full, dim=1, descending=True)
+    out["sort free dim"] = (v.full_tensor(), rv, v.placements == a.placements)
+    out["sort free dim indices"] = (i.full_tensor(), ri, True)
+    out["topk free dim"] = (torch.topk(a, 2, dim=1)[0].full_tensor(), torch.topk(full, 2, 1)[0],
+                            True)
+    out["cummax free dim"] = (torch.cummax(a, 1)[0].full_tensor(), torch.cummax(full, 1)[0], True)
+    out["sort replicated"] = (torch.sort(rep, dim=0)[0].full_tensor(), torch.sort(full, 0)[0],
+                              True)
+    out["sort of a Partial (summed first)"] = (torch.sort(part, dim=0)[0].full_tensor(),
+                                               torch.sort(full, 0)[0], True)
+    r = torch.sort(a.redistribute([Replicate()]), dim=0)[0]
+    out["after redistribute"] = (r.full_tensor(), torch.sort(full, 0)[0], True)
     return out
+
 
 def error_text(rank, ws):
     try:

@@ -96,7 +96,7 @@ def cases(rank, world, sizes):
     xr = X.clone().requires_grad_()
     loss_of(model(xr, F), Y).backward()
     out["hook x.grad"] = (xl.grad, 3 * rows(xr.grad))
-    out["hook saw a ShardTensor"] = (torch.tensor(seen == ["AtenShardTensor"]), torch.tensor(True))
+    out["hook saw a ShardTensor"] = (torch.tensor(seen == ["ShardTensor"]), torch.tensor(True))
 
     # a custom autograd.Function on ShardTensors, with no patch of Function.apply
     class Cube(torch.autograd.Function):

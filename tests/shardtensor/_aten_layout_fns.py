@@ -52,7 +52,19 @@ def layout_cases(rank: int, world: int, sizes: tuple, other: tuple) -> dict:
     loss = (x.detach() ** 2).sum()  # a Partial scalar: formatting reduces it (collective)
     out["format of a Partial scalar"] = (torch.tensor(float(f"{loss:.17e}")),
                                          torch.tensor(float(f"{(X ** 2).sum():.17e}")))
-    out["Partial max"] = _error_of(lambda: from_local(X, mesh, [Partial("max")]))
+    # Partial avg/max/min pieces: reduced at once (values and each piece's gradient share)
+    pieces = [_full(n, 10 + r).round() for r in range(world)]  # rounded: ties across ranks
+    stack = torch.stack(pieces)
+    for op, ref in (("avg", lambda s: s.mean(0)), ("max", lambda s: s.amax(0)),
+                    ("min", lambda s: s.amin(0))):
+        leaf = pieces[rank].clone().requires_grad_()
+        y = from_local(leaf, mesh, [Partial(op)])
+        (y.full_tensor() * W).sum().backward()
+        st = stack.clone().requires_grad_()
+        (ref(st) * W).sum().backward()
+        out[f"Partial {op} value"] = (y.full_tensor().detach(), ref(stack))
+        out[f"Partial {op} gradient"] = (leaf.grad, st.grad[rank])
+    out["Partial prod"] = _error_of(lambda: from_local(X, mesh, [Partial("prod")]))
     out["a ShardTensor given"] = _error_of(lambda: from_local(x, mesh, [Shard(0)]))
     out["bad target sizes"] = _error_of(lambda: redistribute(x, [Shard(0)], [n + 1] + [0] * (
         world - 1)))

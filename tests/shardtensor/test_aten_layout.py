@@ -19,7 +19,7 @@ LAYOUTS = {2: [((3, 5), (6, 2)), ((0, 8), (8, 0))], 3: [((7, 0, 13), (1, 10, 9))
 def _check(rep: dict, where: str) -> None:
     for key, v in rep.items():
         if isinstance(v, str):
-            if key in ("declared sizes that disagree", "Partial max", "bad target sizes",
+            if key in ("declared sizes that disagree", "Partial prod", "bad target sizes",
                        "a ShardTensor given"):
                 assert v, f"{where} {key}: no error raised"
                 continue
@@ -58,7 +58,7 @@ def test_redistribute_values_and_gradients_equal_one_process(world):
             _check(rep, f"rank {rank} {sizes}")
             # the refusals name the problem
             assert "disagree" in rep["declared sizes that disagree"]
-            assert "Partial('max')" in rep["Partial max"]
+            assert "Partial('prod')" in rep["Partial prod"]
             assert "summing to" in rep["bad target sizes"]
             assert "to_local()" in rep["a ShardTensor given"]
 

@@ -8,6 +8,7 @@ swap); measured against it by ``benchmarks/spike_core.py`` and ``benchmarks/benc
 from meshshard.shardtensor._aten import (  # noqa: F401  (each registers its rules)
     rules_attention,
     rules_fused,
+    rules_generic,
     rules_graph,
     rules_grid,
     rules_grid_circular,

@@ -56,6 +56,7 @@ class Plan(NamedTuple):
 
 
 _PLANS: dict = {}
+_FALLBACK: list = [None]
 
 
 def _key_of(a: Any) -> Any:
@@ -102,6 +103,8 @@ def dispatch(func, args: tuple, kwargs: dict) -> Any:
             if fn is None:
                 if torch.Tag.pointwise in func.tags:
                     fn = _pointwise
+                elif _FALLBACK[0] is not None:
+                    fn = _FALLBACK[0]  # rules_generic: local where exact, else a clear error
                 else:
                     msg = (
                         f"ShardTensor has no sharding rule for {func}; redistribute the "
