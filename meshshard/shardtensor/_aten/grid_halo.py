@@ -1,9 +1,9 @@
 """Halo exchange for the aten-level grid rules (issue 22, porting step 4).
 
 A grid rule reduces, per sharded spatial dim, to "rank r needs global rows ``needs[r]`` (in this
-order, ``-1`` = a fill value)". Those plans are today's pure plan functions
-(``handlers/grid/_window.sliding_plan``, ``conv_transpose.transpose_plan``, ``pad.pad_plan``):
-every rank computes every rank's needs from the layout alone. This module turns one such plan
+order, ``-1`` = a fill value)". Those plans are the pure functions of :mod:`.grid_plan`
+(``sliding_plan``, ``transpose_plan``, ``pad_plan``): every rank computes every rank's needs
+from the layout alone. This module turns one such plan
 into this rank's exchange and runs it on local pieces:
 
 - :func:`fetch` -- the window: local rows, rows received from their owners (one uneven

@@ -2,9 +2,9 @@
 
 Inputs are ``(N, C, *spatial)`` tensors sharded along spatial dims (any of them, on a 1-D or
 N-D mesh, uneven and empty slabs) and optionally the batch dim; weights are Replicate (plain
-model weights arrive lifted). Each rule takes today's pure plan functions
-(``handlers/grid/_window.sliding_plan`` and friends: who owns which output, which input rows
-each rank's outputs read), fetches the window with :mod:`.grid_halo` (only rows that cross a
+model weights arrive lifted). Each rule takes the pure plan functions of :mod:`.grid_plan`
+(``sliding_plan`` and friends: who owns which output, which input rows each rank's outputs
+read), fetches the window with :mod:`.grid_halo` (only rows that cross a
 cut move) and runs the ordinary aten kernel on it with no padding along the sharded dims. The
 backward rules recompute the window when the weight gradient needs the input (one more
 exchange), run the aten backward kernel on it and send the window's gradient back to its
