@@ -32,8 +32,8 @@ def test_error_on_every_rank(reports, case):
     kind, fragment = EXPECT[case]
     for rank, rep in enumerate(reports):
         assert rep[case] is not None, f"rank {rank}: {case} did not raise"
-        got_kind, msg = rep[case]
-        assert got_kind == kind, f"rank {rank}: {got_kind}: {msg}"
+        kinds, msg = rep[case]
+        assert kind in kinds, f"rank {rank}: {kinds[0]}: {msg}"
         assert fragment in msg, f"rank {rank}: {msg}"
 
 
