@@ -69,10 +69,9 @@ class _PeakRss:
 
 def bench(rank, world_size, size, steps, plain):
     """One rank: ``steps`` timed fwd+bwd steps after one warm-up step."""
-    from meshshard.shardtensor.handlers.grid import count_halo_bytes
-
     from meshshard.models import UNet3d
     from meshshard.shardtensor import even_sizes
+    from meshshard.shardtensor.grid import count_halo_bytes
 
     torch.manual_seed(0)
     model = UNet3d(**MODEL)

@@ -31,6 +31,33 @@ def other_item(loss) -> float:
     return loss.item()
 
 
+def _grid(rank: int, world_size: int, core: bool = False):
+    """A (1, 1, H, 2) grid sharded along H (uneven, one empty slab when there are 3+ ranks),
+    the leaf of this rank's piece, and the whole grid."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.shardtensor import Shard, from_local
+
+    if core:
+        from meshshard.shardtensor._aten import from_local
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    sizes = [2, 0, *range(3, world_size + 1)] if world_size > 2 else [2, 3][:world_size]
+    full = torch.arange(sum(sizes) * 2, dtype=torch.float32).reshape(1, 1, -1, 2)
+    off = sum(sizes[:rank])
+    leaf = full[:, :, off : off + sizes[rank]].clone().requires_grad_()
+    return from_local(leaf, mesh, [Shard(2)], sharding_shapes=sizes), leaf, full, off
+
+
+def halo_conv(grid):
+    import torch
+    import torch.nn.functional as F
+
+    w = torch.arange(9.0).reshape(1, 1, 3, 3) / 9  # rows cross the cuts: the grid halo
+    return F.conv2d(grid, w, padding=1)
+
+
 def _caught(call):
     from meshshard.distributed import CollectiveMismatchError
 
@@ -63,6 +90,22 @@ def debug_cases(rank: int, world_size: int, core: bool = False) -> dict:
             other_item(loss)
 
     out["same_op_other_line"] = _caught(same_op_other_line)
+    grid, leaf, full, off = _grid(rank, world_size, core)
+
+    def halo_vs_gather():  # rank 0 convolves (the grid halo's all-to-all); the others gather
+        if rank == 0:
+            halo_conv(grid)
+        everyone_gathers(x)
+
+    out["halo_vs_gather"] = _caught(halo_vs_gather)
+    # matching halo exchanges (forward and the gradients back) pass and stay exact
+    y = halo_conv(grid)
+    y.full_tensor().sum().backward()
+    ref = full.clone().requires_grad_()
+    want = halo_conv(ref)
+    want.sum().backward()
+    out["halo_matching"] = (y.full_tensor().detach(), want.detach(), leaf.grad,
+                            ref.grad[:, :, off : off + leaf.shape[2]])
     # matching calls still work, with the right values, after the mismatches
     out["full"] = everyone_gathers(x).tolist()
     out["loss"] = only_rank0_item(loss)

@@ -40,6 +40,22 @@ def test_same_collective_from_another_line_is_a_mismatch(debug_run):
         assert "in other_item" in calls[1] and "in other_item" in calls[2]
 
 
+def test_grid_halo_all_to_all_is_checked(debug_run):
+    import torch
+
+    for rank, out in enumerate(debug_run):
+        seen = out["halo_vs_gather"]
+        assert seen is not None, f"rank {rank} saw no mismatch"
+        assert seen["differing"] == [0]
+        msg = seen["message"]
+        assert "rank(s) [0]: all_to_all_single(grid halo) float32[*, 1, 1, 2] at " in msg
+        assert "in halo_conv" in msg
+        assert "rank(s) [1, 2]: all_gather(uneven rows)" in msg and "in everyone_gathers" in msg
+        got, want, grad, want_grad = out["halo_matching"]
+        torch.testing.assert_close(got, want)  # float32, default tolerances
+        torch.testing.assert_close(grad, want_grad)
+
+
 def test_matching_calls_pass_and_stay_exact_after_a_mismatch(debug_run):
     import torch
 

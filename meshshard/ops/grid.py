@@ -20,10 +20,9 @@ import numpy as np
 import torch
 from torch.distributed.tensor import Shard
 
-from meshshard.shardtensor import ShardTensor
-from meshshard.shardtensor import collectives as C
-
-ShardSpec = None  # design A is gone; branch swap-grid ports this module to the new class
+from meshshard.ops._comm import all_to_all, exchange_counts
+from meshshard.ops.gridsample import _GradSum
+from meshshard.shardtensor import ShardTensor, from_local
 
 __all__ = ["grid_gather", "grid_scatter"]
 
@@ -112,31 +111,20 @@ def _route(u, shape, sizes, axis):
     return pid[order], order, counts
 
 
-def _exchange_counts(send_counts, group, device):
-    t = torch.as_tensor(send_counts, dtype=torch.int64, device=device)
-    out = torch.empty_like(t)
-    import torch.distributed as dist
-
-    if t.numel() > 1:
-        dist.all_to_all_single(out, t, group=group)
-    else:
-        out.copy_(t)
-    return out.tolist()
-
-
 def _check(points, grid_dims, mesh, op):
     if not isinstance(points, ShardTensor):
         msg = f"{op}: points must be a ShardTensor sharded along dim 0"
         raise TypeError(msg)
-    ps = points._spec
-    if ps.mesh.ndim != 1 or ps.placements[0] != Shard(0):
-        msg = f"{op}: points must be Shard(0) on a 1-D mesh, got {ps.describe()}"
+    pmesh = points.device_mesh
+    if pmesh.ndim != 1 or tuple(points.placements) != (Shard(0),):
+        msg = (f"{op}: points must be Shard(0) on a 1-D mesh, got placements "
+               f"{tuple(points.placements)} on a {pmesh.ndim}-d mesh")
         raise ValueError(msg)
-    if mesh is not None and mesh is not ps.mesh and mesh != ps.mesh:
+    if mesh is not None and mesh is not pmesh and mesh != pmesh:
         msg = f"{op}: the grid and the points live on different DeviceMeshes"
         raise ValueError(msg)
-    if ps.shape[-1] != grid_dims:
-        msg = f"{op}: points have {ps.shape[-1]} coordinates but the grid {grid_dims} dims"
+    if points.shape[-1] != grid_dims:
+        msg = f"{op}: points have {points.shape[-1]} coordinates but the grid {grid_dims} dims"
         raise ValueError(msg)
 
 
@@ -148,33 +136,39 @@ def grid_gather(
     ``grid`` is sharded along one spatial dim (or replicated); the result is sharded like
     ``points``. Collective: every rank of the mesh must call this.
     """
-    gspec = grid._spec
-    shape = list(gspec.shape[1:])
-    _check(points, len(shape), gspec.mesh, "grid_gather")
-    mesh = gspec.mesh
+    if not isinstance(grid, ShardTensor):
+        msg = "grid_gather: the grid must be a ShardTensor (split along one spatial dim or "\
+              "replicated)"
+        raise TypeError(msg)
+    shape = list(grid.shape[1:])
+    mesh = grid.device_mesh
+    _check(points, len(shape), mesh, "grid_gather")
     group = mesh.get_group(0)
     me = mesh.get_local_rank(0)
-    split = [p.dim for p in gspec.placements if isinstance(p, Shard)]
-    if len(split) > 1 or (split and split[0] == 0):
-        msg = (f"grid_gather: the grid (C, *S) must be split along one spatial dim, got "
-               f"{gspec.describe()}")
+    placements = tuple(grid.placements)
+    split = [p.dim for p in placements if isinstance(p, Shard)]
+    if len(split) > 1 or (split and split[0] == 0) or len(split) != sum(
+            not p.is_replicate() for p in placements):
+        msg = (f"grid_gather: the grid (C, *S) must be split along one spatial dim or "
+               f"replicated, got placements {placements}")
         raise ValueError(msg)
-    axis = split[0] - 1 if split else 0
-    sd = gspec.mesh_dim_of(axis + 1)
-    u = _index_coords(points._local, shape, origin, spacing)
-    if sd is None:  # replicated grid: purely local
-        out = _local_gather(C.grad_all_reduce(grid._local, [group]), u, shape, 0, 0)
+    u = _index_coords(points.to_local(), shape, origin, spacing)
+    gl = grid.to_local()
+    if not split:  # replicated grid: purely local reads; the gradient is summed over ranks
+        if gl.requires_grad:
+            gl = _GradSum.apply(gl, group)
+        out = _local_gather(gl, u, shape, 0, 0)
     else:
-        sizes = gspec.sizes[0]
+        axis = split[0] - 1
+        sizes = grid.sharding_sizes(0)
         pid, _, send_counts = _route(u, shape, sizes, axis)
-        recv_counts = _exchange_counts(send_counts, group, u.device)
-        ru = C.all_to_all_v(u.index_select(0, pid), send_counts, recv_counts, group)
-        part = _local_gather(grid._local, ru, shape, int(sum(sizes[:me])), axis)
-        back = C.all_to_all_v(part, recv_counts, send_counts, group)
-        out = u.new_zeros((u.shape[0], grid._local.shape[0])).index_add(0, pid, back)
-    spec = ShardSpec(mesh, points._spec.placements, points._spec.sizes,
-                     torch.Size([points._spec.shape[0], gspec.shape[0]]))
-    return ShardTensor(out, spec)
+        recv_counts = exchange_counts(send_counts, group, u.device)
+        ru = all_to_all(u.index_select(0, pid), send_counts, recv_counts, group)
+        part = _local_gather(gl, ru, shape, int(sum(sizes[:me])), axis)
+        back = all_to_all(part, recv_counts, send_counts, group)
+        out = u.new_zeros((u.shape[0], gl.shape[0])).index_add(0, pid, back)
+    sizes = list(points.sharding_sizes(0))
+    return from_local(out, mesh, [Shard(0)], sharding_shapes={0: sizes}, validate=False)
 
 
 def grid_scatter(
@@ -195,8 +189,10 @@ def grid_scatter(
     """
     shape = [int(s) for s in shape]
     _check(points, len(shape), None, "grid_scatter")
-    mesh = points._spec.mesh
-    if not isinstance(values, ShardTensor) or values._spec.sizes != points._spec.sizes:
+    mesh = points.device_mesh
+    if (not isinstance(values, ShardTensor) or tuple(values.placements) != (Shard(0),)
+            or values.device_mesh != mesh
+            or values.sharding_sizes(0) != points.sharding_sizes(0)):
         msg = "grid_scatter: values must be a ShardTensor sharded exactly like points"
         raise ValueError(msg)
     sizes = tuple(int(s) for s in sizes)
@@ -209,15 +205,14 @@ def grid_scatter(
         raise ValueError(msg)
     group = mesh.get_group(0)
     me = mesh.get_local_rank(0)
-    u = _index_coords(points._local, shape, origin, spacing)
-    vals = values._local
+    u = _index_coords(points.to_local(), shape, origin, spacing)
+    vals = values.to_local()
     pid, _, send_counts = _route(u, shape, sizes, axis)
-    recv_counts = _exchange_counts(send_counts, group, u.device)
+    recv_counts = exchange_counts(send_counts, group, u.device)
     payload = torch.cat([u.index_select(0, pid), vals.index_select(0, pid).to(u.dtype)], 1)
-    recv = C.all_to_all_v(payload, send_counts, recv_counts, group)
+    recv = all_to_all(payload, send_counts, recv_counts, group)
     k = len(shape)
     out = _local_scatter(recv[:, k:].to(vals.dtype), recv[:, :k], shape, int(sum(sizes[:me])),
                          sizes[me], axis)
-    c = vals.shape[1]
-    spec = ShardSpec(mesh, (Shard(axis + 1),), (sizes,), torch.Size([c, *shape]))
-    return ShardTensor(out, spec)
+    return from_local(out, mesh, [Shard(axis + 1)], sharding_shapes={0: list(sizes)},
+                      validate=False)

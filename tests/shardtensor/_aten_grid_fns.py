@@ -10,6 +10,8 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from meshshard.errors import LayoutError
+
 _G = torch.Generator
 
 
@@ -262,6 +264,6 @@ def error_cases(rank, world):
         try:
             fn(x)
             out[name] = "no error"
-        except NotImplementedError as e:
+        except (NotImplementedError, LayoutError) as e:
             out[name] = str(e)
     return out

@@ -11,7 +11,7 @@ def bad_inputs(rank, world_size, sizes):
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     from meshshard.shardtensor import Replicate, Shard, from_local
-    from meshshard.shardtensor.handlers.grid import halo_limit
+    from meshshard.shardtensor.grid import count_halo_bytes, halo_limit
 
     mesh = init_device_mesh("cpu", (world_size,))
     other = DeviceMesh("cpu", torch.arange(world_size).flip(0))
@@ -32,10 +32,14 @@ def bad_inputs(rank, world_size, sizes):
         "conv_channel_sharded": lambda: F.conv2d(xc, torch.randn(3, world_size, 3, 3)),
         "mismatched_meshes": lambda: F.conv2d(x, w_other, padding=2),
         "reflect_pad_too_large": lambda: F.pad(x, (0, 0, n, n), mode="reflect"),
+        "circular_pad_wraps_twice": lambda: F.pad(x, (0, 0, n + 1, 0), mode="circular"),
+        "negative_pad_too_large": lambda: F.pad(x, (0, 0, -n, -1)),
         "adaptive_not_dividing": lambda: F.adaptive_avg_pool2d(x, (n - 1, 3)),
-        "max_pool_indices": lambda: F.max_pool2d(x, 2, return_indices=True),
         "interpolate_bicubic": lambda: F.interpolate(x, scale_factor=2, mode="bicubic"),
         "kernel_larger_than_grid": lambda: F.conv2d(x, torch.randn(3, 2, n + 1, 3)),
+        "conv_channels_mismatch": lambda: F.conv2d(x, torch.randn(3, 3, 3, 3)),
+        "pool_larger_than_grid": lambda: F.max_pool2d(x, (n + 1, 1)),
+        "pool_pad_too_large": lambda: F.avg_pool2d(x, 3, padding=2),
     }
     out = {}
     for name, fn in cases.items():
@@ -43,7 +47,8 @@ def bad_inputs(rank, world_size, sizes):
             fn()
             out[name] = None
         except Exception as exc:  # the test checks the type and message
-            out[name] = (type(exc).__name__, str(exc))
+            # every class it is (NoShardingRuleError is also a NotImplementedError)
+            out[name] = ([c.__name__ for c in type(exc).__mro__], str(exc))
         # every rank is still in step: a collective after each case completes
         t = torch.ones(1)
         dist.all_reduce(t)
@@ -52,9 +57,11 @@ def bad_inputs(rank, world_size, sizes):
     ref = F.conv2d(full, wt, padding=2)
     got = F.conv2d(x, wt, padding=2).full_tensor()
     out["no_limit_exact"] = bool(torch.allclose(got, ref, atol=1e-5))
+    # max pooling's indices (an error in design A) are one process's: flat over the global grid
+    got, idx = F.max_pool2d(x, 2, return_indices=True)
+    want, want_idx = F.max_pool2d(full, 2, return_indices=True)
+    out["max_pool_indices"] = (got.full_tensor(), want, idx.full_tensor(), want_idx)
     # halo traffic of a 3x3 conv: exactly the boundary rows that cross a cut, both directions
-    from meshshard.shardtensor.handlers.grid import count_halo_bytes
-
     xg = from_local(full[:, :, off : off + sizes[rank]].clone().requires_grad_(), mesh,
                     [Shard(2)], sizes)
     with count_halo_bytes() as stats:

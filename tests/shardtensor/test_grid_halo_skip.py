@@ -12,7 +12,7 @@ def _count(rank, world_size, sizes):
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.shardtensor import Shard, from_local
-    from meshshard.shardtensor.handlers.grid import count_halo_bytes
+    from meshshard.shardtensor.grid import count_halo_bytes
 
     mesh = init_device_mesh("cpu", (world_size,))
     full = torch.randn(1, 2, sum(sizes), 4, 4, generator=torch.Generator().manual_seed(0))

@@ -1,9 +1,9 @@
 """Halo exchange for the aten-level grid rules (issue 22, porting step 4).
 
 A grid rule reduces, per sharded spatial dim, to "rank r needs global rows ``needs[r]`` (in this
-order, ``-1`` = a fill value)". Those plans are today's pure plan functions
-(``handlers/grid/_window.sliding_plan``, ``conv_transpose.transpose_plan``, ``pad.pad_plan``):
-every rank computes every rank's needs from the layout alone. This module turns one such plan
+order, ``-1`` = a fill value)". Those plans are the pure functions of :mod:`.grid_plan`
+(``sliding_plan``, ``transpose_plan``, ``pad_plan``): every rank computes every rank's needs
+from the layout alone. This module turns one such plan
 into this rank's exchange and runs it on local pieces:
 
 - :func:`fetch` -- the window: local rows, rows received from their owners (one uneven
@@ -13,6 +13,10 @@ into this rank's exchange and runs it on local pieces:
   every rank, from the plan).
 - :func:`fetch_transpose` -- its adjoint for the backward rules: gradients of received rows
   go back to their owners (the reverse all-to-all) and are summed into the local rows.
+- :func:`check_hops` -- :func:`meshshard.shardtensor.grid.halo_limit`'s check of a plan.
+
+Every all-to-all makes the collective check (``MESHSHARD_DEBUG_COLLECTIVES``) and, eagerly,
+adds its bytes to :func:`meshshard.shardtensor.grid.count_halo_bytes`' counter.
 
 Both are made of ``narrow``/``flip``/``cat``/``slice_scatter`` with Python-int bounds and a
 functional collective, so they run eagerly and trace under ``torch.compile`` as graph nodes.
@@ -23,12 +27,16 @@ per layout), which is what a halo plan -- who owns which row -- is.
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+import meshshard.shardtensor.grid as _controls
 from meshshard.shardtensor._aten.grid_plan import owner_of
+from meshshard.shardtensor._aten.rules import _coord, check
+from meshshard.shardtensor.grid import HaloError
 
 _fc = torch.ops._c10d_functional
 
@@ -120,20 +128,61 @@ def _rows(t: torch.Tensor, dim: int, a: int, n: int, step: int) -> torch.Tensor:
     return t.narrow(dim, a - n + 1, n).flip(dim)
 
 
-def _all_to_all(t: torch.Tensor, dim: int, out_counts, in_counts, group: str) -> torch.Tensor:
+@functools.lru_cache(maxsize=4096)
+def check_hops(sizes: tuple, needs: tuple, periodic: bool, max_hops: int) -> None:
+    """Raise :class:`HaloError` (alike on every rank: the plan is) when some rank's ``needs``
+    reach rows owned ``max_hops`` mesh coordinates away or further (ring distance when
+    ``periodic``)."""
+    n = len(sizes)
+    for r in range(n):
+        nr = np.asarray(needs[r], dtype=np.int64)
+        nr = nr[nr >= 0]
+        if nr.size == 0:
+            continue
+        q = owner_of(nr, sizes)
+        dist = np.abs(q - r)
+        if periodic:
+            dist = np.minimum(dist, n - dist)
+        if int(dist.max()) > max_hops:
+            far = int(q[np.argmax(dist)])
+            msg = (
+                f"halo too large for halo_limit(max_hops={max_hops}): rank {r} (rows "
+                f"{list(sizes)}) needs rows owned by rank {far}, {int(dist.max())} ranks "
+                "away; its neighbours are thinner than the halo. Rebalance the split "
+                "(redistribute(sizes=...)) or raise max_hops"
+            )
+            raise HaloError(msg)
+
+
+def _all_to_all(t: torch.Tensor, dim: int, out_counts, in_counts, mesh, mesh_dim: int,
+                detail: str, phase: str | None) -> torch.Tensor:
     x = t.movedim(dim, 0).contiguous()
-    y = _fc.wait_tensor(_fc.all_to_all_single(x, list(out_counts), list(in_counts), group))
+    check("all_to_all_single", mesh, mesh_dim, x, detail, varying_dim=0)
+    stats = _controls.stats()
+    if stats is not None and phase is not None and type(x) is torch.Tensor:
+        nbytes = sum(in_counts) * x.element_size() * math.prod(x.shape[1:])
+        if phase == "forward":
+            stats.forward += nbytes
+            stats.calls += 1
+        else:
+            stats.backward += nbytes
+    name = _coord(mesh)[2][mesh_dim]
+    y = _fc.wait_tensor(_fc.all_to_all_single(x, list(out_counts), list(in_counts), name))
     return y.movedim(0, dim)
 
 
-def fetch(x: torch.Tensor, ex: Exchange, group: str, fill: float = 0.0) -> torch.Tensor:
-    """The window of ``ex`` from this rank's rows ``x`` (collective when ``ex.moves``)."""
+def fetch(x: torch.Tensor, ex: Exchange, mesh, fill: float = 0.0, *,
+          detail: str = "grid halo", phase: str | None = "forward") -> torch.Tensor:
+    """The window of ``ex`` from this rank's rows ``x`` (collective over mesh dim
+    ``ex.mesh_dim`` of ``mesh`` when ``ex.moves``). ``phase`` ("forward", "backward" or None:
+    not a halo) says where :func:`meshshard.shardtensor.grid.count_halo_bytes` counts it."""
     d = ex.dim
     recv = None
     if ex.moves:
         parts = [_rows(x, d, a, n, st) for _, a, n, st in ex.send]
         send = torch.cat(parts, d) if parts else x.narrow(d, 0, 0)
-        recv = _all_to_all(send, d, ex.recv_counts, ex.send_counts, group)
+        recv = _all_to_all(send, d, ex.recv_counts, ex.send_counts, mesh, ex.mesh_dim, detail,
+                           phase)
     pieces = []
     for kind, a, n, st in ex.window:
         if kind == "L":
@@ -177,9 +226,9 @@ def _add_rows(acc: torch.Tensor | None, shape: list, dim: int, a: int, n: int, s
     return acc.slice_scatter(acc.narrow(dim, a, n) + g, dim, a, a + n)
 
 
-def fetch_transpose(g: torch.Tensor, ex: Exchange, local_shape, group: str) -> torch.Tensor:
+def fetch_transpose(g: torch.Tensor, ex: Exchange, local_shape, mesh) -> torch.Tensor:
     """Adjoint of :func:`fetch`: the gradient of this rank's rows from the window's gradient
-    ``g`` (collective when ``ex.moves``; fill rows get no gradient)."""
+    ``g`` (collective when ``ex.moves``; fill rows get no gradient; counted as backward)."""
     d = ex.dim
     shape = list(local_shape)
     acc = None
@@ -198,7 +247,8 @@ def fetch_transpose(g: torch.Tensor, ex: Exchange, local_shape, group: str) -> t
         gshape = list(g.shape)
         gshape[d] = 0
         back = torch.cat([p for _, p in remote], d) if remote else g.new_zeros(gshape)
-        sent = _all_to_all(back, d, ex.send_counts, ex.recv_counts, group)
+        sent = _all_to_all(back, d, ex.send_counts, ex.recv_counts, mesh, ex.mesh_dim,
+                           "grid halo gradients", "backward")
         pos = 0
         for _, a, n, st in ex.send:
             acc = _add_rows(acc, shape, d, a, n, st, sent.narrow(d, pos, n))

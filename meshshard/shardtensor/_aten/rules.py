@@ -185,7 +185,7 @@ def respec_local(loc: torch.Tensor, src, dst) -> torch.Tensor:
         for i, p in enumerate(src.placements):
             if isinstance(p, Shard) and src.sizes[i] != dst.sizes[i]:
                 ex = reshard_plan(p.dim, i, tuple(src.sizes[i]), tuple(dst.sizes[i]), c[1][i])
-                loc = fetch(loc, ex, c[2][i])
+                loc = fetch(loc, ex, src.mesh, detail="rows that change owner", phase=None)
         return loc
     return from_replicate_local(to_replicate_local(loc, src), dst)
 

@@ -2,9 +2,9 @@
 
 Inputs are ``(N, C, *spatial)`` tensors sharded along spatial dims (any of them, on a 1-D or
 N-D mesh, uneven and empty slabs) and optionally the batch dim; weights are Replicate (plain
-model weights arrive lifted). Each rule takes today's pure plan functions
-(``handlers/grid/_window.sliding_plan`` and friends: who owns which output, which input rows
-each rank's outputs read), fetches the window with :mod:`.grid_halo` (only rows that cross a
+model weights arrive lifted). Each rule takes the pure plan functions of :mod:`.grid_plan`
+(``sliding_plan`` and friends: who owns which output, which input rows each rank's outputs
+read), fetches the window with :mod:`.grid_halo` (only rows that cross a
 cut move) and runs the ordinary aten kernel on it with no padding along the sharded dims. The
 backward rules recompute the window when the weight gradient needs the input (one more
 exchange), run the aten backward kernel on it and send the window's gradient back to its
@@ -19,7 +19,10 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from meshshard.errors import LayoutError
+from meshshard.shardtensor._aten.grid_checks import check_conv, check_mesh
 from meshshard.shardtensor._aten.grid_halo import (
+    check_hops,
     exchange_plan,
     fetch,
     fetch_transpose,
@@ -36,6 +39,7 @@ from meshshard.shardtensor._aten.rules import (
     same_layout,
 )
 from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
+from meshshard.shardtensor.grid import max_hops
 
 aten = torch.ops.aten
 _REP = Replicate()
@@ -75,8 +79,9 @@ def grid_input(x, nsp: int, op) -> tuple:
         elif isinstance(p, Shard):
             if first - 1 <= p.dim < first:
                 msg = (f"{op}: the input is sharded along its channel dim {p.dim}; grid rules "
-                       "shard spatial dims (and the batch dim). Redistribute the channels")
-                raise NotImplementedError(msg)
+                       "shard spatial dims (and the batch dim). Redistribute the channels to "
+                       "Replicate and shard a spatial dim instead")
+                raise LayoutError(msg)
             if p.dim >= first:
                 sharded[p.dim] = i
         elif not isinstance(p, Replicate):
@@ -106,25 +111,31 @@ def me_of(spec, mesh_dim: int) -> int:
 
 
 def exchanges(spec, plans) -> list:
-    """This rank's exchange for each plan (a ``DimPlan``: dim, mesh_dim, out_sizes, needs)."""
-    return [exchange_plan(p.dim, p.mesh_dim, ints(spec.sizes[p.mesh_dim]), p.needs,
-                          me_of(spec, p.mesh_dim)) for p in plans]
+    """This rank's exchange for each plan (a ``DimPlan``: dim, mesh_dim, out_sizes, needs),
+    after :func:`meshshard.shardtensor.grid.halo_limit`'s check when a limit is set."""
+    hops = max_hops()
+    out = []
+    for p in plans:
+        sizes = ints(spec.sizes[p.mesh_dim])
+        if hops is not None:
+            check_hops(sizes, p.needs, p.periodic, hops)
+        out.append(exchange_plan(p.dim, p.mesh_dim, sizes, p.needs, me_of(spec, p.mesh_dim)))
+    return out
 
 
-def gather(local, spec, exs, fill: float = 0.0):
-    """Apply every exchange in turn (corners of 2-D splits arrive with the second one)."""
-    names = _coord(spec.mesh)[2]
+def gather(local, spec, exs, fill: float = 0.0, phase: str = "forward"):
+    """Apply every exchange in turn (corners of 2-D splits arrive with the second one).
+    ``phase``: "backward" when a backward rule re-fetches its input (for the halo count)."""
     for ex in exs:
-        local = fetch(local, ex, names[ex.mesh_dim], fill)
+        local = fetch(local, ex, spec.mesh, fill, phase=phase)
     return local
 
 
 def gather_transpose(g, spec, exs):
-    names = _coord(spec.mesh)[2]
     for ex in reversed(exs):
         shape = list(g.shape)
         shape[ex.dim] = ex.n_local
-        g = fetch_transpose(g, ex, shape, names[ex.mesh_dim])
+        g = fetch_transpose(g, ex, shape, spec.mesh)
     return g
 
 
@@ -188,7 +199,7 @@ def empty_window(shape, sharded) -> bool:
 
 
 # ------------------------------------------------------------------ convolution
-def _conv_setup(x, w, stride, padding, dilation, transposed, opad, op):
+def _conv_setup(x, w, stride, padding, dilation, transposed, opad, groups, op):
     local, spec, sharded = grid_input(x, w.ndim - 2, op)
     nsp = w.ndim - 2
     first = x.ndim - nsp
@@ -204,6 +215,7 @@ def _conv_setup(x, w, stride, padding, dilation, transposed, opad, op):
             gout.append((n[a] - 1) * s[a] - 2 * p[a] + dl[a] * (k[a] - 1) + op_[a] + 1)
         else:
             gout.append((n[a] + 2 * p[a] - dl[a] * (k[a] - 1) - 1) // s[a] + 1)
+    check_conv(x.shape, w.shape, p, dl, transposed, int(groups), gout)
     for d in sorted(sharded):
         a, i = d - first, sharded[d]
         if transposed:
@@ -228,7 +240,8 @@ def _convolution(func, args, kwargs):
     x, w, b, stride, padding, dilation, transposed, opad, groups = args
     name = "convolution_transpose" if transposed else "convolution"
     (local, spec, sharded, first, k, s, p, dl, op_, c_out, plans, starts,
-     gout) = _conv_setup(x, w, stride, padding, dilation, transposed, opad, name)
+     gout) = _conv_setup(x, w, stride, padding, dilation, transposed, opad, groups, name)
+    check_mesh(name, spec.mesh, w, b)
     wl, bl = rep_local(w, name), rep_local(b, name)
     so = _conv_out_spec(spec, x, c_out, gout, plans, groups, transposed, w)
     exs = exchanges(spec, plans)
@@ -270,13 +283,14 @@ def _convolution_backward(func, args, kwargs):
      mask) = args
     name = "convolution_backward"
     (local, spec, sharded, first, k, s, p, dl, op_, c_out, plans, starts,
-     gout) = _conv_setup(x, w, stride, padding, dilation, transposed, opad, name)
+     gout) = _conv_setup(x, w, stride, padding, dilation, transposed, opad, groups, name)
+    check_mesh(name, spec.mesh, g, w)
     wl = rep_local(w, name)
     so = _conv_out_spec(spec, x, c_out, gout, plans, groups, transposed, w)
     gl = grad_local(g, so)
     exs = exchanges(spec, plans)
     if mask[1]:
-        win = gather(local, spec, exs)
+        win = gather(local, spec, exs, phase="backward")
     else:  # the input gradient reads only the input's shape
         win = local.new_zeros(window_shape(local.shape, exs))
     oshape = local_shape(so)

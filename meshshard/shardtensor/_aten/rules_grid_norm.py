@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from meshshard.shardtensor._aten.grid_checks import check_mesh
 from meshshard.shardtensor._aten.rules import _all_reduce
 from meshshard.shardtensor._aten.rules_grid import (
     direct,
@@ -92,6 +93,7 @@ def _stat_spec(spec, shape):
 def _group_norm(func, args, kwargs):
     x, w, b, _n, c, _hxw, groups, eps = args
     local, spec, md = _group_setup(x, "native_group_norm")
+    check_mesh("group_norm", spec.mesh, w, b)
     wl, bl = rep_local(w, "group_norm"), rep_local(b, "group_norm")
     n_loc, c = local.shape[0], int(c)
     per = c // groups
@@ -152,6 +154,7 @@ def _buf(t):
 def _bn(x, w, b, rm, rv, training, momentum, eps, op):
     local, spec, _ = grid_input(x, x.ndim - 2, op)
     md = [i for i, p in enumerate(spec.placements) if isinstance(p, Shard)]
+    check_mesh(op, spec.mesh, w, b, rm, rv)
     wl, bl = rep_local(w, op), rep_local(b, op)
     nd = local.ndim
     rm, rv = _buf(rm), _buf(rv)

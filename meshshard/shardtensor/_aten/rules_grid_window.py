@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from meshshard.shardtensor._aten.grid_checks import check_pad, check_pool
 from meshshard.shardtensor._aten.grid_halo import tie
 from meshshard.shardtensor._aten.grid_plan import divisors, pad_plan, sliding_plan
 from meshshard.shardtensor._aten.rules_grid import (
@@ -56,11 +57,13 @@ def _pool_out(n, k, s, p, dl, ceil):
     return out
 
 
-def _pool_setup(x, nsp, k, s, p, dl, ceil, op):
+def _pool_setup(x, nsp, k, s, p, dl, ceil, op, check=True):
     local, spec, sharded = grid_input(x, nsp, op)
     first = x.ndim - nsp
     n = ints(spec.shape[first:])
     gout = [_pool_out(n[a], k[a], s[a], p[a], dl[a], ceil) for a in range(nsp)]
+    if check:
+        check_pool(spec.shape, k, s, p, dl, gout)
     plans = [sliding_plan(d, sharded[d], ints(spec.sizes[sharded[d]]), gout[d - first],
                           k[d - first], s[d - first], dl[d - first], p[d - first])
              for d in sorted(sharded)]
@@ -239,7 +242,7 @@ def _adaptive(nsp, kind):
         x, output_size = args[0], args[1]
         k, osz = _adaptive_kernel(x, nsp, output_size, str(func))
         local, spec, sharded, first, so, exs, _, starts = _pool_setup(
-            x, nsp, k, k, (0,) * nsp, (1,) * nsp, False, str(func))
+            x, nsp, k, k, (0,) * nsp, (1,) * nsp, False, str(func), check=False)
         so = _with_shape(so, [*ints(so.shape[:first]), *osz])
         win = gather(local, spec, exs, float("-inf") if kind == "max" else 0.0)
         oshape = local_shape(so)
@@ -266,7 +269,7 @@ def _adaptive(nsp, kind):
         g, x = args[0], args[1]
         k, _ = _adaptive_kernel(x, nsp, g.shape[x.ndim - nsp:], str(func))
         local, spec, sharded, first, so, exs, _, starts = _pool_setup(
-            x, nsp, k, k, (0,) * nsp, (1,) * nsp, False, str(func))
+            x, nsp, k, k, (0,) * nsp, (1,) * nsp, False, str(func), check=False)
         so = _with_shape(so, ints(g.shape))
         gl = grad_local(g, so)
         wshape = window_shape(local.shape, exs)
@@ -294,6 +297,7 @@ for _nd in (2, 3):
 
 # ------------------------------------------------------------------ padding
 def _pad_setup(x, pad, mode, op):
+    check_pad(x.shape, pad, mode)
     nsp = len(pad) // 2
     local, spec, sharded = grid_input(x, nsp, op) if mode != "constant" else \
         _any_input(x, op)
