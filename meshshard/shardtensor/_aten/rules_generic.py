@@ -99,7 +99,7 @@ def generic(func, args: tuple, kwargs: dict) -> Plan:
     elif torch.Tag.nondeterministic_seeded in func.tags:
         _refuse(func, "a random op on replicated copies would give each rank other values")
     else:  # Partial inputs of a replicated computation: their reduced, replicated spec
-        for k, a in enumerate(args):
+        for a in args:
             if type(a) is ShardTensor:
                 specs[id(a)] = _replicated(specs[id(a)])
     out = func(*_meta(args, specs), **{k: _meta(v, specs) for k, v in kwargs.items()})
