@@ -253,6 +253,21 @@ class ShardTensor(torch.Tensor):
             return self.item().__format__(spec)
         return repr(self)
 
+    def _stable_hash_for_caching(self) -> str:
+        """AOT autograd's cache key of this wrapper: mesh (device type, ranks, dim names),
+        placements, global shape and the local piece's metadata (the per-rank sizes are the
+        carrier tensors' shapes, part of the same key). The mesh object does not pickle."""
+        import hashlib
+
+        mesh = self._spec.mesh
+        loc = self._local
+        key = (type(self).__qualname__, mesh.device_type, tuple(mesh.mesh.flatten().tolist()),
+               tuple(mesh.mesh.shape), mesh.mesh_dim_names, tuple(map(str, self._spec.placements)),
+               tuple(map(str, self._spec.shape)), tuple(map(str, self._spec.sizes)),
+               self.requires_grad, str(loc.dtype), tuple(map(str, loc.shape)),
+               tuple(map(str, loc.stride())), loc.device.type)
+        return hashlib.sha256(repr(key).encode()).hexdigest()
+
     @property
     def spec(self) -> ASpec:
         """The layout record: mesh, placements, global shape and, per mesh dim, every rank's
