@@ -75,7 +75,7 @@ def _mask_st(mask, c, rank, mesh):
 
 
 def _run_case(c, rank, mesh):
-    from meshshard.shardtensor import ring_attention
+    from meshshard.shardtensor._aten import attention_ring as ring_attention
 
     default, default_q = ring_attention.KV_CHUNK_ROWS, ring_attention.Q_TILE_ROWS
     ring_attention.KV_CHUNK_ROWS = c.get("chunk", default)  # several passes per head

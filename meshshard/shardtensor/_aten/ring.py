@@ -1,0 +1,130 @@
+"""Point-to-point ring shifts over one process group (the transport of ring attention, run
+inside the opaque custom op ``meshshard::ring_attention``, so never traced).
+
+Every rank of a group of ``P`` sends a buffer to its successor (``(r + 1) % P``) and receives one
+from its predecessor (``(r - 1) % P``), asynchronously, so the caller can compute while the
+buffer travels. Buffer sizes are never assumed: the caller says how many elements it sends and
+how many it expects (both sides know every rank's sharding sizes, so they agree), and an empty
+buffer is simply not sent (gloo cannot send zero bytes, and both sides skip it alike).
+
+The module counts the bytes it sends (:func:`bytes_sent`, :func:`reset_bytes_sent`) so that
+benchmarks report measured, not estimated, communication volume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DoubleBuffer", "Ring", "bytes_sent", "reset_bytes_sent"]
+
+_SENT = [0]
+
+
+def bytes_sent() -> int:
+    """Bytes this process has sent through ring shifts since the last reset."""
+    return _SENT[0]
+
+
+def reset_bytes_sent() -> None:
+    """Zero the counter of :func:`bytes_sent`."""
+    _SENT[0] = 0
+
+
+@dataclass
+class _Pending:
+    works: list = field(default_factory=list)
+    out: torch.Tensor | None = None
+    keep: torch.Tensor | None = None  # the send buffer, alive until the send completes
+
+    def wait(self) -> torch.Tensor | None:
+        for w in self.works:
+            w.wait()
+        self.works = []
+        return self.out
+
+
+class DoubleBuffer:
+    """Two flat buffers of ``numel`` elements, reused by every shift of every pass: the block
+    in hand is computed (or sent) from one while the next is received into the other. One
+    allocation per call instead of one per shift keeps the transient memory at two blocks and
+    leaves no freed blocks behind to fragment the heap."""
+
+    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
+        self._bufs = [torch.empty(numel, dtype=dtype, device=device) for _ in range(2)]
+        self._i = 0
+
+    def this(self) -> torch.Tensor:
+        """The buffer to fill (or holding the block in hand)."""
+        return self._bufs[self._i]
+
+    def other(self) -> torch.Tensor:
+        """The buffer to receive into; :meth:`swap` after the shift completes."""
+        return self._bufs[1 - self._i]
+
+    def swap(self) -> None:
+        """Exchange the roles: the received buffer becomes :meth:`this`."""
+        self._i = 1 - self._i
+
+
+class Ring:
+    """The ring of one process group (``None`` or a 1-rank group: no communication).
+
+    Parameters
+    ----------
+    group : ProcessGroup or None
+        The group whose ranks form the ring, in group-rank order.
+    """
+
+    def __init__(self, group) -> None:
+        self.group = group
+        self.size = 1 if group is None else dist.get_world_size(group)
+        self.rank = 0 if self.size == 1 else dist.get_rank(group)
+        if self.size > 1:
+            self._next = dist.get_global_rank(group, (self.rank + 1) % self.size)
+            self._prev = dist.get_global_rank(group, (self.rank - 1) % self.size)
+
+    def owner(self, step: int) -> int:
+        """Group rank whose block this rank holds after ``step`` shifts."""
+        return (self.rank - step) % self.size
+
+    def shift(
+        self,
+        send: torch.Tensor | None,
+        recv_numel: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        tag: int = 0,
+        into: torch.Tensor | None = None,
+    ) -> _Pending:
+        """Start sending ``send`` (flat; ``None`` or empty: nothing) to the successor and
+        receiving ``recv_numel`` elements from the predecessor; ``.wait()`` on the result
+        returns the received flat tensor (empty when ``recv_numel`` is 0).
+
+        ``into``: a flat, contiguous buffer of at least ``recv_numel`` elements (not ``send``'s)
+        to receive into, so that callers can reuse two buffers instead of allocating one per
+        shift; its first ``recv_numel`` elements are returned.
+
+        Collective over the ring: every rank must call it with matching sizes and ``tag``.
+        """
+        pending = _Pending()
+        if into is None:
+            buf = torch.empty(int(recv_numel), dtype=dtype, device=device)
+        else:
+            buf = into[: int(recv_numel)]
+        pending.out = buf
+        if self.size == 1:
+            if send is not None and send.numel():
+                buf.copy_(send.reshape(-1))
+            return pending
+        if recv_numel:
+            pending.works.append(dist.irecv(buf, src=self._prev, group=self.group, tag=tag))
+        if send is not None and send.numel():
+            send = send.reshape(-1).contiguous()
+            pending.works.append(dist.isend(send, dst=self._next, group=self.group, tag=tag))
+            _SENT[0] += send.numel() * send.element_size()
+            pending.keep = send
+        return pending
