@@ -40,24 +40,42 @@ def sdpa_cases(rank: int, world: int, sizes: tuple, kv_sizes: tuple) -> dict:
     def rep(t):
         return t.clone().requires_grad_()  # a plain tensor: lifted as Replicate
 
+    # masks sharded on their key dim (the keys' sizes, or other sizes), bool and additive
+    KP = torch.rand(2, 1, 1, m, generator=g) > 0.3  # a key-padding mask, True = attend
+    KP[..., 0] = True
+    A = torch.randn(n, m, generator=g, dtype=torch.float64).masked_fill(~M, float("-inf"))
+    other = tuple(reversed(kv_sizes))  # sums to m, split differently from the keys
+
+    def cols(t, s):
+        return from_local(_rows(t, s, rank, t.ndim - 1).clone(), mesh, [Shard(t.ndim - 1)], s)
+
+    ring = (lambda: sh(Q, sizes), lambda: sh(K, kv_sizes), lambda: sh(V, kv_sizes))
+    merge = (lambda: rep(Q), lambda: sh(K, kv_sizes), lambda: sh(V, kv_sizes))
+    local = (lambda: sh(Q, sizes), lambda: rep(K), lambda: rep(V))
     cases = {
-        "ring": (lambda: sh(Q, sizes), lambda: sh(K, kv_sizes), lambda: sh(V, kv_sizes), {}),
-        "ring causal": (lambda: sh(Q, sizes), lambda: sh(K, kv_sizes),
-                        lambda: sh(V, kv_sizes), {"is_causal": True}),
-        "ring bool mask": (lambda: sh(Q, sizes), lambda: sh(K, kv_sizes),
-                           lambda: sh(V, kv_sizes), {"attn_mask": M}),
+        "ring": (*ring, {}, None),
+        "ring causal": (*ring, {"is_causal": True}, None),
+        "ring bool mask": (*ring, {"attn_mask": M}, M),
         "ring mask sharded like the rows": (
-            lambda: sh(Q, sizes), lambda: sh(K, kv_sizes), lambda: sh(V, kv_sizes),
-            {"attn_mask": from_local(_rows(M, sizes, rank, 0), mesh, [Shard(0)], sizes)}),
-        "local (keys whole)": (lambda: sh(Q, sizes), lambda: rep(K), lambda: rep(V), {}),
-        "merge (query whole)": (lambda: rep(Q), lambda: sh(K, kv_sizes),
-                                lambda: sh(V, kv_sizes), {"scale": 0.3}),
+            *ring, {"attn_mask": from_local(_rows(M, sizes, rank, 0), mesh, [Shard(0)], sizes)},
+            M),
+        "local (keys whole)": (*local, {}, None),
+        "merge (query whole)": (*merge, {"scale": 0.3}, None),
+        "ring bool key padding like the keys": (*ring, {"attn_mask": cols(KP, kv_sizes)}, KP),
+        "ring key padding, other sizes": (*ring, {"attn_mask": cols(KP, other)}, KP),
+        "ring additive mask on its key dim": (*ring, {"attn_mask": cols(A, kv_sizes)}, A),
+        "ring bool mask on its key dim, other sizes": (*ring, {"attn_mask": cols(M, other)}, M),
+        "merge key padding like the keys": (*merge, {"attn_mask": cols(KP, kv_sizes)}, KP),
+        "merge additive mask like the keys": (*merge, {"attn_mask": cols(A, kv_sizes)}, A),
+        "merge bool mask, other sizes": (*merge, {"attn_mask": cols(M, other)}, M),
+        "local additive mask on its key dim": (*local, {"attn_mask": cols(A, kv_sizes)}, A),
+        "local key padding": (*local, {"attn_mask": cols(KP, other)}, KP),
     }
-    for name, (mq, mk, mv, kw) in cases.items():
+    for name, (mq, mk, mv, kw, ref_mask) in cases.items():
         q, k, v = mq(), mk(), mv()
         kw_ref = dict(kw)
         if "attn_mask" in kw_ref:
-            kw_ref["attn_mask"] = M
+            kw_ref["attn_mask"] = ref_mask
         y = F.scaled_dot_product_attention(q, k, v, **kw)
         yf = y.full_tensor() if hasattr(y, "full_tensor") else y
         loss = (yf * T).sum()
@@ -72,6 +90,10 @@ def sdpa_cases(rank: int, world: int, sizes: tuple, kv_sizes: tuple) -> dict:
     q3, k3, v3 = sh(Q[:, 0], sizes, 1), sh(K[:, 0], kv_sizes, 1), sh(V[:, 0], kv_sizes, 1)
     y3 = F.scaled_dot_product_attention(q3, k3, v3).full_tensor()
     out["3-d: out"] = (y3, F.scaled_dot_product_attention(Q[:, 0], K[:, 0], V[:, 0]))
+    kp3 = KP[:, 0]  # (B, 1, m): one row per batch, sharded like the keys
+    y3 = F.scaled_dot_product_attention(q3, k3, v3, attn_mask=cols(kp3, kv_sizes)).full_tensor()
+    out["3-d key padding: out"] = (
+        y3, F.scaled_dot_product_attention(Q[:, 0], K[:, 0], V[:, 0], attn_mask=kp3))
     try:
         F.scaled_dot_product_attention(sh(Q, sizes), sh(K, kv_sizes), sh(V, kv_sizes),
                                        dropout_p=0.1)
