@@ -159,3 +159,53 @@ def transformer_case(rank: int, world: int, sizes: tuple, compile_too: bool) -> 
             out[f"compiled grad {k}"] = (a, b)
         out["compiles"] = counts["compiles"]
     return out
+
+
+def transformer_padding_case(rank: int, world: int, sizes: tuple) -> dict:
+    """The point transformer with a key-padding mask sharded like the points (self-attention
+    ring and cross-attention through ``nn.MultiheadAttention``), loss ``out.sum()`` (its
+    gradient arrives replicated), eager and under plain ``torch.compile``: output, input and
+    every weight gradient against one process; graph breaks and compiles counted."""
+    import os
+
+    import torch._dynamo as dynamo
+
+    from meshshard.models import PointTransformer
+    from meshshard.shardtensor._aten import from_local
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/meshshard-inductor-{os.getpid()}"
+    mesh = _mesh(world)
+    n = sum(sizes)
+    g = torch.Generator().manual_seed(n + 1)
+    X = torch.randn(1, n, 4, generator=g, dtype=torch.float64)
+    Qp = torch.randn(1, n, 3, generator=g, dtype=torch.float64)
+    KPM = torch.rand(1, n, generator=g) < 0.3  # True = ignore this point as a key
+    KPM[:, 0] = False
+    torch.manual_seed(0)
+    model = PointTransformer(4, 2, dim=16, heads=2, depth=1, query_dim=3).to(torch.float64)
+    xr = X.clone().requires_grad_()
+    ref = model(xr, Qp, KPM)
+    ref_g = torch.autograd.grad(ref.sum(), [xr, *model.parameters()])
+
+    def sh(t):
+        return from_local(_rows(t, sizes, rank, 1).clone(), mesh, [Shard(1)], sizes)
+
+    out: dict = {}
+    counts = {"compiles": 0}
+
+    def backend(gm, example_inputs):
+        counts["compiles"] += 1
+        return gm.forward
+
+    dynamo.reset()
+    out["graph breaks"] = dynamo.explain(model)(sh(X), sh(Qp), sh(KPM)).graph_break_count
+    dynamo.reset()
+    for tag, fn in (("eager", model), ("compiled", torch.compile(model, backend=backend))):
+        x = sh(X).detach().requires_grad_()
+        y = fn(x, sh(Qp), sh(KPM))
+        gs = torch.autograd.grad(y.sum(), [x, *model.parameters()])
+        out[f"{tag} out"] = (y.full_tensor().detach(), ref.detach())
+        for k, (a, b) in enumerate(zip([gs[0].full_tensor(), *gs[1:]], ref_g)):
+            out[f"{tag} grad {k}"] = (a, b)
+    out["compiles"] = counts["compiles"]
+    return out

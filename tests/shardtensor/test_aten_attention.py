@@ -33,6 +33,8 @@ def _all(rank, world, layouts):
     if world == 2:  # the model cases share this spawn of ranks
         out["transformer"] = {s: fns.transformer_case(rank, world, s, compile_too=(s == (5, 7)))
                               for s in ((5, 7), (0, 9))}
+        out["padding"] = {s: fns.transformer_padding_case(rank, world, s)
+                          for s in ((5, 7), (9, 0))}
     return out
 
 
@@ -58,5 +60,15 @@ def test_point_transformer_eager_and_compiled_equals_one_process():
             if "graph breaks" in rep:
                 assert rep.pop("graph breaks") == 0
                 assert rep.pop("compiles") >= 1
+            for key, (got, want) in rep.items():
+                _close(got, want, f"rank {rank} {sizes} {key}")
+
+
+def test_point_transformer_key_padding_sum_loss_eager_and_compiled_equals_one_process():
+    for rank, res in enumerate(_results(2)):
+        for sizes, rep in res["padding"].items():
+            assert rep.pop("graph breaks") == 0
+            assert rep.pop("compiles") >= 1
+            assert len(rep) >= 2 * (2 + 1)  # eager and compiled: out, input grad, weights
             for key, (got, want) in rep.items():
                 _close(got, want, f"rank {rank} {sizes} {key}")
