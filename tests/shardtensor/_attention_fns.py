@@ -214,6 +214,23 @@ def _bad_mask_layout(rank, world_size, mesh):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=from_local(m, mesh, [Shard(2)], rows))
 
 
+def _bad_mask_partial(rank, world_size, mesh):
+    from meshshard.shardtensor import Partial, from_local
+
+    q, k, v = _qkv(rank, world_size, mesh)
+    m = torch.zeros(1, 1, q.shape[2], k.shape[2], dtype=q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=from_local(m, mesh, [Partial()]))
+
+
+def _bad_mask_grad(rank, world_size, mesh):
+    from meshshard.shardtensor import Shard, from_local
+
+    q, k, v = _qkv(rank, world_size, mesh)
+    m = torch.zeros(1, 1, 1, k.to_local().shape[2], dtype=q.dtype, requires_grad=True)
+    kpm = from_local(m, mesh, [Shard(3)], k.sharding_sizes())
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=kpm)
+
+
 def _bad_dropout(rank, world_size, mesh):
     q, k, v = _qkv(rank, world_size, mesh)
     return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
@@ -232,6 +249,8 @@ _BAD = {
     "head_dims": _bad_head_dims,
     "mask_shape": _bad_mask_shape,
     "mask_layout": _bad_mask_layout,
+    "mask_partial": _bad_mask_partial,
+    "mask_grad": _bad_mask_grad,
     "dropout": _bad_dropout,
     "mha_need_weights": _bad_mha_weights,
 }

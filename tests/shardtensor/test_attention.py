@@ -74,6 +74,8 @@ BAD = {
     "head_dims": ("ValueError", "head dims disagree"),
     "mask_shape": ("ValueError", "fails on the global shapes"),
     "mask_layout": ("LayoutError", "attn_mask layout"),
+    "mask_partial": ("LayoutError", "a Partial attn_mask is not supported"),
+    "mask_grad": ("NotImplementedError", "gradients with respect to attn_mask"),
     "dropout": ("NotImplementedError", "dropout_p=0.1"),
     "mha_need_weights": ("NotImplementedError", "need_weights=False"),
 }
