@@ -258,7 +258,8 @@ _BAD = {
 
 def attention_2d(rank, world_size, q_sizes, kv_sizes):
     """2-D mesh (data x domain): batch sharded on "data", tokens (uneven) on "domain"; causal
-    ring attention vs one process. Returns None or the traceback."""
+    ring attention, then a key-padding mask laid out like the keys, vs one process. Returns None
+    or the traceback."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.shardtensor import Shard, from_local
@@ -281,6 +282,23 @@ def attention_2d(rank, world_size, q_sizes, kv_sizes):
             leaves.append(leaf)
             ins.append(from_local(leaf, mesh, [Shard(0), Shard(2)], {0: (1, 1), 1: sizes}))
         out = F.scaled_dot_product_attention(*ins, is_causal=True)
+        full = out.full_tensor()
+        torch.testing.assert_close(full, ref.detach(), rtol=1e-10, atol=1e-12)
+        (full * R).sum().backward()
+        for leaf, r, sizes in zip(leaves, refs, (q_sizes, kv_sizes, kv_sizes)):
+            want = _split(r.grad[dc : dc + 1], 2, sizes, pc)
+            torch.testing.assert_close(leaf.grad, want, rtol=1e-10, atol=1e-12)
+        # a key-padding mask sharded on batch ("data") and on its keys ("domain") like the keys
+        kpm = torch.rand(2, 1, 1, sum(kv_sizes), generator=g) > 0.3
+        kpm[..., 0] = True
+        refs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        ref = F.scaled_dot_product_attention(*refs, attn_mask=kpm)
+        (ref * R).sum().backward()
+        m = from_local(_split(kpm[dc : dc + 1], 3, kv_sizes, pc).clone(), mesh,
+                       [Shard(0), Shard(3)], {0: (1, 1), 1: kv_sizes})
+        for leaf in leaves:
+            leaf.grad = None
+        out = F.scaled_dot_product_attention(*ins, attn_mask=m)
         full = out.full_tensor()
         torch.testing.assert_close(full, ref.detach(), rtol=1e-10, atol=1e-12)
         (full * R).sum().backward()
