@@ -308,3 +308,32 @@ def attention_2d(rank, world_size, q_sizes, kv_sizes):
         return None
     except Exception:
         return traceback.format_exc()
+
+
+def mha_replicated(rank, world_size):
+    """``nn.MultiheadAttention`` on replicated ShardTensors, ``need_weights=True`` (torch runs it
+    on the local tensors): output, attention weights, input and weight gradients vs one
+    process. Returns None or the traceback."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.shardtensor import Replicate, ShardTensor, from_local
+
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))
+        g = torch.Generator().manual_seed(9)
+        X = torch.randn(2, 6, 8, generator=g, dtype=torch.float64)
+        torch.manual_seed(0)
+        mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
+        xr = X.clone().requires_grad_()
+        ref, ref_w = mha(xr, xr, xr)
+        ref_g = torch.autograd.grad((ref ** 2).sum(), [xr, mha.in_proj_weight])
+        leaf = X.clone().requires_grad_()
+        x = from_local(leaf, mesh, [Replicate()])
+        out, w = mha(x, x, x)
+        assert isinstance(out, ShardTensor) and isinstance(w, ShardTensor)
+        gs = torch.autograd.grad((out.full_tensor() ** 2).sum(), [leaf, mha.in_proj_weight])
+        for got, want in ((out.full_tensor(), ref), (w.full_tensor(), ref_w), *zip(gs, ref_g)):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        return None
+    except Exception:
+        return traceback.format_exc()

@@ -111,3 +111,10 @@ def test_attention_on_2d_mesh():
 
     for rank, err in enumerate(run_ranks(attention_2d, 4, [0, 7], [5, 2], timeout=240)):
         assert err is None, f"rank {rank}:\n{err}"
+
+
+def test_mha_on_replicated_inputs_takes_any_option():
+    from tests.shardtensor._attention_fns import mha_replicated
+
+    for rank, err in enumerate(run_ranks(mha_replicated, 2, timeout=240)):
+        assert err is None, f"rank {rank}:\n{err}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["mha_decomposed"]
+__all__ = ["mha_decomposed", "mha_replicated"]
 
 _NAME = "multi_head_attention_forward"
 
@@ -23,6 +23,27 @@ def _additive(mask, dtype):
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.zeros_like(mask, dtype=dtype).masked_fill(mask, float("-inf"))
+
+
+def mha_replicated(mesh, args: tuple, kwargs: dict) -> tuple:
+    """Every ShardTensor argument replicated: torch's own function on the local tensors
+    (differentiable through ``to_local``/``from_local``), outputs replicated. No collective."""
+    from torch.distributed.tensor import Replicate
+
+    from meshshard.shardtensor._aten.layout import from_local
+    from meshshard.shardtensor._aten.tensor import ShardTensor
+
+    def local(a):
+        return a.to_local() if isinstance(a, ShardTensor) else a
+
+    out, weights = F.multi_head_attention_forward(
+        *(local(a) for a in args), **{k: local(v) for k, v in kwargs.items()})
+    rep = [Replicate()] * mesh.ndim
+
+    def wrap(t):
+        return None if t is None else from_local(t, mesh, rep, validate=False)
+
+    return wrap(out), wrap(weights)
 
 
 def mha_decomposed(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,

@@ -371,9 +371,13 @@ def _unbroadcast(g: torch.Tensor, shape) -> torch.Tensor:
 
 def mha_function(*args, **kwargs):
     """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``) on ShardTensors: run as
-    its parts, so its attention is the ring above (``need_weights=False`` required)."""
-    from meshshard.shardtensor._aten.attention_mha import mha_decomposed
+    its parts, so its attention is the ring above (``need_weights=False`` required), or, when
+    every ShardTensor argument is replicated, by torch on the local tensors (any options)."""
+    from meshshard.shardtensor._aten.attention_mha import mha_decomposed, mha_replicated
 
+    sts = [a for a in (*args, *kwargs.values()) if isinstance(a, ShardTensor)]
+    if all(isinstance(p, Replicate) for t in sts for p in t._spec.placements):
+        return mha_replicated(sts[0]._spec.mesh, args, kwargs)
     return mha_decomposed(*args, **kwargs)
 
 
