@@ -13,7 +13,7 @@ Two levels of custom ops:
   the blocks). Under ``torch.compile`` these are opaque graph nodes with
   fake implementations, so the ring's point-to-point schedule runs as written.
 
-Modes (per the layouts, as today's rule): query and key/value tokens sharded on the same mesh
+Modes (per the layouts, as design A's rule): query and key/value tokens sharded on the same mesh
 dim -> ``ring``; query tokens sharded, keys whole -> ``local`` (dK/dV come out Partial);
 query whole, keys sharded -> ``merge``; batch/head dims sharded alike on other mesh dims ->
 computed locally. ``attn_mask`` (boolean or additive): None, a plain or replicated tensor, a
