@@ -75,7 +75,7 @@ def _mask_st(mask, c, rank, mesh):
 
 
 def _run_case(c, rank, mesh):
-    from meshshard.shardtensor import ring_attention
+    from meshshard.shardtensor._aten import attention_ring as ring_attention
 
     default, default_q = ring_attention.KV_CHUNK_ROWS, ring_attention.Q_TILE_ROWS
     ring_attention.KV_CHUNK_ROWS = c.get("chunk", default)  # several passes per head
@@ -214,6 +214,23 @@ def _bad_mask_layout(rank, world_size, mesh):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=from_local(m, mesh, [Shard(2)], rows))
 
 
+def _bad_mask_partial(rank, world_size, mesh):
+    from meshshard.shardtensor import Partial, from_local
+
+    q, k, v = _qkv(rank, world_size, mesh)
+    m = torch.zeros(1, 1, q.shape[2], k.shape[2], dtype=q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=from_local(m, mesh, [Partial()]))
+
+
+def _bad_mask_grad(rank, world_size, mesh):
+    from meshshard.shardtensor import Shard, from_local
+
+    q, k, v = _qkv(rank, world_size, mesh)
+    m = torch.zeros(1, 1, 1, k.to_local().shape[2], dtype=q.dtype, requires_grad=True)
+    kpm = from_local(m, mesh, [Shard(3)], k.sharding_sizes())
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=kpm)
+
+
 def _bad_dropout(rank, world_size, mesh):
     q, k, v = _qkv(rank, world_size, mesh)
     return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
@@ -232,6 +249,8 @@ _BAD = {
     "head_dims": _bad_head_dims,
     "mask_shape": _bad_mask_shape,
     "mask_layout": _bad_mask_layout,
+    "mask_partial": _bad_mask_partial,
+    "mask_grad": _bad_mask_grad,
     "dropout": _bad_dropout,
     "mha_need_weights": _bad_mha_weights,
 }
@@ -239,7 +258,8 @@ _BAD = {
 
 def attention_2d(rank, world_size, q_sizes, kv_sizes):
     """2-D mesh (data x domain): batch sharded on "data", tokens (uneven) on "domain"; causal
-    ring attention vs one process. Returns None or the traceback."""
+    ring attention, then a key-padding mask laid out like the keys, vs one process. Returns None
+    or the traceback."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.shardtensor import Shard, from_local
@@ -268,6 +288,52 @@ def attention_2d(rank, world_size, q_sizes, kv_sizes):
         for leaf, r, sizes in zip(leaves, refs, (q_sizes, kv_sizes, kv_sizes)):
             want = _split(r.grad[dc : dc + 1], 2, sizes, pc)
             torch.testing.assert_close(leaf.grad, want, rtol=1e-10, atol=1e-12)
+        # a key-padding mask sharded on batch ("data") and on its keys ("domain") like the keys
+        kpm = torch.rand(2, 1, 1, sum(kv_sizes), generator=g) > 0.3
+        kpm[..., 0] = True
+        refs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        ref = F.scaled_dot_product_attention(*refs, attn_mask=kpm)
+        (ref * R).sum().backward()
+        m = from_local(_split(kpm[dc : dc + 1], 3, kv_sizes, pc).clone(), mesh,
+                       [Shard(0), Shard(3)], {0: (1, 1), 1: kv_sizes})
+        for leaf in leaves:
+            leaf.grad = None
+        out = F.scaled_dot_product_attention(*ins, attn_mask=m)
+        full = out.full_tensor()
+        torch.testing.assert_close(full, ref.detach(), rtol=1e-10, atol=1e-12)
+        (full * R).sum().backward()
+        for leaf, r, sizes in zip(leaves, refs, (q_sizes, kv_sizes, kv_sizes)):
+            want = _split(r.grad[dc : dc + 1], 2, sizes, pc)
+            torch.testing.assert_close(leaf.grad, want, rtol=1e-10, atol=1e-12)
+        return None
+    except Exception:
+        return traceback.format_exc()
+
+
+def mha_replicated(rank, world_size):
+    """``nn.MultiheadAttention`` on replicated ShardTensors, ``need_weights=True`` (torch runs it
+    on the local tensors): output, attention weights, input and weight gradients vs one
+    process. Returns None or the traceback."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.shardtensor import Replicate, ShardTensor, from_local
+
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))
+        g = torch.Generator().manual_seed(9)
+        X = torch.randn(2, 6, 8, generator=g, dtype=torch.float64)
+        torch.manual_seed(0)
+        mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
+        xr = X.clone().requires_grad_()
+        ref, ref_w = mha(xr, xr, xr)
+        ref_g = torch.autograd.grad((ref ** 2).sum(), [xr, mha.in_proj_weight])
+        leaf = X.clone().requires_grad_()
+        x = from_local(leaf, mesh, [Replicate()])
+        out, w = mha(x, x, x)
+        assert isinstance(out, ShardTensor) and isinstance(w, ShardTensor)
+        gs = torch.autograd.grad((out.full_tensor() ** 2).sum(), [leaf, mha.in_proj_weight])
+        for got, want in ((out.full_tensor(), ref), (w.full_tensor(), ref_w), *zip(gs, ref_g)):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
         return None
     except Exception:
         return traceback.format_exc()

@@ -74,6 +74,8 @@ BAD = {
     "head_dims": ("ValueError", "head dims disagree"),
     "mask_shape": ("ValueError", "fails on the global shapes"),
     "mask_layout": ("LayoutError", "attn_mask layout"),
+    "mask_partial": ("LayoutError", "a Partial attn_mask is not supported"),
+    "mask_grad": ("NotImplementedError", "gradients with respect to attn_mask"),
     "dropout": ("NotImplementedError", "dropout_p=0.1"),
     "mha_need_weights": ("NotImplementedError", "need_weights=False"),
 }
@@ -108,4 +110,11 @@ def test_attention_on_2d_mesh():
     from tests.shardtensor._attention_fns import attention_2d
 
     for rank, err in enumerate(run_ranks(attention_2d, 4, [0, 7], [5, 2], timeout=240)):
+        assert err is None, f"rank {rank}:\n{err}"
+
+
+def test_mha_on_replicated_inputs_takes_any_option():
+    from tests.shardtensor._attention_fns import mha_replicated
+
+    for rank, err in enumerate(run_ranks(mha_replicated, 2, timeout=240)):
         assert err is None, f"rank {rank}:\n{err}"

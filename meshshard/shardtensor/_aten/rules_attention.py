@@ -8,16 +8,19 @@ Two levels of custom ops:
   here, so autograd records one node with the formula registered below, and dynamo records one
   graph node. Their sharding rules (below autograd) choose the mode from the layouts and call
 - ``meshshard::ring_attention`` / ``meshshard::ring_attention_backward`` on the local pieces:
-  today's kernels (:mod:`meshshard.shardtensor.ring_attention`: key/value blocks round the ring
-  with send/recv overlapped with compute, merged by log-sum-exp; backward sends the dK/dV
-  partial sums behind the blocks). Under ``torch.compile`` these are opaque graph nodes with
+  the kernels of :mod:`.attention_ring` (key/value blocks round the ring with send/recv
+  overlapped with compute, merged by log-sum-exp; backward sends the dK/dV partial sums behind
+  the blocks). Under ``torch.compile`` these are opaque graph nodes with
   fake implementations, so the ring's point-to-point schedule runs as written.
 
-Modes (per the layouts, as today's rule): query and key/value tokens sharded on the same mesh
+Modes (per the layouts, as design A's rule): query and key/value tokens sharded on the same mesh
 dim -> ``ring``; query tokens sharded, keys whole -> ``local`` (dK/dV come out Partial);
 query whole, keys sharded -> ``merge``; batch/head dims sharded alike on other mesh dims ->
-computed locally. ``attn_mask``: None, a plain or replicated tensor, or a ShardTensor sharded
-like the query rows. ``is_causal`` uses global token order. ``dropout_p > 0`` is refused.
+computed locally. ``attn_mask`` (boolean or additive): None, a plain or replicated tensor, a
+ShardTensor sharded like the query (rows, batch or heads: same dim, same sizes), or sharded on
+its last (key) dim, e.g. a key-padding mask laid out like the keys (see
+:mod:`.attention_mask`). ``is_causal`` uses global token order. ``dropout_p > 0`` is refused.
+Layouts that do not fit raise :class:`meshshard.errors.LayoutError` on every rank alike.
 Second-order gradients through attention are not supported (as torch's flash kernels).
 """
 
@@ -26,10 +29,13 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from meshshard.errors import LayoutError
+from meshshard.shardtensor._aten.attention_mask import mask_local
 from meshshard.shardtensor._aten.layout import redistribute_local
-from meshshard.shardtensor._aten.rules import _DIRECT, _coord, _narrow, rule
+from meshshard.shardtensor._aten.rules import _DIRECT, _coord, rule
 from meshshard.shardtensor._aten.tensor import (
     FUNCTION_RULES,
     SHARDED,
@@ -55,30 +61,30 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def _plan(mask, mode, group, kv_sizes, q_offset, causal, scale, gqa):
-    from meshshard.shardtensor.ring import Ring
-    from meshshard.shardtensor.ring_attention import AttnPlan
+def _plan(mask, mode, group, kv_sizes, q_offset, causal, scale, gqa, mask_col0):
+    from meshshard.shardtensor._aten.attention_ring import AttnPlan
+    from meshshard.shardtensor._aten.ring import Ring
 
     return AttnPlan(mode=mode, ring=Ring(_group(group)), kv_sizes=tuple(int(s) for s in kv_sizes),
                     q_offset=int(q_offset), mask=mask, causal=causal, scale=scale,
-                    gqa_groups=gqa)
+                    gqa_groups=gqa, mask_col0=int(mask_col0))
 
 
 # ------------------------------------------------------------------ local kernels (opaque)
 @torch.library.custom_op("meshshard::ring_attention", mutates_args=())
 def _ring_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               mode: str, group: str, kv_sizes: list[int], q_offset: int, causal: bool,
-              scale: float, gqa: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from meshshard.shardtensor.ring_attention import _forward
+              scale: float, gqa: int, mask_col0: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from meshshard.shardtensor._aten.attention_ring import forward
 
     with torch.no_grad():
-        out, lse = _forward(q, k, v, _plan(mask, mode, group, kv_sizes, q_offset, causal,
-                                           scale, gqa))
+        out, lse = forward(q, k, v, _plan(mask, mode, group, kv_sizes, q_offset, causal,
+                                          scale, gqa, mask_col0))
     return out.to(q.dtype), lse
 
 
 @_ring_fwd.register_fake
-def _(q, k, v, mask, mode, group, kv_sizes, q_offset, causal, scale, gqa):
+def _(q, k, v, mask, mode, group, kv_sizes, q_offset, causal, scale, gqa, mask_col0):
     return (q.new_empty((*q.shape[:-1], v.shape[-1])),
             q.new_empty(q.shape[:-1], dtype=_acc(q.dtype)))
 
@@ -87,17 +93,19 @@ def _(q, k, v, mask, mode, group, kv_sizes, q_offset, causal, scale, gqa):
 def _ring_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               out: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor | None, mode: str,
               group: str, kv_sizes: list[int], q_offset: int, causal: bool, scale: float,
-              gqa: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from meshshard.shardtensor.ring_attention import _backward
+              gqa: int, mask_col0: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from meshshard.shardtensor._aten.attention_ring import backward
 
     with torch.no_grad():
-        dq, dk, dv = _backward(do.contiguous(), q, k, v, out, lse,
-                               _plan(mask, mode, group, kv_sizes, q_offset, causal, scale, gqa))
+        dq, dk, dv = backward(do.contiguous(), q, k, v, out, lse,
+                              _plan(mask, mode, group, kv_sizes, q_offset, causal, scale, gqa,
+                                    mask_col0))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 @_ring_bwd.register_fake
-def _(do, q, k, v, out, lse, mask, mode, group, kv_sizes, q_offset, causal, scale, gqa):
+def _(do, q, k, v, out, lse, mask, mode, group, kv_sizes, q_offset, causal, scale, gqa,
+      mask_col0):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -187,14 +195,86 @@ def _reduced(t, mesh):
     return local, spec
 
 
+def _validate(query, key, value, attn_mask, causal, scale, gqa) -> None:
+    """Checks that depend only on global shapes, so every rank raises alike."""
+    if query.shape[-1] != key.shape[-1]:
+        msg = (
+            f"{_NAME}: head dims disagree: query {tuple(query.shape)} has E={query.shape[-1]}, "
+            f"key {tuple(key.shape)} has E={key.shape[-1]}; they must be equal"
+        )
+        raise ValueError(msg)
+    if key.shape[:-1] != value.shape[:-1]:
+        msg = (
+            f"{_NAME}: key {tuple(key.shape)} and value {tuple(value.shape)} must agree in every "
+            "dim but the last (same batch, heads and number of keys)"
+        )
+        raise ValueError(msg)
+
+    def meta(t):
+        return None if t is None else torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+    try:
+        F.scaled_dot_product_attention(meta(query), meta(key), meta(value),
+                                       attn_mask=meta(attn_mask), is_causal=causal,
+                                       scale=scale, enable_gqa=gqa)
+    except RuntimeError as exc:
+        mshape = None if attn_mask is None else tuple(attn_mask.shape)
+        msg = (
+            f"{_NAME} fails on the global shapes query {tuple(query.shape)}, key "
+            f"{tuple(key.shape)}, value {tuple(value.shape)}, attn_mask {mshape}: {exc}"
+        )
+        raise ValueError(msg) from exc
+
+
+def _check_mesh_dim(i, qs, ks, vs, nd, gqa, ring_dim):
+    """The mode this mesh dim implies ("ring", "local", "merge", or None: not a token dim);
+    a layout that does not fit raises :class:`LayoutError`."""
+    tok = nd - 2
+    qp, kp, vp = qs.placements[i], ks.placements[i], vs.placements[i]
+    if kp != vp or ks.sizes[i] != vs.sizes[i]:
+        msg = (f"{_NAME}: key and value are laid out differently on mesh dim {i} ({kp}"
+               f"{list(ks.sizes[i] or [])} vs {vp}{list(vs.sizes[i] or [])}); shard them "
+               "alike, e.g. value = value.redistribute(key.placements, key.sharding_sizes())")
+        raise LayoutError(msg)
+    for p, nm in ((qp, "query"), (kp, "key")):
+        if isinstance(p, SHARDED) and not isinstance(p, Shard):
+            msg = f"{_NAME}: {nm} has a flattened layout {p}; reshape it back first"
+            raise LayoutError(msg)
+        if isinstance(p, Shard) and p.dim == nd - 1:
+            msg = f"{_NAME}: {nm} is sharded on its feature dim {p.dim}; replicate that dim"
+            raise LayoutError(msg)
+    if gqa and isinstance(kp, Shard) and kp.dim == nd - 3:
+        msg = f"{_NAME}: enable_gqa with the head dim sharded is not supported"
+        raise LayoutError(msg)
+    q_tok = isinstance(qp, Shard) and qp.dim == tok
+    k_tok = isinstance(kp, Shard) and kp.dim == tok
+    if not (q_tok or k_tok):
+        if qp != kp or qs.sizes[i] != ks.sizes[i]:
+            msg = (f"{_NAME}: keys are {kp}{list(ks.sizes[i] or [])} on mesh dim {i} but the "
+                   f"query is {qp}{list(qs.sizes[i] or [])}; shard batch/head dims of query, "
+                   "key and value alike")
+            raise LayoutError(msg)
+        return None
+    if ring_dim is not None:
+        msg = f"{_NAME}: tokens sharded on two mesh dims ({ring_dim} and {i})"
+        raise LayoutError(msg)
+    if k_tok and not (q_tok or isinstance(qp, Replicate)):
+        msg = (f"{_NAME}: keys are sharded on their tokens on mesh dim {i}, the query as {qp}; "
+               f"shard the query on its tokens (dim {tok}) or replicate it")
+        raise LayoutError(msg)
+    if q_tok and not (k_tok or isinstance(kp, Replicate)):
+        msg = (f"{_NAME}: query tokens are sharded on mesh dim {i}, keys as {kp}; shard the "
+               f"keys on their tokens (dim {tok}) or replicate them")
+        raise LayoutError(msg)
+    return "ring" if q_tok and k_tok else ("local" if q_tok else "merge")
+
+
 def _layout(q, k, v, mask, causal, scale, gqa):
     """What both directions need: the mesh, the (Partial-reduced) specs of q, k, v, the mode
     and the local kernel's plan arguments. Checks depend only on global shapes and layouts, so
-    every rank raises alike."""
-    from meshshard.shardtensor._aten.attention_parts import validate as _validate
-
+    every rank raises alike (before any collective)."""
     mesh = next(t._spec.mesh for t in (q, k, v, mask) if isinstance(t, ShardTensor))
-    _validate(q, k, v, mask, 0.0, causal, scale, gqa)
+    _validate(q, k, v, mask, causal, scale, gqa)
     nd = q.ndim
     if nd not in (3, 4):
         msg = f"{_NAME}: sharded attention takes 3-d or 4-d inputs, got {nd}-d"
@@ -203,38 +283,9 @@ def _layout(q, k, v, mask, causal, scale, gqa):
     qs, ks, vs = (_reduced_spec(t, mesh) for t in (q, k, v))
     ring_dim, mode = None, "local"
     for i in range(mesh.ndim):
-        qp, kp, vp = qs.placements[i], ks.placements[i], vs.placements[i]
-        if kp != vp or ks.sizes[i] != vs.sizes[i]:
-            msg = (f"{_NAME}: key and value are laid out differently on mesh dim {i} ({kp} vs "
-                   f"{vp}); shard them alike")
-            raise ValueError(msg)
-        for p, nm in ((qp, "query"), (kp, "key")):
-            if isinstance(p, SHARDED) and not isinstance(p, Shard):
-                msg = f"{_NAME}: {nm} has a flattened layout {p}; reshape it back first"
-                raise ValueError(msg)
-            if isinstance(p, Shard) and p.dim == nd - 1:
-                msg = f"{_NAME}: {nm} is sharded on its feature dim {p.dim}; replicate that dim"
-                raise ValueError(msg)
-        q_tok = isinstance(qp, Shard) and qp.dim == tok
-        k_tok = isinstance(kp, Shard) and kp.dim == tok
-        if q_tok or k_tok:
-            if ring_dim is not None:
-                msg = f"{_NAME}: tokens sharded on two mesh dims ({ring_dim} and {i})"
-                raise ValueError(msg)
-            if (k_tok and not (q_tok or isinstance(qp, Replicate))) or (
-                    q_tok and not (k_tok or isinstance(kp, Replicate))):
-                msg = (f"{_NAME}: on mesh dim {i} the query is {qp} and the keys {kp}: shard "
-                       f"both on their tokens (dim {tok}), or replicate one of them")
-                raise ValueError(msg)
-            ring_dim = i
-            mode = "ring" if q_tok and k_tok else ("local" if q_tok else "merge")
-        elif qp != kp or qs.sizes[i] != ks.sizes[i]:
-            msg = (f"{_NAME}: on mesh dim {i} the query is {qp} and the keys {kp}; shard "
-                   "batch/head dims of query, key and value alike")
-            raise ValueError(msg)
-        if gqa and isinstance(kp, Shard) and kp.dim == nd - 3:
-            msg = f"{_NAME}: enable_gqa with the head dim sharded is not supported"
-            raise ValueError(msg)
+        m = _check_mesh_dim(i, qs, ks, vs, nd, gqa, ring_dim)
+        if m is not None:
+            ring_dim, mode = i, m
     coord = _coord(mesh)[1]
     group, kv_sizes, q_off = "", (k.shape[tok],), 0
     if ring_dim is not None and mode != "local":
@@ -244,10 +295,12 @@ def _layout(q, k, v, mask, causal, scale, gqa):
         kv_sizes = tuple(ks.sizes[ring_dim])
     if ring_dim is not None and mode != "merge":
         q_off = sum(qs.sizes[ring_dim][: coord[ring_dim]])
-    ml = None if mask is None else _mask_local(mask, qs, ring_dim, nd, q.dtype, mesh)
+    ml, col0 = None, 0
+    if mask is not None:
+        ml, col0 = mask_local(mask, _spec_of(mask, mesh), qs, ks, ring_dim, mode, nd, q.dtype)
     groups = q.shape[-3] // k.shape[-3] if gqa and nd == 4 else 1
     sc = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    args = (ml, mode, group, list(kv_sizes), q_off, bool(causal), sc, groups)
+    args = (ml, mode, group, list(kv_sizes), q_off, bool(causal), sc, groups, col0)
     return mesh, qs, ks, vs, ring_dim, mode, args
 
 
@@ -262,36 +315,6 @@ def _reduced_spec(t, mesh):
 def _local4(t, mesh, nd):
     """The local piece with Partial dims summed, 4-d (a head dim of 1 for 3-d inputs)."""
     local = _reduced(t, mesh)[0]
-    return local.unsqueeze(1) if nd == 3 else local
-
-
-def _mask_local(mask, qs, ring_dim, nd, dtype, mesh):
-    """This rank's query rows of the mask, every key column in global order, additive, 4-d."""
-    ms = _spec_of(mask, mesh)
-    local = mask._local if isinstance(mask, ShardTensor) else mask
-    rows_d = mask.ndim - 2
-    for i, p in enumerate(ms.placements):
-        qp = qs.placements[i]
-        if isinstance(p, Partial):
-            msg = f"{_NAME}: a Partial attn_mask is not supported; replicate it"
-            raise ValueError(msg)
-        if isinstance(p, SHARDED):
-            like_q = (isinstance(qp, Shard) and p == Shard(rows_d) and qp.dim == nd - 2
-                      and ms.sizes[i] == qs.sizes[i])
-            if not like_q:
-                msg = (f"{_NAME}: attn_mask {ms} is not sharded like the query rows on mesh "
-                       f"dim {i}; shard it on dim -2 with the query's sizes, or replicate it")
-                raise ValueError(msg)
-        elif i == ring_dim and isinstance(qp, Shard) and local.shape[rows_d] != 1:
-            local = _narrow(local, rows_d, qs.sizes[i], _coord(mesh)[1][i])
-    if local.dtype == torch.bool:
-        local = torch.zeros(local.shape, dtype=dtype, device=local.device).masked_fill(
-            ~local, float("-inf"))
-    else:
-        local = local.to(dtype)
-    want = 4 if nd == 4 else 3
-    while local.ndim < want:
-        local = local.unsqueeze(0)
     return local.unsqueeze(1) if nd == 3 else local
 
 
@@ -348,9 +371,13 @@ def _unbroadcast(g: torch.Tensor, shape) -> torch.Tensor:
 
 def mha_function(*args, **kwargs):
     """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``) on ShardTensors: run as
-    its parts, so its attention is the ring above (``need_weights=False`` required)."""
-    from meshshard.shardtensor._aten.attention_parts import mha_decomposed
+    its parts, so its attention is the ring above (``need_weights=False`` required), or, when
+    every ShardTensor argument is replicated, by torch on the local tensors (any options)."""
+    from meshshard.shardtensor._aten.attention_mha import mha_decomposed, mha_replicated
 
+    sts = [a for a in (*args, *kwargs.values()) if isinstance(a, ShardTensor)]
+    if all(isinstance(p, Replicate) for t in sts for p in t._spec.placements):
+        return mha_replicated(sts[0]._spec.mesh, args, kwargs)
     return mha_decomposed(*args, **kwargs)
 
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import Partial
+from torch.distributed.tensor import Partial, Replicate
 
 from meshshard.shardtensor._aten.rules import (
     _DIRECT,
     _all_reduce,
+    from_replicate_local,
     rule,
     to_replicate_local,
 )
@@ -102,10 +103,24 @@ def _linear_rule(func, args, kwargs):
                                           (*spec.shape[:-1], w.shape[0])))
 
 
+def _grad_rows(g, spec):
+    """``g``'s local piece in the rows of ``x`` (layout ``spec``), or None (generic path). A
+    replicated gradient (that of ``y.sum()``) is cut to this rank's rows, no collective."""
+    gs = g._spec
+    if gs.placements == spec.placements and gs.sizes == spec.sizes:
+        return g._local
+    if all(isinstance(p, Replicate) for p in gs.placements):
+        return from_replicate_local(g._local, make_spec(spec.mesh, spec.placements, spec.sizes,
+                                                        tuple(gs.shape)))
+    return None
+
+
 def _linear_bwd_rule(func, args, kwargs):
     g, x, w, bias = args
     spec = x._spec
-    if not (_fast(spec, x.ndim) and _fast(g._spec, g.ndim)):
+    fast = _fast(spec, x.ndim) and _fast(g._spec, g.ndim)
+    gl = _grad_rows(g, spec) if fast else None
+    if gl is None:
         g2 = aten.reshape.default(g, [-1, g.shape[-1]])
         x2 = aten.reshape.default(x, [-1, x.shape[-1]])
         gx = aten.reshape.default(aten.mm.default(g2, w), list(x.shape))
@@ -113,7 +128,7 @@ def _linear_bwd_rule(func, args, kwargs):
         gb = aten.sum.dim_IntList(g2, [0])
         return gx, to_replicate_local(gw._local, gw._spec), \
             to_replicate_local(gb._local, gb._spec)
-    gl, xl = g._local, x._local
+    xl = x._local
     gx = gl.matmul(w)
     g2, x2 = gl.reshape(-1, gl.shape[-1]), xl.reshape(-1, xl.shape[-1])
     gw = g2.t().mm(x2)

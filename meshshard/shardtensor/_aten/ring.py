@@ -1,4 +1,5 @@
-"""Point-to-point ring shifts over one process group (the transport of ring attention).
+"""Point-to-point ring shifts over one process group (the transport of ring attention, run
+inside the opaque custom op ``meshshard::ring_attention``, so never traced).
 
 Every rank of a group of ``P`` sends a buffer to its successor (``(r + 1) % P``) and receives one
 from its predecessor (``(r - 1) % P``), asynchronously, so the caller can compute while the

@@ -1,5 +1,5 @@
 """One key block of exact attention on local tensors, forward and backward, and the exact
-log-sum-exp merge of block results: the kernels that :mod:`.ring_attention` runs for every block
+log-sum-exp merge of block results: the kernels that :mod:`.attention_ring` runs for every block
 in hand. No plan, no communication.
 
 torch's CPU flash kernels are used where they apply (they return / take the log-sum-exp);

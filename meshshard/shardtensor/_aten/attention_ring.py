@@ -1,5 +1,6 @@
 """Exact attention over key/value blocks held by different ranks (ring attention), on local
-tensors, forward and backward.
+tensors, forward and backward: what the opaque custom ops ``meshshard::ring_attention`` and
+``meshshard::ring_attention_backward`` (:mod:`.rules_attention`) run, in ``no_grad``.
 
 Each rank keeps its query rows. Key/value blocks travel round the ring of the group in ``P - 1``
 shifts; each shift is started before the block in hand is computed, so transfer and compute
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from meshshard.shardtensor._attention_block import (
+from meshshard.shardtensor._aten.attention_block import (
     _acc_dtype,
     _block_bwd,
     _block_fwd,
@@ -44,9 +45,9 @@ from meshshard.shardtensor._attention_block import (
     _fold,
     _merge_,
 )
-from meshshard.shardtensor.ring import DoubleBuffer, Ring
+from meshshard.shardtensor._aten.ring import DoubleBuffer, Ring
 
-__all__ = ["AttnPlan", "reduce"]
+__all__ = ["KV_CHUNK_ROWS", "Q_TILE_ROWS", "AttnPlan", "backward", "forward"]
 
 _TAG_KV, _TAG_ACC = 11, 12
 KV_CHUNK_ROWS = 1024  # key rows per rank per ring pass (bounds the transient buffers)
@@ -67,14 +68,17 @@ class AttnPlan:
     q_offset : int
         Global index of this rank's first query row (for ``causal``).
     mask : Tensor or None
-        Additive mask (query dtype) of shape broadcastable to ``(B, H, Lq_local, Lk_global)``:
-        rows are this rank's query rows (or 1), columns are *all* keys in global order.
+        Additive mask (query dtype) of shape broadcastable to ``(B, H, Lq_local, n)``: rows are
+        this rank's query rows (or 1), columns are keys ``[mask_col0, mask_col0 + n)`` in global
+        order (all keys, or in mode ``"merge"`` this rank's own block).
     causal : bool
         Key ``j`` is visible to query ``i`` iff ``j <= i`` in global indices (torch's top-left
         ``is_causal`` convention).
     scale : float
     gqa_groups : int
         Query heads per key/value head (1 without grouped heads).
+    mask_col0 : int
+        Global index of the mask's first key column.
     """
 
     mode: str
@@ -85,6 +89,7 @@ class AttnPlan:
     causal: bool
     scale: float
     gqa_groups: int = 1
+    mask_col0: int = 0
 
     def kv_offset(self, owner: int) -> int:
         return int(sum(self.kv_sizes[:owner]))
@@ -101,7 +106,8 @@ def _q_tiles(q_len: int):
 def _block_mask(plan: AttnPlan, mask, r0: int, q_len: int, k0: int, n: int, like: torch.Tensor):
     """(additive mask or None, kernel causal flag, skip) for local query rows
     ``[r0, r0 + q_len)`` and keys ``[k0, k0 + n)``."""
-    m = None if mask is None else mask[..., k0 : k0 + n]
+    c0 = k0 - plan.mask_col0
+    m = None if mask is None else mask[..., c0 : c0 + n]
     if m is not None and m.shape[-2] != 1:
         m = m[..., r0 : r0 + q_len, :]
     if not plan.causal:
@@ -195,7 +201,9 @@ def _head_mask(plan: AttnPlan, hs: slice):
 
 
 # ---------------------------------------------------------------------------- forward
-def _forward(q, k, v, plan: AttnPlan):
+def forward(q, k, v, plan: AttnPlan):
+    """(out, lse) in the accumulation dtype of this rank's queries over every rank's keys.
+    Collective over ``plan.ring`` in modes ``"ring"`` and ``"merge"``."""
     acc = _acc_dtype(q.dtype)
     b, h, lq, _ = q.shape
     out = torch.zeros((b, h, lq, v.shape[-1]), dtype=acc, device=q.device)
@@ -236,19 +244,27 @@ def _forward(q, k, v, plan: AttnPlan):
     return out, lse
 
 
+def _reduce(t: torch.Tensor, op, group) -> torch.Tensor:
+    out = t.clone().contiguous()
+    dist.all_reduce(out, op=op, group=group)
+    return out
+
+
 def _merge_across(out, lse, group):
     """Exact log-sum-exp merge of every rank's (out, lse) for the same queries."""
-    top = reduce(lse, "max", group)
+    top = _reduce(lse, dist.ReduceOp.MAX, group)
     top = torch.where(torch.isneginf(top), 0, top)
-    total = reduce(torch.exp(lse - top), "sum", group)
+    total = _reduce(torch.exp(lse - top), dist.ReduceOp.SUM, group)
     glse = torch.log(total) + top
     safe = torch.where(torch.isneginf(glse), 0, glse)
-    out = reduce(out * torch.exp(lse - safe)[..., None], "sum", group)
+    out = _reduce(out * torch.exp(lse - safe)[..., None], dist.ReduceOp.SUM, group)
     return out, glse
 
 
 # ---------------------------------------------------------------------------- backward
-def _backward(do, q, k, v, out, lse, plan: AttnPlan):
+def backward(do, q, k, v, out, lse, plan: AttnPlan):
+    """(dq, dk, dv) given the global ``out`` and ``lse`` of :func:`forward`. Collective like
+    it."""
     acc = _acc_dtype(q.dtype)
     lq = q.shape[-2]
     lse = torch.where(torch.isneginf(lse), 0, lse)  # rows with no visible key: p = 0
@@ -325,17 +341,5 @@ def _backward(do, q, k, v, out, lse, plan: AttnPlan):
             dvh += rv
             acc_pend = None
     if plan.mode == "merge" and plan.ring.size > 1:
-        dq = reduce(dq, "sum", plan.ring.group)
+        dq = _reduce(dq, dist.ReduceOp.SUM, plan.ring.group)
     return dq, dk, dv
-
-
-_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-
-
-def reduce(t: torch.Tensor, op: str, group) -> torch.Tensor:
-    """``t`` reduced over ``group`` (``op`` in sum/max/min) as a new tensor. The kernels run
-    inside the ``meshshard::ring_attention`` custom ops, so eagerly even under torch.compile.
-    Collective."""
-    out = t.detach().clone().contiguous()
-    dist.all_reduce(out, op=_OPS[op], group=group)
-    return out
