@@ -118,7 +118,6 @@ def step(rank, world_size, n, threads, live=False):
     from meshshard.shardtensor import Shard, even_sizes, from_local
     from meshshard.shardtensor._aten.ring import bytes_sent, reset_bytes_sent
 
-
     mesh = None
     if world_size > 1:
         from torch.distributed.device_mesh import init_device_mesh

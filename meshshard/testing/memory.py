@@ -16,10 +16,24 @@ def saved_activation_bytes(fn: Callable[[], T]) -> tuple[T, int]:
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
+        for piece in _pieces(t):
+            s = piece.untyped_storage()
+            seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
     return out, sum(seen.values())
+
+
+def _pieces(t: torch.Tensor):
+    """The plain tensors holding ``t``'s data: a wrapper subclass (ShardTensor, DTensor) has no
+    storage of its own, its inner tensors do."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        for n in names:
+            yield from _pieces(getattr(t, n))
+    else:
+        yield t
