@@ -16,6 +16,7 @@ import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.collective_check import check_collective, debug_enabled
+from meshshard.shardtensor._aten import rules_respec as _respec
 from meshshard.shardtensor._aten.tensor import (
     SHARDED,
     ASpec,
@@ -294,6 +295,7 @@ def _pointwise(func, args, kwargs) -> Plan:
             tensors.append(a)
             if mesh is None and type(a) is ShardTensor:
                 mesh = a._spec.mesh
+    _respec.check_same_mesh(func, args, mesh)
     shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))
     out_nd = len(shape)
     placements = []
@@ -323,10 +325,13 @@ def _pointwise(func, args, kwargs) -> Plan:
                 p = a._spec.placements[i] if type(a) is ShardTensor else _REP
                 ad = od - (out_nd - a.ndim)
                 if isinstance(p, SHARDED):
-                    if p.dim != ad or a._spec.sizes[i] != s or type(p) is not type(sp) \
+                    if p.dim != ad or type(p) is not type(sp) \
                             or getattr(p, "blocks", 1) != blocks:
-                        msg = f"{func}: operands sharded differently on mesh dim {i}"
-                        raise NotImplementedError(msg)
+                        raise _respec.mismatch(func, i, (od, sp, s),
+                                               (p.dim + out_nd - a.ndim, p, a._spec.sizes[i]))
+                    if a._spec.sizes[i] != s:  # same dim, other boundaries: move rows
+                        steps.append((k, _respec.resize_step(func, a._spec, i, p.dim,
+                                                             a._spec.sizes[i], s)))
                     continue
                 if isinstance(p, Partial):
                     steps.append((k, ("reduce", i)))
