@@ -15,6 +15,7 @@ from meshshard.shardtensor._aten import (  # noqa: F401  (each registers its rul
     rules_grid_resample,
     rules_grid_window,
     rules_index,
+    rules_inplace,
     rules_layernorm,
     rules_logical,
     rules_reduce,

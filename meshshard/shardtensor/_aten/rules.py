@@ -100,8 +100,8 @@ def dispatch(func, args: tuple, kwargs: dict) -> Any:
         if fn is None:
             fn = _RULES.get(func.overloadpacket)
             if fn is None:
-                if torch.Tag.pointwise in func.tags:
-                    fn = _pointwise
+                if torch.Tag.pointwise in func.tags:  # in place: rules_inplace
+                    fn = _POINTWISE_INPLACE[0] if func._schema.name[-1] == "_" else _pointwise
                 else:
                     msg = (
                         f"ShardTensor (spike) has no sharding rule for {func}; register "
@@ -283,8 +283,10 @@ def _local_shape(spec) -> list:
 
 
 # ------------------------------------------------------------------ pointwise
-_LINEAR_ALL = {aten.add.Tensor, aten.sub.Tensor, aten.neg.default, aten.clone.default}
-_LINEAR_ONE = {aten.mul.Tensor, aten.div.Tensor, aten.mul.Scalar, aten.div.Scalar}
+_LINEAR_ALL = {aten.add.Tensor, aten.sub.Tensor, aten.neg.default, aten.clone.default,
+               aten.add_.Tensor, aten.sub_.Tensor, aten.neg_.default}
+_LINEAR_ONE = {aten.mul.Tensor, aten.div.Tensor, aten.mul.Scalar, aten.div.Scalar,
+               aten.mul_.Tensor, aten.div_.Tensor, aten.mul_.Scalar, aten.div_.Scalar}
 
 
 def _pointwise(func, args, kwargs) -> Plan:
@@ -341,10 +343,11 @@ def _pointwise(func, args, kwargs) -> Plan:
         if partial_args:
             # sum-linear: every operand Partial (a scalar added on each rank would count P
             # times), or one Partial factor
-            n_operands = 1 if func in (aten.neg.default, aten.clone.default) else 2
+            n_operands = 1 if func in (aten.neg.default, aten.clone.default,
+                                       aten.neg_.default) else 2
             linear = (func in _LINEAR_ALL and len(partial_args) == n_operands) or (
                 func in _LINEAR_ONE and len(partial_args) == 1
-                and (func not in (aten.div.Tensor,) or partial_args[0] == 0)
+                and (func not in (aten.div.Tensor, aten.div_.Tensor) or partial_args[0] == 0)
             )
             if linear:
                 placements.append(_PSUM)
@@ -356,6 +359,9 @@ def _pointwise(func, args, kwargs) -> Plan:
         sizes.append(None)
     steps.sort(key=lambda st: st[1][0] != "reduce")  # reduce before narrowing
     return Plan(tuple(steps), (), None, make_spec(mesh, tuple(placements), tuple(sizes), shape))
+
+
+_POINTWISE_INPLACE: list = [_pointwise]  # in-place pointwise ops: replaced by rules_inplace
 
 
 # ------------------------------------------------------------------ same layout
