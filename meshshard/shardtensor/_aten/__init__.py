@@ -22,6 +22,7 @@ from meshshard.shardtensor._aten import (  # noqa: F401  (each registers its rul
     rules_shape,
     rules_slice,
     rules_softmax,
+    rules_values,
     rules_view,
 )
 from meshshard.shardtensor._aten.layout import from_local, redistribute

@@ -17,6 +17,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.collective_check import check_collective, debug_enabled
 from meshshard.shardtensor._aten import rules_respec as _respec
+from meshshard.shardtensor._aten.no_rule import NoRuleError
 from meshshard.shardtensor._aten.tensor import (
     SHARDED,
     ASpec,
@@ -103,11 +104,7 @@ def dispatch(func, args: tuple, kwargs: dict) -> Any:
                 if torch.Tag.pointwise in func.tags:  # in place: rules_inplace
                     fn = _POINTWISE_INPLACE[0] if func._schema.name[-1] == "_" else _pointwise
                 else:
-                    msg = (
-                        f"ShardTensor (spike) has no sharding rule for {func}; register "
-                        "one in meshshard.shardtensor._aten.rules"
-                    )
-                    raise NotImplementedError(msg)
+                    raise NoRuleError(func)
             _RULES[func] = fn
         if fn in _DIRECT:
             return fn(func, args, kwargs)
