@@ -172,8 +172,19 @@ def second_order(shard, n, seed):
             "second order d2": (out["got"][1], out["ref"][1])}
 
 
+def errors_2d(shard, n):
+    """On the 2-D mesh: a view merging the batch (one mesh dim) with the points (the other)
+    into one dim has no layout (one mesh dim per tensor dim); the error says so."""
+    x = shard(torch.randn(2, n, 5, dtype=torch.float64))
+    try:
+        x.reshape(2 * n, 5)
+        return {"merge two sharded dims": "no error"}
+    except NotImplementedError as e:
+        return {"merge two sharded dims": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
+
+
 def errors(mesh, layout):
-    """Layouts that cannot be reconciled: the error says what differs (1-D mesh only)."""
+    """Layouts that cannot be reconciled: the error says what differs (1-D mesh)."""
     from torch.distributed.tensor import Shard
 
     from meshshard.shardtensor._aten import from_local_aten
@@ -209,7 +220,8 @@ def all_cases(rank, world, layouts):
                 continue
             per.update(run_case(name, shard, n, 2000 + k))
         per.update(second_order(shard, n, 11))
-        res[layout] = {"cases": per, "errors": {} if two_d else errors(mesh, layout)}
+        res[layout] = {"cases": per,
+                       "errors": errors_2d(shard, n) if two_d else errors(mesh, layout)}
     return res
 
 

@@ -16,10 +16,20 @@ runs on the local piece in place, as torch's does, so views see it.
 
 from __future__ import annotations
 
+import torch
+
 from meshshard.errors import LayoutError
 from meshshard.shardtensor._aten import rules as _base
-from meshshard.shardtensor._aten.rules import _DIRECT, _execute, _pointwise, same_layout
+from meshshard.shardtensor._aten.rules import (
+    _DIRECT,
+    _execute,
+    _key_of,
+    _pointwise,
+    same_layout,
+)
 from meshshard.shardtensor._aten.tensor import ShardTensor
+
+_PLANS: dict = {}
 
 
 def inplace_pointwise(func, args, kwargs):
@@ -28,7 +38,21 @@ def inplace_pointwise(func, args, kwargs):
         msg = (f"{func}: in place on a plain tensor with a ShardTensor operand; the result "
                "is sharded (use the out-of-place op)")
         raise LayoutError(msg)
-    plan = _pointwise(func, args, kwargs)
+    key = None
+    if type(self._local) is torch.Tensor:  # eager: plans cached per layout, as dispatch does
+        try:
+            key = (func, _key_of(args), _key_of(tuple(kwargs.items())))
+            plan = _PLANS.get(key)
+        except TypeError:
+            key = plan = None
+    else:
+        plan = None
+    if plan is None:
+        plan = _pointwise(func, args, kwargs)
+        if key is not None:
+            if len(_PLANS) > 4096:
+                _PLANS.clear()
+            _PLANS[key] = plan
     out = _execute(func, args, kwargs, plan)
     if out._local is not self._local or not same_layout(out._spec, self._spec):
         self._local = out._local
