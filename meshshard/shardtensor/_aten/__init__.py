@@ -16,11 +16,15 @@ from meshshard.shardtensor._aten import (  # noqa: F401  (each registers its rul
     rules_grid_resample,
     rules_grid_window,
     rules_index,
+    rules_inplace,
+    rules_layernorm,
     rules_logical,
     rules_reduce,
     rules_shape,
     rules_slice,
     rules_softmax,
+    rules_values,
+    rules_view,
 )
 from meshshard.shardtensor._aten.layout import from_local, redistribute
 from meshshard.shardtensor._aten.tensor import AtenShardTensor, ShardTensor, from_local_aten

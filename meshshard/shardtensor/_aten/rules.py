@@ -17,6 +17,8 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.collective_check import check_collective, debug_enabled
 from meshshard.errors import NoShardingRuleError
+from meshshard.shardtensor._aten import rules_respec as _respec
+from meshshard.shardtensor._aten.no_rule import NoRuleError
 from meshshard.shardtensor._aten.tensor import (
     SHARDED,
     ASpec,
@@ -101,17 +103,12 @@ def dispatch(func, args: tuple, kwargs: dict) -> Any:
         if fn is None:
             fn = _RULES.get(func.overloadpacket)
             if fn is None:
-                if torch.Tag.pointwise in func.tags:
-                    fn = _pointwise
+                if torch.Tag.pointwise in func.tags:  # in place: rules_inplace
+                    fn = _POINTWISE_INPLACE[0] if func._schema.name[-1] == "_" else _pointwise
                 elif _FALLBACK[0] is not None:
                     fn = _FALLBACK[0]  # rules_generic: local where exact, else a clear error
                 else:
-                    msg = (
-                        f"ShardTensor has no sharding rule for {func}; redistribute the "
-                        "inputs to Replicate() first (x.redistribute([Replicate()])) or add a "
-                        "rule (meshshard/shardtensor/_aten/rules*.py, docs/design/core.md)"
-                    )
-                    raise NoShardingRuleError(msg)
+                    raise NoRuleError(func)
             _RULES[func] = fn
         if fn in _DIRECT:
             return fn(func, args, kwargs)
@@ -287,8 +284,10 @@ def _local_shape(spec) -> list:
 
 
 # ------------------------------------------------------------------ pointwise
-_LINEAR_ALL = {aten.add.Tensor, aten.sub.Tensor, aten.neg.default, aten.clone.default}
-_LINEAR_ONE = {aten.mul.Tensor, aten.div.Tensor, aten.mul.Scalar, aten.div.Scalar}
+_LINEAR_ALL = {aten.add.Tensor, aten.sub.Tensor, aten.neg.default, aten.clone.default,
+               aten.add_.Tensor, aten.sub_.Tensor, aten.neg_.default}
+_LINEAR_ONE = {aten.mul.Tensor, aten.div.Tensor, aten.mul.Scalar, aten.div.Scalar,
+               aten.mul_.Tensor, aten.div_.Tensor, aten.mul_.Scalar, aten.div_.Scalar}
 
 
 def _pointwise(func, args, kwargs) -> Plan:
@@ -299,6 +298,7 @@ def _pointwise(func, args, kwargs) -> Plan:
             tensors.append(a)
             if mesh is None and type(a) is ShardTensor:
                 mesh = a._spec.mesh
+    _respec.check_same_mesh(func, args, mesh)
     shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))
     out_nd = len(shape)
     placements = []
@@ -328,10 +328,13 @@ def _pointwise(func, args, kwargs) -> Plan:
                 p = a._spec.placements[i] if type(a) is ShardTensor else _REP
                 ad = od - (out_nd - a.ndim)
                 if isinstance(p, SHARDED):
-                    if p.dim != ad or a._spec.sizes[i] != s or type(p) is not type(sp) \
+                    if p.dim != ad or type(p) is not type(sp) \
                             or getattr(p, "blocks", 1) != blocks:
-                        msg = f"{func}: operands sharded differently on mesh dim {i}"
-                        raise NotImplementedError(msg)
+                        raise _respec.mismatch(func, i, (od, sp, s),
+                                               (p.dim + out_nd - a.ndim, p, a._spec.sizes[i]))
+                    if a._spec.sizes[i] != s:  # same dim, other boundaries: move rows
+                        steps.append((k, _respec.resize_step(func, a._spec, i, p.dim,
+                                                             a._spec.sizes[i], s)))
                     continue
                 if isinstance(p, Partial):
                     steps.append((k, ("reduce", i)))
@@ -341,10 +344,11 @@ def _pointwise(func, args, kwargs) -> Plan:
         if partial_args:
             # sum-linear: every operand Partial (a scalar added on each rank would count P
             # times), or one Partial factor
-            n_operands = 1 if func in (aten.neg.default, aten.clone.default) else 2
+            n_operands = 1 if func in (aten.neg.default, aten.clone.default,
+                                       aten.neg_.default) else 2
             linear = (func in _LINEAR_ALL and len(partial_args) == n_operands) or (
                 func in _LINEAR_ONE and len(partial_args) == 1
-                and (func not in (aten.div.Tensor,) or partial_args[0] == 0)
+                and (func not in (aten.div.Tensor, aten.div_.Tensor) or partial_args[0] == 0)
             )
             if linear:
                 placements.append(_PSUM)
@@ -356,6 +360,9 @@ def _pointwise(func, args, kwargs) -> Plan:
         sizes.append(None)
     steps.sort(key=lambda st: st[1][0] != "reduce")  # reduce before narrowing
     return Plan(tuple(steps), (), None, make_spec(mesh, tuple(placements), tuple(sizes), shape))
+
+
+_POINTWISE_INPLACE: list = [_pointwise]  # in-place pointwise ops: replaced by rules_inplace
 
 
 # ------------------------------------------------------------------ same layout

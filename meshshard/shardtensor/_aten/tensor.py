@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from meshshard.shardtensor._aten.no_rule import NoRuleError
+
 __all__ = ["ASpec", "AtenShardTensor", "Blocked", "ShardTensor", "from_local_aten"]
 
 
@@ -204,7 +206,10 @@ class ShardTensor(torch.Tensor):
         if torch.is_grad_enabled() and not _is_custom_op_autograd(func):
             args, kwargs = _lift_plain(args, kwargs)
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **kwargs)
+            try:
+                return func(*args, **kwargs)
+            except NoRuleError as e:  # name the torch function the aten op came from
+                raise e.within(func) from None
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

@@ -1,0 +1,180 @@
+"""Layer norm whose normalized shape covers a sharded dim (a norm over all points, over a
+grid's channels and spatial dims): the moments are global. Over unsharded dims only, the rules
+in ``rules.py`` stay (local, no communication).
+
+Forward: the mean from one all-reduce of local sums, then the variance from one all-reduce of
+local squared deviations from that mean (two exact passes, as one process computes them; a
+one-pass ``E[x^2] - E[x]^2`` loses digits when the mean is large), per mesh dim that shards a
+normalized dim. ``weight`` and ``bias`` (full, ``normalized_shape``) are narrowed to this
+rank's rows of the sharded dims; no collective.
+
+Backward (``xhat = (x - mean) * rstd``, ``gw = g * weight``, means over the normalized dims):
+``dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))``, the two global sums stacked into one
+all-reduce. ``dweight = sum(g * xhat)``, ``dbias = sum(g)`` over the other dims: each rank has
+its rows of them, summed over the ranks that share those rows; they are completed (gathered
+and summed) into the layout the weight came in, so a plain weight's ``.grad`` equals one
+process's. Second order: torch's formula for ``native_layer_norm_backward`` is made of ops
+with rules (sums over the sharded dim, pointwise), so it works through them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import Partial
+
+from meshshard.shardtensor._aten import rules as _base
+from meshshard.shardtensor._aten.rules import (
+    _REP,
+    Plan,
+    _reduced,
+    _replicated,
+    _to_spec,
+    make_spec,
+    respec_local,
+    rule,
+    shard_like,
+)
+from meshshard.shardtensor._aten.rules_reduce import all_reduce_op
+from meshshard.shardtensor._aten.tensor import SHARDED, ShardTensor
+
+aten = torch.ops.aten
+_LOCAL_FWD = _base._RULES[aten.native_layer_norm.default]
+_LOCAL_BWD = _base._RULES[aten.native_layer_norm_backward.default]
+
+
+def _over(spec, axis: int) -> list[int]:
+    """Mesh dims that shard a normalized dim (``>= axis``)."""
+    return [i for i, p in enumerate(spec.placements) if isinstance(p, SHARDED) and p.dim >= axis]
+
+
+def _weight_spec(spec, axis: int, over: list[int], shape):
+    """A weight's layout beside ``spec``: this rank's rows of the sharded normalized dims,
+    Replicate on every other mesh dim."""
+    pl = tuple(shard_like(p, p.dim - axis) if i in over else _REP
+               for i, p in enumerate(spec.placements))
+    sizes = tuple(spec.sizes[i] if i in over else None for i in range(len(pl)))
+    return make_spec(spec.mesh, pl, sizes, tuple(shape))
+
+
+def _grad_spec(spec, axis: int, over: list[int], shape):
+    """A weight gradient as each rank computes it: its rows of the sharded normalized dims,
+    Partial (a sum over the ranks) on mesh dims that shard the other dims."""
+    pl, sizes = [], []
+    for i, p in enumerate(spec.placements):
+        if i in over:
+            pl.append(shard_like(p, p.dim - axis))
+            sizes.append(spec.sizes[i])
+        else:
+            pl.append(Partial() if isinstance(p, SHARDED) else _REP)
+            sizes.append(None)
+    return make_spec(spec.mesh, tuple(pl), tuple(sizes), tuple(shape))
+
+
+def _stat_spec(spec, axis: int, over: list[int]):
+    shape = list(spec.shape[:axis]) + [1] * (len(spec.shape) - axis)
+    pl = tuple(_REP if i in over else p for i, p in enumerate(spec.placements))
+    sizes = tuple(None if i in over else s for i, s in enumerate(spec.sizes))
+    return make_spec(spec.mesh, pl, sizes, tuple(shape))
+
+
+def _count(spec, axis: int):
+    n = 1
+    for s in spec.shape[axis:]:
+        n = n * s
+    return n
+
+
+def _sum_over(t: torch.Tensor, dims: list[int], mesh, over: list[int]) -> torch.Tensor:
+    s = aten.sum.dim_IntList(t, dims, True)
+    for i in over:
+        s = all_reduce_op(s, mesh, i, "sum")
+    return s
+
+
+def _lead_sum(t: torch.Tensor, lead: list[int]) -> torch.Tensor:
+    # an empty dim list would sum every dim
+    return aten.sum.dim_IntList(t, lead, False) if lead else t
+
+
+def _target(w, wspec_full):
+    """The layout a weight's gradient goes back in: its own (a wrapper), else Replicate."""
+    return w._spec if type(w) is ShardTensor else wspec_full
+
+
+@rule(aten.native_layer_norm.default)
+def _layer_norm(func, args, kwargs) -> Plan:
+    x, nshape = args[0], list(args[1])
+    axis = x.ndim - len(nshape)
+    over = _over(x._spec, axis)
+    if not over:
+        return _LOCAL_FWD(func, args, kwargs)
+    steps, spec = _reduced(x, 0)
+    steps = list(steps)
+    wspec = _weight_spec(spec, axis, over, nshape)
+    for pos in (2, 3):
+        if len(args) > pos and args[pos] is not None:
+            steps.extend(_to_spec(args[pos], pos, wspec))
+    mesh, dims, count = spec.mesh, list(range(axis, x.ndim)), _count(spec, axis)
+
+    def call(xl, _ns, wl=None, bl=None, eps=1e-5):
+        dtype = xl.dtype
+        if dtype in (torch.float16, torch.bfloat16):  # as torch: accumulate in float
+            xl = xl.float()
+        mean = _sum_over(xl, dims, mesh, over) / count
+        dev = xl - mean
+        var = _sum_over(dev * dev, dims, mesh, over) / count
+        rstd = torch.rsqrt(var + eps)
+        out = dev * rstd
+        if wl is not None:
+            out = out * wl
+        if bl is not None:
+            out = out + bl
+        return out.to(dtype), mean.to(dtype), rstd.to(dtype)
+
+    sspec = _stat_spec(spec, axis, over)
+    return Plan(tuple(steps), (), call, (spec, sspec, sspec))
+
+
+@rule(aten.native_layer_norm_backward.default)
+def _layer_norm_bwd(func, args, kwargs) -> Plan:
+    g, x, nshape, mean, rstd, w, b, mask = args
+    nshape = list(nshape)
+    axis = x.ndim - len(nshape)
+    over = _over(x._spec, axis)
+    if not over:
+        return _LOCAL_BWD(func, args, kwargs)
+    steps, spec = _reduced(x, 1)
+    steps = list(steps)
+    steps.extend(_to_spec(g, 0, spec))
+    sspec = _stat_spec(spec, axis, over)
+    steps.extend(_to_spec(mean, 3, sspec))
+    steps.extend(_to_spec(rstd, 4, sspec))
+    wspec = _weight_spec(spec, axis, over, nshape)
+    if w is not None:
+        steps.extend(_to_spec(w, 5, wspec))
+    mesh, dims, count = spec.mesh, list(range(axis, x.ndim)), _count(spec, axis)
+    lead = list(range(axis))
+    gspec = _grad_spec(spec, axis, over, nshape)
+    full = _replicated(gspec)
+    want_w = bool(mask[1]) and w is not None
+    want_b = bool(mask[2]) and b is not None
+    tw = _target(w, full) if want_w else None
+    tb = _target(b, full) if want_b else None
+
+    def call(gl, xl, _ns, m, r, wl, _bl, _mask):
+        xhat = (xl - m) * r
+        gw = gl if wl is None else gl * wl
+        dx = dw = db = None
+        if mask[0]:
+            s = aten.sum.dim_IntList(torch.stack([gw, gw * xhat]), [d + 1 for d in dims], True)
+            for i in over:
+                s = all_reduce_op(s, mesh, i, "sum")
+            s = s / count
+            dx = r * (gw - s[0] - xhat * s[1])
+        if want_w:
+            dw = respec_local(_lead_sum(gl * xhat, lead), gspec, tw)
+        if want_b:
+            db = respec_local(_lead_sum(gl, lead), gspec, tb)
+        return dx, dw, db
+
+    return Plan(tuple(steps), (), call, (spec if mask[0] else None, tw, tb))
