@@ -59,7 +59,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from meshshard.errors import LayoutError
 from meshshard.parallel._submesh import drop, lift, same_mesh
-from meshshard.shardtensor import ShardSpec, ShardTensor
+from meshshard.shardtensor import ShardTensor
+from meshshard.shardtensor._aten import from_local_aten
 
 __all__ = [
     "ColwiseParallel",
@@ -141,8 +142,8 @@ class _TPLinear:
 
     style: ParallelStyle
     mesh: DeviceMesh
-    weight_spec: ShardSpec
-    bias_spec: ShardSpec | None  # None: plain replicated bias (row-parallel)
+    weight_layout: tuple  # (placements, sizes) of the weight piece on ``mesh``
+    bias_layout: tuple | None  # None: plain replicated bias (row-parallel)
 
 
 def _mesh_index(mesh: DeviceMesh, name: str) -> int:
@@ -212,13 +213,15 @@ def _resolve_plan(
     return {n: s for n, (_, s) in chosen.items()}
 
 
-def _weight_spec(mesh: DeviceMesh, t_idx: int, shape: torch.Size, dim: int) -> ShardSpec:
+def _weight_layout(mesh: DeviceMesh, t_idx: int, shape: torch.Size, dim: int) -> tuple:
+    """Placements and per-rank sizes of a weight split evenly on ``dim`` over the tensor dim,
+    replicated over the others."""
     tsize = mesh.size(t_idx)
-    placements = [Replicate()] * mesh.ndim
+    placements: list[Any] = [Replicate()] * mesh.ndim
     placements[t_idx] = Shard(dim)
     sizes: list[Any] = [None] * mesh.ndim
     sizes[t_idx] = (shape[dim] // tsize,) * tsize
-    return ShardSpec.make(mesh, placements, shape, sizes)
+    return tuple(placements), tuple(sizes)
 
 
 def _shard_param(p: torch.Tensor, tmesh: DeviceMesh, dim: int) -> nn.Parameter:
@@ -277,13 +280,13 @@ def parallelize_module(
     for name, style in chosen.items():
         lin = modules[name]
         dim = 0 if isinstance(style, ColwiseParallel) else 1
-        w_spec = _weight_spec(mesh, t_idx, lin.weight.shape, dim)
+        w_layout = _weight_layout(mesh, t_idx, lin.weight.shape, dim)
         lin.weight = _shard_param(lin.weight, tmesh, dim)
-        b_spec = None
+        b_layout = None
         if lin.bias is not None and dim == 0:
-            b_spec = _weight_spec(mesh, t_idx, lin.bias.shape, 0)
+            b_layout = _weight_layout(mesh, t_idx, lin.bias.shape, 0)
             lin.bias = _shard_param(lin.bias, tmesh, 0)
-        lin._meshshard_tp = _TPLinear(style, mesh, w_spec, b_spec)
+        lin._meshshard_tp = _TPLinear(style, mesh, w_layout, b_layout)
         lin.forward = types.MethodType(_tp_linear_forward, lin)
     if not hasattr(module, "_meshshard_tp_root"):
         module._meshshard_tp_root = {"mesh": mesh, "stack": []}
@@ -295,10 +298,10 @@ def parallelize_module(
 def _tp_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     st: _TPLinear = self._meshshard_tp
     x = lift(x, st.mesh)
-    w = ShardTensor(self.weight.to_local(), st.weight_spec)
+    w = from_local_aten(self.weight.to_local(), st.mesh, *st.weight_layout)
     b = self.bias
-    if b is not None and st.bias_spec is not None:
-        b = ShardTensor(b.to_local(), st.bias_spec)
+    if b is not None and st.bias_layout is not None:
+        b = from_local_aten(b.to_local(), st.mesh, *st.bias_layout)
     return F.linear(x, w, b)
 
 

@@ -20,6 +20,7 @@ from meshshard.shardtensor._aten import (  # noqa: F401  (each registers its rul
     rules_shape,
     rules_slice,
     rules_softmax,
+    rules_tp,
 )
 from meshshard.shardtensor._aten.layout import from_local, redistribute
 from meshshard.shardtensor._aten.tensor import AtenShardTensor, ShardTensor, from_local_aten
