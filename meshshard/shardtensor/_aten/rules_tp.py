@@ -322,15 +322,18 @@ def _split_plan(args) -> Plan | None:
         gin, gout = where[p.dim]
         if len(gin) != 1:  # a merge: the previous rule's
             return None
+        # the shard goes to the first new dim of extent > 1 (size-1 dims before it hold no
+        # rows); each rank's rows must be whole multiples of the dims after it
+        j = next((j for j, o in enumerate(gout) if out_shape[o] != 1), len(gout) - 1)
         inner = 1
-        for o in gout[1:]:
+        for o in gout[j + 1:]:
             inner *= out_shape[o]
         if any(type(s) is not int or s % inner for s in spec.sizes[i]):
             return None
         split = split or len(gout) > 1
-        placements[i] = Shard(gout[0])
+        placements[i] = Shard(gout[j])
         sizes[i] = tuple(s // inner for s in spec.sizes[i])
-        dims.add(gout[0])
+        dims.add(gout[j])
     if not split or len(dims) != sum(isinstance(p, SHARDED) for p in spec.placements):
         return None
     coord = _coord(spec.mesh)[1]
