@@ -15,27 +15,32 @@ Weights become ``torch.distributed.tensor.DTensor`` parameters on the ``"tensor"
 (``Shard(0)`` for column-, ``Shard(1)`` for row-parallel), as with torch's own
 ``parallelize_module``, so optimizers, ``torch.distributed.checkpoint`` and FSDP2 see the usual
 TP parameters. The *forward* is meshshard's: each call wraps the parameter's local piece as a
-ShardTensor on the activation mesh and ``F.linear`` runs through ShardTensor's contraction
+ShardTensor on the activation mesh and ``F.linear`` runs through ShardTensor's product
 rule, which gives the layouts above and exact gradients (weight gradients summed over
 ``"domain"`` and ``"data"`` where activations are sharded; a replicated weight meeting
 tensor-sharded activations, e.g. per-head projections, gets its gradient summed over
 ``"tensor"``).
 
 Why not torch's ``ColwiseParallel`` / ``RowwiseParallel`` directly (torch 2.13)? They do not
-compose with ShardTensor activations, for two reasons found by running them:
+compose with ShardTensor activations, for two reasons found by running them (4 gloo ranks,
+2x2 ("domain", "tensor") mesh, the new aten-level ShardTensor):
 
-1. Their input hook calls ``DTensor.from_local(x, ...)`` on the activation. With a ShardTensor
-   ``x`` that nests one tensor subclass in another and runs ``aten.view`` on the ShardTensor
-   below autograd, which fails: ``RuntimeError: aten op aten.view.default reached a ShardTensor
-   below autograd``. DTensor works at the aten (``__torch_dispatch__``) level, ShardTensor at the
-   ``__torch_function__`` level, and DTensor's layouts follow ``torch.chunk`` sizes, not the
-   uneven per-rank point counts a ShardTensor records.
-2. Without the hook, ``F.linear(shard_tensor, dtensor_weight)`` reaches ShardTensor's rule,
-   which calls ``F.linear`` on the local activation and the DTensor weight: ``aten.mm.default
-   got mixed torch.Tensor and DTensor``.
+1. Their input hook calls ``DTensor.from_local(x, ...)`` on the activation, which nests a
+   ShardTensor inside a DTensor; the row-parallel output's redistribute then runs its
+   all-reduce on the inner ShardTensor: ``NotImplementedError: ShardTensor has no sharding
+   rule for _c10d_functional.all_reduce.default``. DTensor's layouts also follow
+   ``torch.chunk`` sizes, not the uneven per-rank point counts a ShardTensor records.
+2. Without the hooks, ``F.linear(shard_tensor, dtensor_weight)``: ``RuntimeError:
+   aten.linear.default got mixed torch.Tensor and DTensor``.
 
-So the parameters stay DTensors (for the rest of PyTorch) and the computation is ShardTensor's
-(for uneven points); there is no second tensor type.
+So the parameters stay DTensors (for the rest of PyTorch) and the computation is ShardTensor's:
+each call wraps the weight's local piece with ``from_local`` on the activation mesh, and
+``F.linear`` goes through the new class's product rule (``meshshard::einsum``, see
+``meshshard/shardtensor/_aten/rules_tp.py``), which keeps the points' uneven layout; there is
+no second tensor type in the computation.
+
+Under plain ``torch.compile`` the wrapping runs outside dynamo (a graph break at each
+tensor-parallel linear and at the model's entry and exit); the rest of the model compiles.
 
 Collectives: :func:`parallelize_module` communicates nothing (every rank slices its piece of
 the identically initialised weights: build the model with the same seed on every rank). The

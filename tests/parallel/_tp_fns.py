@@ -186,8 +186,6 @@ def bad_plan(rank, world_size, case):
 def count_tensor_allreduces(rank, world_size, sizes):
     """Forward all-reduces over the "tensor" group (and over "domain") for one Transolver
     forward under the plan, with inputs on mesh["domain"]."""
-    import torch.distributed as dist
-
     from meshshard.parallel.plans import transolver_plan
     from meshshard.parallel.tensor import init_mesh_3d, parallelize_module
     from meshshard.shardtensor import Shard, from_local
