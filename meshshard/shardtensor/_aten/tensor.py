@@ -281,6 +281,9 @@ class ShardTensor(torch.Tensor):
             return None
         if tuple(placements) == self._spec.placements:
             return self
+        if any(isinstance(p, SHARDED) and p != q
+               for p, q in zip(placements, self._spec.placements)):
+            return None  # the traced per-rank sizes are not in the metadata: torch's error
         sizes = [s if p == q else None
                  for p, q, s in zip(placements, self._spec.placements, self._spec.sizes)]
         return self.redistribute(tuple(placements), sizes)
