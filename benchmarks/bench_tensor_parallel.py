@@ -27,7 +27,7 @@ def step(rank, world_size, layout, n, model_kw, repeat):
     from meshshard.models import Transolver
     from meshshard.parallel.plans import transolver_plan
     from meshshard.parallel.tensor import init_mesh_3d, parallelize_module
-    from meshshard.shardtensor import Shard, even_sizes, from_local
+    from meshshard.shardtensor import Shard, from_local
 
     domain, tensor = layout
     mesh = init_mesh_3d(1, domain, tensor, device_type="cpu")
@@ -38,7 +38,7 @@ def step(rank, world_size, layout, n, model_kw, repeat):
     params = sum(
         (p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters()
     )
-    sizes = even_sizes(n, domain)
+    sizes = [n // domain + (r < n % domain) for r in range(domain)]
     pc = mesh.get_local_rank("domain")
     g = torch.Generator().manual_seed(1)
     full = torch.randn(1, n, model_kw["space_dim"] + model_kw["fun_dim"] + 2, generator=g)

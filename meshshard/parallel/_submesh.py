@@ -10,7 +10,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
 
-from meshshard.shardtensor import LayoutError, ShardSpec, ShardTensor
+from meshshard.errors import LayoutError
+from meshshard.shardtensor import ShardTensor
+from meshshard.shardtensor._aten import from_local_aten
 
 __all__ = ["drop", "lift", "same_mesh"]
 
@@ -29,7 +31,7 @@ def lift(x: Any, mesh: DeviceMesh) -> Any:
     sizes: list[Any] = [None] * mesh.ndim
     for i, j in enumerate(_dim_map(src, mesh)):
         placements[j], sizes[j] = x._spec.placements[i], x._spec.sizes[i]
-    return ShardTensor(x._local, ShardSpec(mesh, tuple(placements), tuple(sizes), x._spec.shape))
+    return from_local_aten(x.to_local(), mesh, placements, sizes)
 
 
 def drop(x: Any, mesh: DeviceMesh, target: DeviceMesh) -> Any:
@@ -44,9 +46,8 @@ def drop(x: Any, mesh: DeviceMesh, target: DeviceMesh) -> Any:
         placements = [p if j in idx else Replicate() for j, p in enumerate(spec.placements)]
         x = x.redistribute(placements, list(spec.sizes))
         spec = x._spec
-    new = ShardSpec(target, tuple(spec.placements[j] for j in idx),
-                    tuple(spec.sizes[j] for j in idx), spec.shape)
-    return ShardTensor(x._local, new)
+    return from_local_aten(x.to_local(), target, [spec.placements[j] for j in idx],
+                           [spec.sizes[j] for j in idx])
 
 
 def _dim_map(src: DeviceMesh, mesh: DeviceMesh) -> list[int]:

@@ -15,27 +15,32 @@ Weights become ``torch.distributed.tensor.DTensor`` parameters on the ``"tensor"
 (``Shard(0)`` for column-, ``Shard(1)`` for row-parallel), as with torch's own
 ``parallelize_module``, so optimizers, ``torch.distributed.checkpoint`` and FSDP2 see the usual
 TP parameters. The *forward* is meshshard's: each call wraps the parameter's local piece as a
-ShardTensor on the activation mesh and ``F.linear`` runs through ShardTensor's contraction
+ShardTensor on the activation mesh and ``F.linear`` runs through ShardTensor's product
 rule, which gives the layouts above and exact gradients (weight gradients summed over
 ``"domain"`` and ``"data"`` where activations are sharded; a replicated weight meeting
 tensor-sharded activations, e.g. per-head projections, gets its gradient summed over
 ``"tensor"``).
 
 Why not torch's ``ColwiseParallel`` / ``RowwiseParallel`` directly (torch 2.13)? They do not
-compose with ShardTensor activations, for two reasons found by running them:
+compose with ShardTensor activations, for two reasons found by running them (4 gloo ranks,
+2x2 ("domain", "tensor") mesh, the new aten-level ShardTensor):
 
-1. Their input hook calls ``DTensor.from_local(x, ...)`` on the activation. With a ShardTensor
-   ``x`` that nests one tensor subclass in another and runs ``aten.view`` on the ShardTensor
-   below autograd, which fails: ``RuntimeError: aten op aten.view.default reached a ShardTensor
-   below autograd``. DTensor works at the aten (``__torch_dispatch__``) level, ShardTensor at the
-   ``__torch_function__`` level, and DTensor's layouts follow ``torch.chunk`` sizes, not the
-   uneven per-rank point counts a ShardTensor records.
-2. Without the hook, ``F.linear(shard_tensor, dtensor_weight)`` reaches ShardTensor's rule,
-   which calls ``F.linear`` on the local activation and the DTensor weight: ``aten.mm.default
-   got mixed torch.Tensor and DTensor``.
+1. Their input hook calls ``DTensor.from_local(x, ...)`` on the activation, which nests a
+   ShardTensor inside a DTensor; the row-parallel output's redistribute then runs its
+   all-reduce on the inner ShardTensor: ``NotImplementedError: ShardTensor has no sharding
+   rule for _c10d_functional.all_reduce.default``. DTensor's layouts also follow
+   ``torch.chunk`` sizes, not the uneven per-rank point counts a ShardTensor records.
+2. Without the hooks, ``F.linear(shard_tensor, dtensor_weight)``: ``RuntimeError:
+   aten.linear.default got mixed torch.Tensor and DTensor``.
 
-So the parameters stay DTensors (for the rest of PyTorch) and the computation is ShardTensor's
-(for uneven points); there is no second tensor type.
+So the parameters stay DTensors (for the rest of PyTorch) and the computation is ShardTensor's:
+each call wraps the weight's local piece with ``from_local`` on the activation mesh, and
+``F.linear`` goes through the new class's product rule (``meshshard::einsum``, see
+``meshshard/shardtensor/_aten/rules_tp.py``), which keeps the points' uneven layout; there is
+no second tensor type in the computation.
+
+Under plain ``torch.compile`` the wrapping runs outside dynamo (a graph break at each
+tensor-parallel linear and at the model's entry and exit); the rest of the model compiles.
 
 Collectives: :func:`parallelize_module` communicates nothing (every rank slices its piece of
 the identically initialised weights: build the model with the same seed on every rank). The
@@ -59,7 +64,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from meshshard.errors import LayoutError
 from meshshard.parallel._submesh import drop, lift, same_mesh
-from meshshard.shardtensor import ShardSpec, ShardTensor
+from meshshard.shardtensor import ShardTensor
+from meshshard.shardtensor._aten import from_local_aten
 
 __all__ = [
     "ColwiseParallel",
@@ -141,8 +147,8 @@ class _TPLinear:
 
     style: ParallelStyle
     mesh: DeviceMesh
-    weight_spec: ShardSpec
-    bias_spec: ShardSpec | None  # None: plain replicated bias (row-parallel)
+    weight_layout: tuple  # (placements, sizes) of the weight piece on ``mesh``
+    bias_layout: tuple | None  # None: plain replicated bias (row-parallel)
 
 
 def _mesh_index(mesh: DeviceMesh, name: str) -> int:
@@ -212,13 +218,15 @@ def _resolve_plan(
     return {n: s for n, (_, s) in chosen.items()}
 
 
-def _weight_spec(mesh: DeviceMesh, t_idx: int, shape: torch.Size, dim: int) -> ShardSpec:
+def _weight_layout(mesh: DeviceMesh, t_idx: int, shape: torch.Size, dim: int) -> tuple:
+    """Placements and per-rank sizes of a weight split evenly on ``dim`` over the tensor dim,
+    replicated over the others."""
     tsize = mesh.size(t_idx)
-    placements = [Replicate()] * mesh.ndim
+    placements: list[Any] = [Replicate()] * mesh.ndim
     placements[t_idx] = Shard(dim)
     sizes: list[Any] = [None] * mesh.ndim
     sizes[t_idx] = (shape[dim] // tsize,) * tsize
-    return ShardSpec.make(mesh, placements, shape, sizes)
+    return tuple(placements), tuple(sizes)
 
 
 def _shard_param(p: torch.Tensor, tmesh: DeviceMesh, dim: int) -> nn.Parameter:
@@ -277,13 +285,13 @@ def parallelize_module(
     for name, style in chosen.items():
         lin = modules[name]
         dim = 0 if isinstance(style, ColwiseParallel) else 1
-        w_spec = _weight_spec(mesh, t_idx, lin.weight.shape, dim)
+        w_layout = _weight_layout(mesh, t_idx, lin.weight.shape, dim)
         lin.weight = _shard_param(lin.weight, tmesh, dim)
-        b_spec = None
+        b_layout = None
         if lin.bias is not None and dim == 0:
-            b_spec = _weight_spec(mesh, t_idx, lin.bias.shape, 0)
+            b_layout = _weight_layout(mesh, t_idx, lin.bias.shape, 0)
             lin.bias = _shard_param(lin.bias, tmesh, 0)
-        lin._meshshard_tp = _TPLinear(style, mesh, w_spec, b_spec)
+        lin._meshshard_tp = _TPLinear(style, mesh, w_layout, b_layout)
         lin.forward = types.MethodType(_tp_linear_forward, lin)
     if not hasattr(module, "_meshshard_tp_root"):
         module._meshshard_tp_root = {"mesh": mesh, "stack": []}
@@ -292,16 +300,22 @@ def parallelize_module(
     return module
 
 
+# Wrapping a plain piece (a weight's, or an input's on a sub-mesh) as a ShardTensor is Python
+# that dynamo cannot trace (it breaks at ``_make_wrapper_subclass``, then fails resuming inside
+# ``__new__`` with "AttributeError: _spec"), so under ``torch.compile`` these run eagerly: a
+# graph break at each tensor-parallel linear and at the model's entry and exit.
+@torch._dynamo.disable
 def _tp_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     st: _TPLinear = self._meshshard_tp
     x = lift(x, st.mesh)
-    w = ShardTensor(self.weight.to_local(), st.weight_spec)
+    w = from_local_aten(self.weight.to_local(), st.mesh, *st.weight_layout)
     b = self.bias
-    if b is not None and st.bias_spec is not None:
-        b = ShardTensor(b.to_local(), st.bias_spec)
+    if b is not None and st.bias_layout is not None:
+        b = from_local_aten(b.to_local(), st.mesh, *st.bias_layout)
     return F.linear(x, w, b)
 
 
+@torch._dynamo.disable
 def _lift_inputs(module: nn.Module, args: tuple, kwargs: dict):
     root = module._meshshard_tp_root
     mesh = root["mesh"]
@@ -317,6 +331,7 @@ def _lift_inputs(module: nn.Module, args: tuple, kwargs: dict):
     return args, kwargs
 
 
+@torch._dynamo.disable
 def _return_outputs(module: nn.Module, args: tuple, kwargs: dict, out: Any):
     root = module._meshshard_tp_root
     src = root["stack"].pop()  # always_call: popped even when the forward raised

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def _model(seed=0, heads=2, hidden=16):
@@ -49,10 +50,8 @@ def transolver_tp(rank, world_size, shape, sizes, steps, submesh, compiled=False
     coords, feats, target = _data(data, N)
     ref, model = _model(), _model()
     parallelize_module(model, mesh, transolver_plan(model))
-    if compiled:  # the whole TP model traced into one graph per layout (aot_eager)
-        from meshshard.shardtensor import compile_sharded
-
-        compile_sharded(model, backend="aot_eager")
+    if compiled:  # the whole TP model under plain torch.compile (aot_eager)
+        model = torch.compile(model, backend="aot_eager")
     n_dt = sum(isinstance(p, DTensor) for p in model.parameters())
     w = model.blocks[0].mlp.pre.weight
     off = sum(sizes[:pc])
@@ -68,7 +67,9 @@ def transolver_tp(rank, world_size, shape, sizes, steps, submesh, compiled=False
     layouts = {}
     for name in ("blocks.0.mlp.pre", "blocks.0.mlp.post", "blocks.0.attn.in_project_x"):
         def hook(m, a, o, name=name):
-            layouts[name] = (tuple(str(p) for p in o.placements), o.spec.sizes)
+            layouts[name] = (tuple(str(p) for p in o.placements),
+                             tuple(o.sharding_sizes(i) if isinstance(p, Shard) else None
+                                   for i, p in enumerate(o.placements)))
         model.get_submodule(name).register_forward_hook(hook)
     out = model(c, f)
     out_ref = ref(coords, feats)
@@ -185,8 +186,6 @@ def bad_plan(rank, world_size, case):
 def count_tensor_allreduces(rank, world_size, sizes):
     """Forward all-reduces over the "tensor" group (and over "domain") for one Transolver
     forward under the plan, with inputs on mesh["domain"]."""
-    import torch.distributed as dist
-
     from meshshard.parallel.plans import transolver_plan
     from meshshard.parallel.tensor import init_mesh_3d, parallelize_module
     from meshshard.shardtensor import Shard, from_local
@@ -197,23 +196,34 @@ def count_tensor_allreduces(rank, world_size, sizes):
     sl = slice(sum(sizes[:pc]), sum(sizes[: pc + 1]))
     c, f = (from_local(a[:, sl], mesh["domain"], [Shard(1)], sizes) for a in (coords, feats))
     model = parallelize_module(_model(), mesh, transolver_plan(_model()))
-    t_ranks = dist.get_process_group_ranks(mesh.get_group("tensor"))
-    d_ranks = dist.get_process_group_ranks(mesh.get_group("domain"))
-    seen = {"tensor": 0, "domain": 0, "other": 0}
-    orig = dist.all_reduce
-
-    def counting(t, *a, group=None, **k):
-        ranks = dist.get_process_group_ranks(group) if group is not None else None
-        key = "tensor" if ranks == t_ranks else "domain" if ranks == d_ranks else "other"
-        seen[key] += 1
-        return orig(t, *a, group=group, **k)
-
-    dist.all_reduce = counting
-    try:
+    names = {mesh.get_group("tensor").group_name: "tensor",
+             mesh.get_group("domain").group_name: "domain"}
+    with _CountAllReduces(names) as seen:
         model(c, f)
-    finally:
-        dist.all_reduce = orig
     return seen
+
+
+class _CountAllReduces(TorchDispatchMode):
+    """Counts the functional all-reduces (what ShardTensor's rules issue) by process group,
+    seen below the ShardTensor wrapper (on its local pieces)."""
+
+    def __init__(self, names):
+        super().__init__()
+        self.names = names
+        self.seen = {"tensor": 0, "domain": 0, "other": 0}
+
+    def __enter__(self):
+        super().__enter__()
+        return self.seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from meshshard.shardtensor import ShardTensor
+
+        if any(issubclass(t, ShardTensor) for t in types):
+            return NotImplemented  # let the wrapper run its rule; its collectives come here
+        if func is torch.ops._c10d_functional.all_reduce.default:
+            self.seen[self.names.get(args[2], "other")] += 1
+        return func(*args, **(kwargs or {}))
 
 
 def transolver_tp_ddp(rank, world_size, steps):

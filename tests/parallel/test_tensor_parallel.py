@@ -28,7 +28,7 @@ CASES = [
 @pytest.mark.parametrize(("shape", "sizes", "submesh", "compiled"),
                          [*(c + (False,) for c in CASES), ((1, 2, 2), (3, 5), False, True)],
                          ids=["1x2x2-3,5", "1x2x2-0,8-domain-inputs", "2x1x2-7",
-                              "1x2x2-3,5-compile_sharded"])
+                              "1x2x2-3,5-torch.compile"])
 def test_transolver_tp_matches_single_process(shape, sizes, submesh, compiled):
     reports = run_ranks(_tp_fns.transolver_tp, 4, shape, sizes, 3, submesh, compiled,
                         timeout=300)

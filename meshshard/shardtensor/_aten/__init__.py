@@ -23,6 +23,7 @@ from meshshard.shardtensor._aten import (  # noqa: F401  (each registers its rul
     rules_shape,
     rules_slice,
     rules_softmax,
+    rules_tp,
     rules_values,
     rules_view,
 )

@@ -16,13 +16,24 @@ import torch
 from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
 from torch.autograd.graph import _engine_run_backward
 
-__all__ = ["NAMES", "run_backward", "run_grad"]
+__all__ = ["NAMES", "run_backward", "run_grad", "skip_dynamo_frame"]
 
 NAMES = (
     "torch.autograd._make_grads",
     "torch.autograd._tensor_or_tensors_to_tuple",
     "torch.autograd.graph._engine_run_backward",
+    "torch._dynamo.eval_frame.skip_code",
 )
+
+
+def skip_dynamo_frame(fn: Any) -> None:
+    """Dynamo never compiles ``fn`` as a frame of its own (it still runs, eagerly). For
+    ``ShardTensor.__new__``: called eagerly from a region dynamo fell back on, dynamo would
+    compile it, break at ``_make_wrapper_subclass`` and fail resuming on the half-built wrapper
+    ("AttributeError: _spec"). No cost outside dynamo."""
+    from torch._dynamo.eval_frame import skip_code
+
+    skip_code(fn.__code__)
 
 
 def _as_tuple(x: Any) -> tuple:

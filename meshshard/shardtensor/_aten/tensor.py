@@ -295,6 +295,23 @@ class ShardTensor(torch.Tensor):
             out[i] = tuple(shapes)
         return out
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        """A gradient reaching a compiled graph's backward in another layout than traced
+        (e.g. Partial from an eager region after a graph break) is redistributed to it."""
+        if expected_type is not None and expected_type is not type(self):
+            return None
+        mesh, placements = expected_metadata
+        if mesh is not self._spec.mesh and mesh != self._spec.mesh:
+            return None
+        if tuple(placements) == self._spec.placements:
+            return self
+        if any(isinstance(p, SHARDED) and p != q
+               for p, q in zip(placements, self._spec.placements)):
+            return None  # the traced per-rank sizes are not in the metadata: torch's error
+        sizes = [s if p == q else None
+                 for p, q, s in zip(placements, self._spec.placements, self._spec.sizes)]
+        return self.redistribute(tuple(placements), sizes)
+
     def __repr__(self) -> str:  # type: ignore[override]
         return f"ShardTensor(local={tuple(self._local.shape)}, {self._spec})"
 
@@ -396,6 +413,15 @@ def _is_custom_op_autograd(func: Any) -> bool:
 
 # the name the port used before the swap; tests written then still import it
 AtenShardTensor = ShardTensor
+
+
+def _skip_new_in_dynamo() -> None:
+    from meshshard.shardtensor._aten._torch_private import skip_dynamo_frame
+
+    skip_dynamo_frame(ShardTensor.__new__)
+
+
+_skip_new_in_dynamo()
 
 
 def _plain_needing_grad(a: Any) -> bool:
