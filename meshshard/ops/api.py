@@ -36,9 +36,8 @@ __all__ = [
 
 def _classes() -> tuple:
     from meshshard.shardtensor import ShardTensor
-    from meshshard.shardtensor._aten import AtenShardTensor
 
-    return ShardTensor, AtenShardTensor
+    return (ShardTensor,)
 
 
 def _is_st(t: Any) -> bool:
