@@ -24,6 +24,8 @@ def function_name(func: Any) -> str:
         mod, prefix = _PUBLIC.get(mod, ("torch", ""))
         if prefix and qual.startswith(prefix):
             qual = qual[len(prefix):]
+    if qual.startswith("_VariableFunctionsClass."):  # torch.sort and the like
+        return "torch." + qual.rsplit(".", 1)[-1]
     if "TensorBase" in qual or (not mod and "." in qual):
         return "torch.Tensor." + qual.rsplit(".", 1)[-1]
     return f"{mod}.{qual}" if mod else qual
@@ -33,15 +35,18 @@ class NoRuleError(NoShardingRuleError):
     """An aten op reached a ShardTensor with no sharding rule for it. ``func``: the torch
     function that called it (None while still inside dispatch)."""
 
-    def __init__(self, op: Any, func: Any = None) -> None:
-        self.op, self.func = op, func
+    def __init__(self, op: Any, func: Any = None, why: str | None = None) -> None:
+        self.op, self.func, self.why = op, func, why
         head = (f"ShardTensor has no sharding rule for {op}" if func is None else
                 f"ShardTensor has no sharding rule for {function_name(func)} (it calls {op}: "
                 f"no sharding rule for {op})")
+        if why:
+            head += f" ({why})"
         super().__init__(
-            f"{head}. Register one, a function (func, args, kwargs) -> Plan over the local "
-            f"pieces: meshshard.shardtensor._aten.rules.rule(torch.ops.{op})(my_rule); or "
-            "convert with .full_tensor() (collective) and compute on plain tensors")
+            f"{head}. Redistribute the input to Replicate() first "
+            "(x.redistribute([Replicate()]), collective), or register a rule, a function "
+            "(func, args, kwargs) -> Plan over the local pieces: "
+            f"meshshard.shardtensor._aten.rules.rule(torch.ops.{op})(my_rule)")
 
     def within(self, func: Any) -> NoRuleError:
-        return self if self.func is not None else NoRuleError(self.op, func)
+        return self if self.func is not None else NoRuleError(self.op, func, self.why)

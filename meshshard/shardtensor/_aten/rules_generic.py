@@ -6,8 +6,9 @@
 - One ShardTensor argument, sharded, and an op from :data:`ALONG_DIM` (ops that work along their
   ``dim`` argument only: sort, topk, cummax, median, FFTs, ...) whose ``dim`` avoids the
   sharded dims: local, and the output keeps the input's layout.
-- Anything else raises :class:`meshshard.errors.NoShardingRuleError` naming the op and the way
-  out (redistribute), on every rank alike (the decision depends on layouts only).
+- Anything else raises :class:`meshshard.errors.NoShardingRuleError` (``no_rule.NoRuleError``)
+  naming the torch function, the aten op and the way out (redistribute), on every rank alike
+  (the decision depends on layouts only).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any
 
 import torch
 
-from meshshard.errors import NoShardingRuleError
 from meshshard.shardtensor._aten import rules as _R
+from meshshard.shardtensor._aten.no_rule import NoRuleError
 from meshshard.shardtensor._aten.rules import Plan, _reduced, _replicated, same_layout
 from meshshard.shardtensor._aten.tensor import SHARDED, ShardTensor, make_spec
 
@@ -33,10 +34,7 @@ ALONG_DIM = frozenset(getattr(aten, n) for n in (
 
 
 def _refuse(func, why: str) -> None:
-    msg = (f"ShardTensor has no sharding rule for {func} ({why}); redistribute the inputs to "
-           "Replicate() first (x.redistribute([Replicate()])) or add a rule "
-           "(meshshard/shardtensor/_aten/rules*.py, docs/design/core.md)")
-    raise NoShardingRuleError(msg)
+    raise NoRuleError(func, why=why)
 
 
 def _dims_of(func, args: tuple, kwargs: dict, ndim: int) -> set | None:
