@@ -16,6 +16,7 @@ from meshshard.shardtensor._aten import (  # noqa: F401  (each registers its rul
     rules_grid_window,
     rules_index,
     rules_logical,
+    rules_pyg,
     rules_reduce,
     rules_shape,
     rules_slice,

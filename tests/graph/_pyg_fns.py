@@ -1,0 +1,136 @@
+"""Rank functions for ``test_pyg_plug.py``: unmodified PyG layers (``GraphConv``, ``SAGEConv``)
+on ShardTensors through :class:`meshshard.graph.GraphPlug`, against the same model on the whole
+graph in one process (fp64). No gradient sync and no loss scaling anywhere."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.graph._data import NODE_IN, OUT, problem
+
+HIDDEN = 6
+STEPS = 3
+
+
+class Net(torch.nn.Module):
+    """Two PyG convolutions; with a plug: ``begin`` / ``before_layer`` / ``end`` around them."""
+
+    def __init__(self, kind: str, aggr: str) -> None:
+        from torch_geometric.nn import GraphConv, SAGEConv
+
+        super().__init__()
+        self.kind = kind
+        if kind == "graph":
+            self.c1, self.c2 = GraphConv(NODE_IN, HIDDEN, aggr), GraphConv(HIDDEN, OUT, aggr)
+        else:
+            self.c1 = SAGEConv(NODE_IN, HIDDEN, aggr, project=True)
+            self.c2 = SAGEConv(HIDDEN, OUT, aggr, normalize=True)
+
+    def _conv(self, conv, h, edge_index, weight):
+        if self.kind == "graph":
+            return conv(h, edge_index, weight)
+        return conv(h, edge_index)
+
+    def forward(self, x, edge_index, weight=None, plug=None):
+        h = plug.begin(x) if plug is not None else x
+        h = self._conv(self.c1, h, edge_index, weight).tanh()
+        if plug is not None:
+            h = plug.before_layer(h, 1)
+        h = self._conv(self.c2, h, edge_index, weight)
+        return plug.end(h) if plug is not None else h
+
+
+def _net(kind: str, aggr: str) -> Net:
+    torch.manual_seed(0)
+    return Net(kind, aggr).to(torch.float64)
+
+
+def _run(model, x, ei, weight, w, plug=None) -> dict:
+    """Loss, input and weight gradients, then ``STEPS`` plain SGD steps (losses, weights)."""
+    out = model(x, ei, weight, plug)
+    loss = ((out - w) ** 2).mean()  # on ShardTensors: the global mean, no scaling by hand
+    gx, = torch.autograd.grad(loss, x, retain_graph=True)
+    gw = torch.autograd.grad(loss, list(model.parameters()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    losses = []
+    for _ in range(STEPS):  # no sync_gradients: .grad is already the global gradient
+        opt.zero_grad(set_to_none=True)
+        step_loss = ((model(x, ei, weight, plug) - w) ** 2).mean()
+        step_loss.backward()
+        opt.step()
+        losses.append(step_loss.detach())
+    return {"out": out.detach(), "loss": loss.detach(), "gx": gx, "gw": gw, "losses": losses,
+            "weights": [p.detach().clone() for p in model.parameters()]}
+
+
+def _reference(prob, kind, aggr) -> dict:
+    x = torch.from_numpy(prob["x"]).double().requires_grad_()
+    ei = torch.from_numpy(prob["edge_index"])
+    weight = torch.from_numpy(prob["messages"][:, 0]).double()
+    w = torch.from_numpy(prob["w"]).double()
+    return _run(_net(kind, aggr), x, ei, weight, w)
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def pyg_cases(rank: int, P: int, cases: list[dict]) -> list[dict]:
+    """Per case, per (layer kind, aggregation, strategy): (got, want) pairs by name."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.graph import GraphPlug
+    from tests.graph._fns import _graph
+
+    mesh = init_device_mesh("cpu", (P,))
+    results = []
+    for case in cases:
+        prob = problem(case, P)
+        res = {}
+        for kind, aggr in case["layers"]:
+            ref = _reference(prob, kind, aggr)
+            for strategy in ("per_layer", "once"):
+                g = _graph(case, prob, rank, P, 1 if strategy == "per_layer" else 2)
+                plug = GraphPlug(g, mesh, strategy, 2)
+                mine = g.nodes[: g.n_owned]
+                x = plug.nodes(torch.from_numpy(prob["x"][mine]).double()).requires_grad_()
+                weight = plug.edges(torch.from_numpy(g.local_edges(prob["messages"][:, 0]))
+                                    .double())
+                w = plug.nodes(torch.from_numpy(prob["w"][mine]).double())
+                got = _run(_net(kind, aggr), x, plug.edge_index, weight, w, plug)
+                pairs = {
+                    "out": (got["out"].to_local(), ref["out"][mine]),
+                    "loss": (_full(got["loss"]), ref["loss"]),
+                    "grad x": (got["gx"].to_local(), ref["gx"][mine]),
+                    **{f"grad w{k}": (a, b) for k, (a, b) in enumerate(zip(got["gw"],
+                                                                           ref["gw"]))},
+                    **{f"step {k} loss": (_full(a), b)
+                       for k, (a, b) in enumerate(zip(got["losses"], ref["losses"]))},
+                    **{f"trained w{k}": (a, b)
+                       for k, (a, b) in enumerate(zip(got["weights"], ref["weights"]))},
+                    "plain grads": all(type(p) is torch.Tensor for p in got["gw"]),
+                }
+                res[kind, aggr, strategy] = pairs
+        results.append(res)
+    return results
+
+
+def bad_layout(rank: int, P: int, case: dict) -> str:
+    """A PyG layer on the owned layout (no ``plug.begin``): its gather names ghost rows."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch_geometric.nn import GraphConv
+
+    from meshshard.graph import GraphPlug
+    from tests.graph._fns import _graph
+
+    mesh = init_device_mesh("cpu", (P,))
+    prob = problem(case, P)
+    g = _graph(case, prob, rank, P, 1)
+    plug = GraphPlug(g, mesh)
+    x = plug.nodes(torch.from_numpy(prob["x"][g.nodes[: g.n_owned]]).double())
+    conv = GraphConv(NODE_IN, OUT).double()
+    try:
+        conv(x, plug.edge_index)
+    except ValueError as e:
+        return str(e)
+    return "no error"
