@@ -115,10 +115,73 @@ def pyg_cases(rank: int, P: int, cases: list[dict]) -> list[dict]:
     return results
 
 
-def bad_layout(rank: int, P: int, case: dict) -> str:
-    """A PyG layer on the owned layout (no ``plug.begin``): its gather names ghost rows."""
+def _zoo() -> dict:
+    """More unmodified PyG layers (in -> OUT), each exercising other ops of the scatter path."""
+    import torch_geometric.nn as G
+    from torch.nn import Linear, ReLU, Sequential
+
+    return {
+        "GATConv": lambda: G.GATConv(NODE_IN, OUT, heads=2, concat=False,
+                                     add_self_loops=False),
+        "GATv2Conv": lambda: G.GATv2Conv(NODE_IN, OUT, heads=2, concat=False,
+                                     add_self_loops=False),
+        "TransformerConv": lambda: G.TransformerConv(NODE_IN, OUT, heads=2, concat=False),
+        "GINConv": lambda: G.GINConv(Sequential(Linear(NODE_IN, 5), ReLU(), Linear(5, OUT))),
+        "EdgeConv": lambda: G.EdgeConv(Sequential(Linear(2 * NODE_IN, OUT)), aggr="max"),
+        "ResGatedGraphConv": lambda: G.ResGatedGraphConv(NODE_IN, OUT),
+        "GENConv": lambda: G.GENConv(NODE_IN, OUT, norm=None, learn_t=True),
+        "GCNConv": lambda: G.GCNConv(NODE_IN, OUT, add_self_loops=False, normalize=False),
+        "SAGEConv min": lambda: G.SAGEConv(NODE_IN, OUT, aggr="min"),
+        "SAGEConv mul": lambda: G.SAGEConv(NODE_IN, OUT, aggr="mul"),
+        "SAGEConv std": lambda: G.SAGEConv(NODE_IN, OUT, aggr="std"),
+        "SAGEConv mean+max": lambda: G.SAGEConv(NODE_IN, OUT, aggr=["mean", "max"]),
+    }
+
+
+def _one_layer(make, x, ei, w, plug=None):
+    torch.manual_seed(0)
+    conv = make().to(torch.float64)
+    h = plug.begin(x) if plug is not None else x
+    out = conv(h, ei)
+    out = plug.end(out) if plug is not None else out
+    loss = ((out - w) ** 2).mean()
+    gx, = torch.autograd.grad(loss, x, retain_graph=True)
+    gw = torch.autograd.grad(loss, list(conv.parameters()))
+    return out.detach(), loss.detach(), gx, gw
+
+
+def zoo_case(rank: int, P: int, case: dict) -> dict:
+    """Per layer of :func:`_zoo`: (got, want) pairs of the output, loss and gradients."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch_geometric.nn import GraphConv
+
+    from meshshard.graph import GraphPlug
+    from tests.graph._fns import _graph
+
+    mesh = init_device_mesh("cpu", (P,))
+    prob = problem(case, P)
+    g = _graph(case, prob, rank, P, 1)
+    plug = GraphPlug(g, mesh)
+    mine = g.nodes[: g.n_owned]
+    xr = torch.from_numpy(prob["x"]).double().requires_grad_()
+    wr = torch.from_numpy(prob["w"]).double()
+    out = {}
+    for name, make in _zoo().items():
+        r_out, r_loss, r_gx, r_gw = _one_layer(make, xr, torch.from_numpy(prob["edge_index"]),
+                                               wr)
+        x = plug.nodes(torch.from_numpy(prob["x"][mine]).double()).requires_grad_()
+        w = plug.nodes(torch.from_numpy(prob["w"][mine]).double())
+        s_out, s_loss, s_gx, s_gw = _one_layer(make, x, plug.edge_index, w, plug)
+        out[name] = {"out": (s_out.to_local(), r_out[mine]), "loss": (_full(s_loss), r_loss),
+                     "grad x": (s_gx.to_local(), r_gx[mine]),
+                     **{f"grad w{k}": (a, b) for k, (a, b) in enumerate(zip(s_gw, r_gw))}}
+    return out
+
+
+def refusals(rank: int, P: int, case: dict) -> dict:
+    """Layers whose PyG code the rules do not cover: the error each raises (clear, not a
+    silently different result)."""
+    import torch_geometric.nn as G
+    from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.graph import GraphPlug
     from tests.graph._fns import _graph
@@ -128,9 +191,20 @@ def bad_layout(rank: int, P: int, case: dict) -> str:
     g = _graph(case, prob, rank, P, 1)
     plug = GraphPlug(g, mesh)
     x = plug.nodes(torch.from_numpy(prob["x"][g.nodes[: g.n_owned]]).double())
-    conv = GraphConv(NODE_IN, OUT).double()
-    try:
-        conv(x, plug.edge_index)
-    except ValueError as e:
-        return str(e)
-    return "no error"
+    layers = {
+        "owned layout": (lambda: G.GraphConv(NODE_IN, OUT), False),
+        "batch norm": (lambda: G.GENConv(NODE_IN, OUT), True),  # its MLP's BatchNorm
+        "self loops": (lambda: G.GCNConv(NODE_IN, OUT), True),  # a boolean-mask edge filter
+        "gcn_norm": (lambda: G.GCNConv(NODE_IN, OUT, add_self_loops=False), True),
+    }
+    out = {}
+    for name, (make, begin) in layers.items():
+        torch.manual_seed(0)
+        conv = make().to(torch.float64)
+        try:
+            conv(plug.begin(x) if begin else x, plug.edge_index)
+        except (ValueError, NotImplementedError) as e:
+            out[name] = f"{type(e).__name__}: {e}"
+        else:
+            out[name] = "no error"
+    return out

@@ -36,14 +36,23 @@ import torch
 from torch.distributed.tensor import Shard
 
 from meshshard.shardtensor._aten import rules_graph as _G
+from meshshard.shardtensor._aten import rules_grid_norm as _N  # noqa: F401  (its rules first)
 from meshshard.shardtensor._aten import rules_index as _I  # noqa: F401  (its rules first)
-from meshshard.shardtensor._aten.rules import _DIRECT, _RULES, _coord, _execute, rule
+from meshshard.shardtensor._aten.rules import (
+    _DIRECT,
+    _RULES,
+    _coord,
+    _execute,
+    _pointwise,
+    rule,
+)
 from meshshard.shardtensor._aten.tensor import FUNCTION_RULES, ShardTensor, make_spec
 
 aten = torch.ops.aten
 
-# (mesh, index per-rank sizes, node global rows) -> node per-rank sizes
+# (mesh, index per-rank sizes, node global rows) -> node per-rank sizes; (mesh, index sizes)
 _NODE_LAYOUTS: dict = {}
+_INDEX_LAYOUTS: set = set()
 
 
 def _rows1d(t) -> bool:
@@ -57,7 +66,9 @@ def _record(x, idx) -> None:
         key = (x._spec.mesh, tuple(idx._spec.sizes[0]), int(x.shape[0]))
         if len(_NODE_LAYOUTS) > 4096:
             _NODE_LAYOUTS.clear()
+            _INDEX_LAYOUTS.clear()
         _NODE_LAYOUTS[key] = tuple(x._spec.sizes[0])
+        _INDEX_LAYOUTS.add(key[:2])
 
 
 def _recording(fn, index_pos: int):
@@ -100,8 +111,7 @@ def _node_sizes(src: ShardTensor, size: tuple) -> tuple | None:
     hit = _NODE_LAYOUTS.get((spec.mesh, own, size[0]))
     if hit is not None:
         return hit
-    if size[0] == src.shape[0] and any(k[0] is spec.mesh and k[1] == own
-                                       for k in _NODE_LAYOUTS):
+    if size[0] == src.shape[0] and (spec.mesh, own) in _INDEX_LAYOUTS:
         return own  # per-edge values of an index layout (PyG's ones of the mean)
     return None
 
@@ -148,6 +158,15 @@ def _row_local(func, args) -> bool:
     t, dim, idx = args[0], args[1], args[2]
     if type(idx) is not ShardTensor or idx._spec.placements[0] != Shard(0):
         return False
+    if type(t) is not ShardTensor and idx._spec.mesh.ndim == 1 and dim % max(t.ndim, 1) == 0:
+        msg = (
+            f"{func}: a plain (global) target of {t.shape[0]} rows with a row-sharded index: "
+            "the result would have to be the whole global tensor on every rank. Make the "
+            "target from the sharded values (values.new_zeros(...), as PyG's scatter does); "
+            "PyG code that builds per-edge values with torch.ones(E) (GCNConv's gcn_norm, "
+            "normalize=True) is not covered on ShardTensors"
+        )
+        raise ValueError(msg)
     if type(t) is not ShardTensor or not (_rows1d(t) and t._spec.mesh is idx._spec.mesh):
         if type(t) is ShardTensor and dim % max(t.ndim, 1) == 0 and \
                 idx._spec.mesh.ndim == 1 and t._spec.mesh is idx._spec.mesh:
@@ -184,12 +203,17 @@ def _src_local(func, src, idx: ShardTensor):
     return src._local
 
 
+def _call(prev, func, args, kwargs):
+    """The rule this module wraps, for the layouts it leaves alone."""
+    if prev in _DIRECT:
+        return prev(func, args, kwargs)
+    return _execute(func, args, kwargs, prev(func, args, kwargs))
+
+
 def _wrap(prev):
     def run(func, args, kwargs):
         if not _row_local(func, args):
-            if prev in _DIRECT:
-                return prev(func, args, kwargs)
-            return _execute(func, args, kwargs, prev(func, args, kwargs))
+            return _call(prev, func, args, kwargs)
         t, idx = args[0], args[2]
         ids = _checked_ids(func, t, idx)
         rest = list(args[3:])
@@ -212,3 +236,48 @@ for _op in (aten.gather.default, aten.scatter_add.default, aten.scatter_add_.def
             aten.scatter_reduce.two, aten.scatter_reduce_.two, aten.scatter.src,
             aten.scatter.value, aten.scatter_.src, aten.scatter_.value):
     rule(_op)(_wrap(_RULES[_op]))
+
+
+# ------------------------------------------------------------------ activations PyG layers use
+rule(aten.leaky_relu_backward.default)(_pointwise)  # GATConv's attention (not tagged pointwise)
+
+
+# ------------------------------------------------------------------ statistics over ghost rows
+# (mesh, per-rank sizes) of layouts that hold ghost copies (GraphPlug's extended layouts)
+_EXTENDED: set = set()
+
+
+def note_extended(mesh, owned: tuple, extended: tuple) -> None:
+    """Record a layout whose rows include ghost copies, so statistics over its rows (batch
+    norm in training) are refused instead of counting the ghosts. GraphPlug calls it."""
+    if tuple(owned) != tuple(extended):
+        if len(_EXTENDED) > 4096:
+            _EXTENDED.clear()
+        _EXTENDED.add((mesh, tuple(extended)))
+
+
+def _no_ghost_stats(prev, training_pos: int | None):
+    def run(func, args, kwargs):
+        x = args[0]
+        training = True if training_pos is None else args[training_pos]
+        if training and _rows1d(x) and x.ndim >= 1 and \
+                (x._spec.mesh, tuple(x._spec.sizes[0])) in _EXTENDED:
+            msg = (
+                f"{func}: batch statistics over the rows of a graph's extended layout (owned "
+                f"rows then ghost copies, sizes {tuple(x._spec.sizes[0])}) would count the "
+                "ghost rows as well, so they would differ from one process. Normalise the "
+                "owned rows (plug.end(h)), or use a per-node norm (LayerNorm over features) "
+                "or none inside message-passing layers (e.g. GENConv(norm=None))"
+            )
+            raise ValueError(msg)
+        return _call(prev, func, args, kwargs)
+
+    _DIRECT.add(run)
+    return run
+
+
+for _op, _pos in ((aten.native_batch_norm.default, 5),
+                  (aten._native_batch_norm_legit.default, 5),
+                  (aten._native_batch_norm_legit.no_stats, 3),
+                  (aten._native_batch_norm_legit_functional.default, 5)):
+    rule(_op)(_no_ghost_stats(_RULES[_op], _pos))
