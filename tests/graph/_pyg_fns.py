@@ -208,3 +208,41 @@ def refusals(rank: int, P: int, case: dict) -> dict:
         else:
             out[name] = "no error"
     return out
+
+
+def compile_case(rank: int, P: int, case: dict) -> dict:
+    """Plain ``torch.compile`` of the two-layer GraphConv model with the plug: graph breaks,
+    and the compiled loss and weight gradients against eager."""
+    import os
+
+    import torch._dynamo as dynamo
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.graph import GraphPlug
+    from tests.graph._fns import _graph
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/meshshard-inductor-{os.getpid()}"
+    mesh = init_device_mesh("cpu", (P,))
+    prob = problem(case, P)
+    g = _graph(case, prob, rank, P, 1)
+    plug = GraphPlug(g, mesh)
+    mine = g.nodes[: g.n_owned]
+    x = plug.nodes(torch.from_numpy(prob["x"][mine]).double())
+    weight = plug.edges(torch.from_numpy(g.local_edges(prob["messages"][:, 0])).double())
+    w = plug.nodes(torch.from_numpy(prob["w"][mine]).double())
+    from meshshard.shardtensor._aten import rules_pyg
+
+    rules_pyg._NODE_LAYOUTS.clear()  # earlier eager cases of this spawn recorded the layout:
+    rules_pyg._INDEX_LAYOUTS.clear()  # the compiled run must record it itself
+    model = _net("graph", "add")
+    out = {}
+    for name, fn in (("compiled", torch.compile(model, backend="aot_eager")), ("eager", model)):
+        model.zero_grad(set_to_none=True)
+        loss = ((fn(x, plug.edge_index, weight, plug) - w) ** 2).mean()
+        loss.backward()
+        out[name] = [loss.full_tensor().detach()] + [p.grad.clone() for p in model.parameters()]
+    dynamo.reset()
+    out["graph breaks"] = dynamo.explain(model)(x, plug.edge_index, weight,
+                                                plug).graph_break_count
+    dynamo.reset()
+    return out

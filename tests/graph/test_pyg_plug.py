@@ -49,6 +49,7 @@ def _all(rank, P, cases):
         out["zoo"] = fns.zoo_case(rank, P, ZOO_CASES[P])
     if P == 2:
         out["refused"] = fns.refusals(rank, P, BAD_CASE)
+        out["compile"] = fns.compile_case(rank, P, BAD_CASE)
     return out
 
 
@@ -93,3 +94,11 @@ def test_uncovered_pyg_paths_are_refused_clearly():
         assert "would count the ghost rows" in ref["batch norm"], ref["batch norm"]
         assert "boolean mask" in ref["self loops"], ref["self loops"]
         assert "plain (global) target" in ref["gcn_norm"], ref["gcn_norm"]
+
+
+def test_pyg_layers_under_plain_torch_compile_equal_eager():
+    """Compiled first (no eager call has recorded the node layout yet), then eager."""
+    for rank, rep in enumerate(r["compile"] for r in _results(2)):
+        assert rep["graph breaks"] == 0, rep["graph breaks"]
+        for k, (a, b) in enumerate(zip(rep["compiled"], rep["eager"], strict=True)):
+            _close(a, b, f"rank {rank} tensor {k}")

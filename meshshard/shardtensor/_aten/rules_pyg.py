@@ -27,7 +27,9 @@ Every in-edge of an owned node is held by its owner (the graph's edge-ownership 
 owned rows of a layer's output are exact and there are no partial sums of owned nodes on other
 ranks to send back; ghost rows hold only what local edges give (zero with one ring), so they
 must be refreshed (``plug.before_layer``) before a layer reads them, as with the plug's own
-``aggregate``. Eager only: under ``torch.compile`` the recorded layouts are not traced.
+``aggregate``. Under plain ``torch.compile`` with static sizes the same rules run while tracing
+(0 graph breaks, equal to eager); with symbolic sizes nothing is recorded and the scatter
+refuses with the error below.
 """
 
 from __future__ import annotations
@@ -63,12 +65,15 @@ def _rows1d(t) -> bool:
 
 def _record(x, idx) -> None:
     if _rows1d(x) and _rows1d(idx) and x._spec.mesh is idx._spec.mesh:
-        key = (x._spec.mesh, tuple(idx._spec.sizes[0]), int(x.shape[0]))
+        key = (x._spec.mesh, tuple(idx._spec.sizes[0]), x.shape[0])
         if len(_NODE_LAYOUTS) > 4096:
             _NODE_LAYOUTS.clear()
             _INDEX_LAYOUTS.clear()
-        _NODE_LAYOUTS[key] = tuple(x._spec.sizes[0])
-        _INDEX_LAYOUTS.add(key[:2])
+        try:
+            _NODE_LAYOUTS[key] = tuple(x._spec.sizes[0])
+            _INDEX_LAYOUTS.add(key[:2])
+        except TypeError:  # symbolic sizes (dynamic shapes): not recorded
+            pass
 
 
 def _recording(fn, index_pos: int):
@@ -81,7 +86,7 @@ def _recording(fn, index_pos: int):
             msg = (f"{e}. With GraphPlug.edge_index, gather from the extended layout: "
                    "h = plug.begin(x) (and plug.before_layer(h, layer) between layers)")
             raise ValueError(msg) from None
-        if out is not NotImplemented and not torch.compiler.is_compiling():
+        if out is not NotImplemented:
             _record(args[0], args[index_pos] if len(args) > index_pos
                     else kwargs.get("index"))
         return out
@@ -104,15 +109,18 @@ def _size_of(args: tuple) -> tuple | None:
 
 
 def _node_sizes(src: ShardTensor, size: tuple) -> tuple | None:
-    if not size or not _rows1d(src) or torch.compiler.is_compiling():
+    if not size or not _rows1d(src):
         return None
     spec = src._spec
     own = tuple(spec.sizes[0])
-    hit = _NODE_LAYOUTS.get((spec.mesh, own, size[0]))
-    if hit is not None:
-        return hit
-    if size[0] == src.shape[0] and (spec.mesh, own) in _INDEX_LAYOUTS:
-        return own  # per-edge values of an index layout (PyG's ones of the mean)
+    try:
+        hit = _NODE_LAYOUTS.get((spec.mesh, own, size[0]))
+        if hit is not None:
+            return hit
+        if size[0] == src.shape[0] and (spec.mesh, own) in _INDEX_LAYOUTS:
+            return own  # per-edge values of an index layout (PyG's ones of the mean)
+    except TypeError:  # symbolic sizes (dynamic shapes): the scatter then says what is missing
+        pass
     return None
 
 
