@@ -64,6 +64,7 @@ class GraphPlug:
     def __init__(self, graph: ShardedGraph, mesh: Any, strategy: str = "per_layer",
                  layers: int = 1) -> None:
         from meshshard.shardtensor._aten import from_local
+        from meshshard.shardtensor._aten.rules_pyg import note_extended
 
         if strategy not in ("per_layer", "once"):
             msg = f"strategy={strategy!r} must be 'per_layer' or 'once'"
@@ -82,6 +83,7 @@ class GraphPlug:
         group, world = mesh.get_group(0), mesh.size(0)
         self.owned = tuple(int(v) for v in graph.sizes)
         self.extended = _all_sizes(graph.n_local, group, world)
+        note_extended(mesh, self.owned, self.extended)  # batch statistics over it: refused
         edges = _all_sizes(graph.edge_index.shape[1], group, world)
         self.edge_sizes = edges
         ext_off = sum(self.extended[: graph.rank])

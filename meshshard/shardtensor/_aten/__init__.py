@@ -19,6 +19,7 @@ from meshshard.shardtensor._aten import (  # noqa: F401  (each registers its rul
     rules_inplace,
     rules_layernorm,
     rules_logical,
+    rules_pyg,
     rules_reduce,
     rules_shape,
     rules_slice,
