@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.errors import DistributedError
 from meshshard.pipelines.distributed_inputs import is_source, open_source, source_name
 from meshshard.store.atomic import publish
 from meshshard.store.format import (
@@ -74,10 +75,7 @@ def _agree_ok(comm, ok: bool, what: str) -> None:
     bad = comm.allgather(np.array([0 if ok else 1], dtype=np.int64))[:, 0]
     if bad.any():
         msg = f"{what} failed on rank(s) {np.flatnonzero(bad).tolist()}; nothing was published"
-        # a plain RuntimeError still: tests/pipelines/test_distributed_npy.py asserts the
-        # type's name; a DistributedError here (one line, exit 1 all the same) needs that
-        # assertion changed, which is the lead's call
-        raise RuntimeError(msg)
+        raise DistributedError(msg)  # a RuntimeError: the run failed, not (only) its input
 
 
 def _chunk_rows(comm, arrays: dict[str, np.ndarray], owned: tuple[int, int], n: int, chunk: int):

@@ -81,7 +81,7 @@ def test_bad_npy_and_bad_splits(tmp_path):
     np.save(bad, np.zeros((10, 4), dtype=np.float32))
     for status, text in run_ranks(repartition_rank, 2, bad, tmp_path / "o", 2, "hilbert",
                                   timeout=120):  # fmt: skip
-        assert status == "RuntimeError" and "(N, 3) or (N, 2)" in text
+        assert status == "DistributedError" and "(N, 3) or (N, 2)" in text
     ok = tmp_path / "ok.npy"
     np.save(ok, np.random.default_rng(0).random((50, 3)))
     splits = {"volume": [0, 60, 50]}
