@@ -147,8 +147,10 @@ def dynamic_rank(rank, world_size, threads, backend):
     for k, (n, sizes) in enumerate(SAMPLES):
         full = _data(n, seed=k)
         off = sum(sizes[:rank])
-        c, f, t = (from_local(a[:, off : off + sizes[rank]].clone(), mesh, [Shard(1)],
-                              list(sizes), validate=False) for a in full)
+        # contiguous copies: a slice's stride on a size-1 dim differs per shard (a recompile)
+        pieces = (a[:, off : off + sizes[rank]].clone(memory_format=torch.contiguous_format)
+                  for a in full)
+        c, f, t = (from_local(p, mesh, [Shard(1)], list(sizes), validate=False) for p in pieces)
         t0 = time.process_time()
         model.zero_grad(set_to_none=True)
         ((fwd(c, f) - t) ** 2).mean().backward()

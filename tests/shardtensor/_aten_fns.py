@@ -152,20 +152,20 @@ def autocast_case(rank, world, sizes):
     return res
 
 
-def compile_case(rank, world, layouts):
+def compile_case(rank, world, layouts, backend_name="aot_eager"):
     """Plain torch.compile(model) over samples of different sizes and splits: compilations,
     graphs, graph breaks, and compiled against eager (loss, input and weight grads)."""
+    from torch._dynamo import lookup_backend
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     calls = {"n": 0}
+    inner = lookup_backend(backend_name)
 
     def backend(gm, example_inputs):
         calls["n"] += 1
-        from torch._dynamo.backends.debugging import aot_eager
-
-        return aot_eager(gm, example_inputs)
+        return inner(gm, example_inputs)
 
     res = []
     model = None

@@ -9,21 +9,74 @@ exactly as those two functions do, with handling on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
 from torch.autograd.graph import _engine_run_backward
 
-__all__ = ["NAMES", "run_backward", "run_grad", "skip_dynamo_frame"]
+__all__ = ["NAMES", "definitely_less", "is_contiguous_or_false", "pinned_to_pass", "run_backward",
+           "run_grad", "skip_dynamo_frame", "tracing_a_joint_graph"]
 
 NAMES = (
     "torch.autograd._make_grads",
     "torch.autograd._tensor_or_tensors_to_tuple",
     "torch.autograd.graph._engine_run_backward",
     "torch._dynamo.eval_frame.skip_code",
+    "torch.fx.experimental.symbolic_shapes.guard_or_false",
+    "torch._prims_common.is_contiguous_or_false",
+    "torch.fx.traceback.current_meta",
+    "torch.fx.traceback.has_preserved_node_meta",
+    "torch._functorch.partitioners._has_tag_must_be_in_backward",
 )
+
+
+def tracing_a_joint_graph() -> bool:
+    """True while FX (AOTAutograd) records nodes with their metadata, i.e. while a graph for
+    ``torch.compile`` is being traced; False in eager."""
+    from torch.fx import traceback as fxt
+
+    return fxt.has_preserved_node_meta()
+
+
+@contextmanager
+def pinned_to_pass() -> Iterator[None]:
+    """Nodes recorded inside stay in the pass (forward or backward) they are traced in.
+
+    AOTAutograd's min-cut partitioner moves a backward node whose value does not depend on the
+    incoming gradient into the forward graph. A rank whose piece is empty (dynamo specialises
+    it to 0 rows) has weight-gradient partial sums that are constant zeros, so *its* backward
+    all-reduces moved into *its* forward while its peers kept theirs in the backward, and the
+    ranks ran their collectives in different orders (gloo: "512 vs 32 bytes ... collective
+    mismatch"). The partitioner keeps a node tagged ``must_be_in_backward`` in the backward and
+    one tagged ``must_be_in_forward`` in the forward."""
+    from torch.fx import traceback as fxt
+
+    meta = fxt.current_meta
+    old = meta.get("partitioner_tag")
+    meta["partitioner_tag"] = ("must_be_in_backward" if old == "is_backward"
+                               else "must_be_in_forward")
+    try:
+        yield
+    finally:
+        meta["partitioner_tag"] = old
+
+
+def is_contiguous_or_false(t: torch.Tensor) -> bool:
+    """``t.is_contiguous()`` that answers False instead of guarding on a symbolic size being 1
+    (``Tensor.is_contiguous`` skips size-1 dims, so it guards on each size under tracing)."""
+    from torch._prims_common import is_contiguous_or_false as impl
+
+    return bool(impl(t))
+
+
+def definitely_less(a: Any, b: Any) -> bool:
+    """``a < b`` for ints or SymInts, False where tracing cannot tell without a guard."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    return bool(guard_or_false(a < b))
 
 
 def skip_dynamo_frame(fn: Any) -> None:

@@ -34,11 +34,10 @@ import numpy as np
 import torch
 
 import meshshard.shardtensor.grid as _controls
+from meshshard.shardtensor._aten.collective_ops import fc as _fc
 from meshshard.shardtensor._aten.grid_plan import owner_of
 from meshshard.shardtensor._aten.rules import _coord, check
 from meshshard.shardtensor.grid import HaloError
-
-_fc = torch.ops._c10d_functional
 
 
 class Exchange(NamedTuple):

@@ -18,6 +18,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from meshshard.collective_check import check_collective, debug_enabled
 from meshshard.errors import NoShardingRuleError
 from meshshard.shardtensor._aten import rules_respec as _respec
+from meshshard.shardtensor._aten.collective_ops import fc as _fc
 from meshshard.shardtensor._aten.no_rule import NoRuleError
 from meshshard.shardtensor._aten.tensor import (
     SHARDED,
@@ -28,7 +29,6 @@ from meshshard.shardtensor._aten.tensor import (
 )
 
 aten = torch.ops.aten
-_fc = torch.ops._c10d_functional
 _RULES: dict[Any, Callable] = {}
 _REP = Replicate()
 _PSUM = Partial()
@@ -557,8 +557,7 @@ def _view(func, args, kwargs) -> Plan:
         sigma = 1
         for t in in_shape[p.dim + 1:]:
             sigma = sigma * t
-        n = sum(spec.sizes[i])
-        found = _map_view_dim(out_shape, sigma, n)
+        found = _map_view_dim(out_shape, sigma, extent(spec, i))
         if found is None:
             msg = (
                 f"{func}: reshape {tuple(in_shape)} -> {tuple(out_shape)} splits the sharded "
@@ -572,6 +571,14 @@ def _view(func, args, kwargs) -> Plan:
         local_out[od] = s[_coord(spec.mesh)[1][i]] * blocks
     return Plan((), ((1, local_out),), _reshape,
                 _spec_with(spec, placements, sizes, out_shape))
+
+
+def extent(spec, i: int):
+    """The extent of mesh dim ``i``'s sharded coordinate: the sum of its sizes, read from the
+    global shape (under tracing the global shape and the per-rank sizes are separate symbols;
+    ``N // N`` simplifies where ``N // sum(sizes)`` would guard)."""
+    p = spec.placements[i]
+    return spec.shape[p.dim] // getattr(p, "blocks", 1)
 
 
 def _map_view_dim(outs: list, sigma, n):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import Partial
 
+from meshshard.shardtensor._aten.collective_ops import fc as _fc
 from meshshard.shardtensor._aten.rules import (
     _REP,
     SHARDED,
@@ -29,7 +30,6 @@ from meshshard.shardtensor._aten.rules import (
 )
 
 aten = torch.ops.aten
-_fc = torch.ops._c10d_functional
 
 
 def all_reduce_op(t: torch.Tensor, mesh, i: int, op: str) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 from torch.distributed.tensor import Partial
 
 from meshshard.shardtensor._aten import rules as _R
+from meshshard.shardtensor._aten.collective_ops import fc as _fc
 from meshshard.shardtensor._aten.rules import (
     SHARDED,
     Plan,
@@ -34,7 +35,6 @@ from meshshard.shardtensor._aten.rules import (
 )
 
 aten = torch.ops.aten
-_fc = torch.ops._c10d_functional
 
 
 def even_sizes(n, k: int) -> tuple:

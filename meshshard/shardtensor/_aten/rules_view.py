@@ -82,7 +82,7 @@ def _view(func, args, kwargs) -> Plan:
         sigma = 1
         for t in in_shape[p.dim + 1:]:
             sigma = sigma * t
-        found = _map(out_shape, sigma, sum(spec.sizes[i]), spec.sizes[i])
+        found = _map(out_shape, sigma, _R.extent(spec, i), spec.sizes[i])
         if found is None or found[0] in used:
             return _EARLIER(func, args, kwargs)
         od, blocks, s = found

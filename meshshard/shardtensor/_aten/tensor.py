@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from meshshard.shardtensor._aten._torch_private import definitely_less, is_contiguous_or_false
 from meshshard.shardtensor._aten.no_rule import NoRuleError
 
 __all__ = ["ASpec", "AtenShardTensor", "Blocked", "ShardTensor", "from_local_aten"]
@@ -84,6 +85,9 @@ except ImportError:  # pragma: no cover - torch without functorch
         return None
 
 
+_CARRIER_PAD = 2
+
+
 def _carrier_names(spec: ASpec) -> list[str]:
     return [f"_sz{i}_{r}" for i, s in enumerate(spec.sizes) if s is not None
             for r in range(len(s))]
@@ -92,7 +96,12 @@ def _carrier_names(spec: ASpec) -> list[str]:
 def _global_strides(local: torch.Tensor, shape: tuple) -> tuple:
     """Contiguous strides of the global ``shape`` in the dim order of ``local``'s memory."""
     st = local.stride()
-    order = sorted(range(len(shape)), key=lambda d: (-st[d], d))  # outermost first
+    order: list[int] = []  # outermost first; ties (size-1 dims) keep dim order
+    for d in range(len(shape)):  # insertion sort: symbolic strides compare without guards
+        k = len(order)
+        while k and definitely_less(st[order[k - 1]], st[d]):
+            k -= 1
+        order.insert(k, d)
     out = [0] * len(shape)
     acc = 1
     for d in reversed(order):
@@ -129,7 +138,7 @@ class ShardTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, local: torch.Tensor, spec: ASpec, requires_grad: bool = False):
-        if local.is_contiguous():
+        if is_contiguous_or_false(local):
             r = torch.Tensor._make_wrapper_subclass(
                 cls, spec.shape, dtype=local.dtype, device=local.device,
                 requires_grad=requires_grad,
@@ -160,7 +169,7 @@ class ShardTensor(torch.Tensor):
         if name.startswith("_sz"):
             i, r = (int(v) for v in name[3:].split("_"))
             local = self.__dict__["_local"]
-            c = local.new_empty((), dtype=torch.uint8).expand(self._spec.sizes[i][r])
+            c = local.new_empty((), dtype=torch.uint8).expand(self._spec.sizes[i][r] + _CARRIER_PAD)
             self.__dict__[name] = c
             return c
         raise AttributeError(name)
@@ -169,10 +178,15 @@ class ShardTensor(torch.Tensor):
     def __tensor_unflatten__(inner: dict, ctx: tuple, outer_size, outer_stride):
         mesh, placements = ctx
         sizes = tuple(
-            tuple(inner[f"_sz{i}_{r}"].shape[0] for r in range(mesh.size(i)))
+            tuple(inner[f"_sz{i}_{r}"].shape[0] - _CARRIER_PAD for r in range(mesh.size(i)))
             if isinstance(p, SHARDED) else None
             for i, p in enumerate(placements)
         )
+        for p, sz in zip(placements, sizes):
+            if isinstance(p, Shard) and not isinstance(outer_size[p.dim], int):
+                # one set of symbols under tracing: the global size is the sizes' sum (else
+                # ``N // sum(sizes)`` stays opaque and every size test guards on it)
+                torch._check(sum(sz) == outer_size[p.dim])
         spec = make_spec(mesh, placements, sizes, tuple(outer_size))
         out = ShardTensor(inner["_local"], spec, requires_grad=False)
         for name, c in inner.items():
@@ -504,7 +518,7 @@ def from_local_aten(local: torch.Tensor, mesh, placements, sizes) -> ShardTensor
 class _FromLocal(torch.autograd.Function):
     @staticmethod
     def forward(local: torch.Tensor, spec: ASpec) -> ShardTensor:
-        return ShardTensor(local.view_as(local), spec)
+        return ShardTensor(local.detach(), spec)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:

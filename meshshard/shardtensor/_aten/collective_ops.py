@@ -1,0 +1,103 @@
+"""The collectives of the ShardTensor rules: torch's functional collectives in eager, and
+under ``torch.compile`` the same calls as ``meshshard::`` custom ops that every rank traces
+alike, whatever its piece.
+
+Under tracing two things made ranks' graphs diverge where one rank's piece is empty (dynamo
+specialises it to 0 rows, so its partial sums are constants):
+
+- common-subexpression elimination merged two collectives on equal constant inputs, on that
+  rank only (one all-reduce fewer there). Each traced collective here carries its call number
+  (``seq``), so no two are equal;
+- the partitioner moved tangent-independent backward collectives into the forward, on that rank
+  only. :func:`pinned_to_pass` keeps each in the pass it was traced in.
+
+Each op waits for its result (gloo and NCCL alike); the graph runs them in trace order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+from torch._library.effects import EffectType
+
+from meshshard.shardtensor._aten._torch_private import pinned_to_pass, tracing_a_joint_graph
+
+__all__ = ["fc"]
+
+_c10d = torch.ops._c10d_functional
+
+
+@torch.library.custom_op("meshshard::all_reduce", mutates_args=())
+def _all_reduce(t: torch.Tensor, op: str, group: str, seq: int) -> torch.Tensor:
+    return _c10d.wait_tensor(_c10d.all_reduce(t, op, group))
+
+
+@_all_reduce.register_fake
+def _(t, op, group, seq):
+    return t.new_empty(t.shape)
+
+
+@torch.library.custom_op("meshshard::all_gather_into_tensor", mutates_args=())
+def _all_gather(t: torch.Tensor, n: int, group: str, seq: int) -> torch.Tensor:
+    return _c10d.wait_tensor(_c10d.all_gather_into_tensor(t, n, group))
+
+
+@_all_gather.register_fake
+def _(t, n, group, seq):
+    return t.new_empty((n * t.shape[0], *t.shape[1:]))
+
+
+@torch.library.custom_op("meshshard::all_to_all_single", mutates_args=())
+def _all_to_all(t: torch.Tensor, out_splits: list[int], in_splits: list[int], group: str,
+                seq: int) -> torch.Tensor:
+    return _c10d.wait_tensor(_c10d.all_to_all_single(t, out_splits, in_splits, group))
+
+
+@_all_to_all.register_fake
+def _(t, out_splits, in_splits, group, seq):
+    return t.new_empty((sum(out_splits), *t.shape[1:]))
+
+
+for _op in ("meshshard::all_reduce", "meshshard::all_gather_into_tensor",
+            "meshshard::all_to_all_single"):
+    # ordered: compile passes neither reorder, merge nor drop them (an effect token chain)
+    torch.library._register_effectful_op(_op, EffectType.ORDERED)
+
+
+class _Collectives:
+    """``torch.ops._c10d_functional``'s all_reduce, all_gather_into_tensor, all_to_all_single
+    and wait_tensor, as the rules call them."""
+
+    def __init__(self) -> None:
+        self._seq = itertools.count()
+
+    def _traced(self, op: Any, *args: Any) -> torch.Tensor:
+        with pinned_to_pass():
+            return op(*args, next(self._seq))
+
+    def all_reduce(self, t: torch.Tensor, op: str, group: str) -> torch.Tensor:
+        if tracing_a_joint_graph():
+            return self._traced(torch.ops.meshshard.all_reduce, t, op, group)
+        return _c10d.all_reduce(t, op, group)
+
+    def all_gather_into_tensor(self, t: torch.Tensor, n: int, group: str) -> torch.Tensor:
+        if tracing_a_joint_graph():
+            return self._traced(torch.ops.meshshard.all_gather_into_tensor, t, n, group)
+        return _c10d.all_gather_into_tensor(t, n, group)
+
+    def all_to_all_single(self, t: torch.Tensor, out_splits: list, in_splits: list,
+                          group: str) -> torch.Tensor:
+        if tracing_a_joint_graph():
+            return self._traced(torch.ops.meshshard.all_to_all_single, t, list(out_splits),
+                                list(in_splits), group)
+        return _c10d.all_to_all_single(t, out_splits, in_splits, group)
+
+    @staticmethod
+    def wait_tensor(t: torch.Tensor) -> torch.Tensor:
+        # a traced collective above has already waited (inside its custom op)
+        return t if tracing_a_joint_graph() else _c10d.wait_tensor(t)
+
+
+fc = _Collectives()
