@@ -2,6 +2,7 @@
 docs/hypergraph-partitioning.md, "Attempts 2026-12-03". Usage:
     PYTHONPATH=. python docs/probes/hypergraph_precoarsen.py knn 2e5 16 prof,sw_vol,sw_cut
     PYTHONPATH=. python docs/probes/hypergraph_precoarsen.py knn 2e5 16 co_1_deterministic_quality,co_1_quality
+    (co_<levels>_<preset>[_m|_m2|_mv|_mv2]: METIS cut/vol start on the contracted graph, 1 or 2 V-cycles)
 """
 import sys, time, os
 import numpy as np, scipy.sparse as sp
@@ -144,14 +145,16 @@ def main():
                 lists, nw = coarse_nets(g, cl, nc)
                 c2_ = T()
                 start = None
-                if e.endswith("_m"):
+                tail = e.split("_")[-1]
+                if tail.startswith("m") and tail[1:] in ("", "2", "v", "v2"):
                     import pymetis
                     cg = cw
                     res = pymetis.part_graph(P, adjacency=pymetis.CSRAdjacency(cg.indptr.astype(np.int32), cg.indices.astype(np.int32)),
                         vweights=vw.astype(np.int64), eweights=np.maximum(cg.data, 1).astype(np.int64), recursive=False,
-                        options=pymetis.Options(ufactor=30, seed=0))
+                        options=pymetis.Options(ufactor=30, seed=0, objtype=int(
+                            pymetis.ObjType.VOL if "v" in tail else pymetis.ObjType.CUT)))
                     start = np.asarray(res.vertex_part, np.int64)
-                ca = mtk(lists, nw, vw, P, preset, start=start, vcycles=1 if start is not None else 0)
+                ca = mtk(lists, nw, vw, P, preset, start=start, vcycles=(2 if tail.endswith("2") else 1) if start is not None else 0)
                 c3 = T()
                 a = ca[cl]
                 rep(e + f" raw (nc={nc}, nets={len(lists)}, cluster {c1-c0:.1f}s nets {c2_-c1:.1f}s mtk {c3-c2_:.1f}s)", a, T() - c0)
