@@ -5,7 +5,8 @@
   Ericson's region test ("Real-Time Collision Detection", 5.1.5), vectorised.
 - :func:`nearest_triangles`: per query, the nearest of a set of triangles, exactly, with a
   spatial prune (kd-tree on centroids: a bound from the 8 nearest centroids' triangles, then
-  every triangle whose centroid lies within bound + largest centroid-vertex radius).
+  every triangle whose centroid lies within bound + largest centroid-vertex radius, of which
+  only those whose bounding box lies within the bound get the exact kernel).
 - :func:`winding_number`: the generalised winding number by brute force (the single-process
   oracle of the sign; O(queries x triangles)).
 """
@@ -156,6 +157,7 @@ def nearest_triangles(q: torch.Tensor, tri: torch.Tensor):
     near = torch.as_tensor(np.asarray(near).reshape(m, kk), device=dev)
     qi = torch.arange(m, device=dev).repeat_interleave(kk)
     _, bd2, _, _, _ = _pairs_best(q, tri, qi, near.reshape(-1), m)
+    lo, hi = tri.min(1).values, tri.max(1).values
     bound = bd2.sqrt().cpu().double().numpy() * (1 + 1e-9) + rad * (1 + 1e-9) + 1e-300
     step = max(1, _CHUNK_PAIRS // max(1, 4 * kk))
     for s in range(0, m, step):
@@ -165,6 +167,12 @@ def nearest_triangles(q: torch.Tensor, tri: torch.Tensor):
                              device=dev)
         qi = torch.arange(s, s + len(hits), device=dev).repeat_interleave(
             torch.as_tensor(counts, device=dev))
+        # exact prune: a triangle's box distance is a lower bound of its distance, the best of
+        # the 8 nearest centroids' triangles an upper bound; only the survivors get the kernel
+        qq = q[qi]
+        gap = torch.clamp(torch.maximum(lo[ti] - qq, qq - hi[ti]), min=0)
+        keep = (gap * gap).sum(-1) <= bd2[qi] * (1 + 1e-9)
+        qi, ti = qi[keep], ti[keep]
         w, dd, tt, pp, ff = _pairs_best(q, tri, qi, ti, m)
         d2[w], tid[w], pt[w], ft[w] = dd, tt, pp, ff
     return d2, tid, pt, ft
