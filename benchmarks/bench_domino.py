@@ -193,7 +193,7 @@ def main(argv=None) -> int:
     print(f"DoMINO step: grid {tuple(args.grid)} ({args.layout}), {args.stl} STL points, "
           f"{args.points} surface points, hidden {args.hidden}, 1 thread per rank")
     base = None
-    for p in (int(x) for x in args.ranks.split(",")):
+    for p in (int(x) for x in args.ranks.split(",") if x):  # --ranks "": SDF only
         res = run_ranks(step_rank, p, cfg, timeout=1800)
         t = max(r["time"] for r in res)
         sv = max(r["saved_mb"] for r in res)

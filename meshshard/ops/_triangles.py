@@ -5,7 +5,8 @@
   Ericson's region test ("Real-Time Collision Detection", 5.1.5), vectorised.
 - :func:`nearest_triangles`: per query, the nearest of a set of triangles, exactly, with a
   spatial prune (kd-tree on centroids: a bound from the 8 nearest centroids' triangles, then
-  every triangle whose centroid lies within bound + largest centroid-vertex radius).
+  every triangle whose centroid lies within bound + largest centroid-vertex radius, of which
+  only those whose bounding box lies within the bound get the exact kernel).
 - :func:`winding_number`: the generalised winding number by brute force (the single-process
   oracle of the sign; O(queries x triangles)).
 """
@@ -125,12 +126,16 @@ def _pairs_best(q, tri, qi, ti, m):
     return qi[w], d2[w], ti[w], point[w], feat[w]
 
 
-def nearest_triangles(q: torch.Tensor, tri: torch.Tensor):
+def nearest_triangles(q: torch.Tensor, tri: torch.Tensor, ub2: torch.Tensor | None = None):
     """Exact nearest triangle of every query (ties by the lower triangle index).
 
     Parameters
     ----------
     q : Tensor (m, 3);  tri : Tensor (t, 3, 3), same dtype, ``t >= 1``
+    ub2 : Tensor (m,), optional
+        A known upper bound of each query's squared distance to the surface (from triangles
+        elsewhere). Triangles farther than it are skipped; a query with none within it gets
+        ``d2 = inf`` and triangle ``-1``.
 
     Returns
     -------
@@ -156,6 +161,9 @@ def nearest_triangles(q: torch.Tensor, tri: torch.Tensor):
     near = torch.as_tensor(np.asarray(near).reshape(m, kk), device=dev)
     qi = torch.arange(m, device=dev).repeat_interleave(kk)
     _, bd2, _, _, _ = _pairs_best(q, tri, qi, near.reshape(-1), m)
+    if ub2 is not None:
+        bd2 = torch.minimum(bd2, ub2.to(bd2.dtype))
+    lo, hi = tri.min(1).values, tri.max(1).values
     bound = bd2.sqrt().cpu().double().numpy() * (1 + 1e-9) + rad * (1 + 1e-9) + 1e-300
     step = max(1, _CHUNK_PAIRS // max(1, 4 * kk))
     for s in range(0, m, step):
@@ -165,6 +173,14 @@ def nearest_triangles(q: torch.Tensor, tri: torch.Tensor):
                              device=dev)
         qi = torch.arange(s, s + len(hits), device=dev).repeat_interleave(
             torch.as_tensor(counts, device=dev))
+        # exact prune: a triangle's box distance is a lower bound of its distance, the best of
+        # the 8 nearest centroids' triangles an upper bound; only the survivors get the kernel
+        qq = q[qi]
+        gap = torch.clamp(torch.maximum(lo[ti] - qq, qq - hi[ti]), min=0)
+        keep = (gap * gap).sum(-1) <= bd2[qi] * (1 + 1e-9)
+        qi, ti = qi[keep], ti[keep]
+        if qi.numel() == 0:
+            continue
         w, dd, tt, pp, ff = _pairs_best(q, tri, qi, ti, m)
         d2[w], tid[w], pt[w], ft[w] = dd, tt, pp, ff
     return d2, tid, pt, ft

@@ -181,13 +181,13 @@ class ShardedSurface:
         self.pn = torch.cat([normal[:, None], vsum, esum[..., :3]], 1) * self.orientation
         self.boxes = all_gather_rows(_boxes(tri, nboxes), group)  # (P, nboxes, 7)
 
-    def _answer(self, q: torch.Tensor) -> torch.Tensor:
+    def _answer(self, q: torch.Tensor, ub2: torch.Tensor) -> torch.Tensor:
         """Rows ``[d2, cx, cy, cz, sign, global triangle]`` of this rank's nearest triangle."""
         out = torch.full((q.shape[0], 6), float("inf"), dtype=torch.float64, device=q.device)
         if q.shape[0] == 0 or self.tri.shape[0] == 0:
             return out
-        d2, tid, pt, ft = nearest_triangles(q, self.tri)
-        n = self.pn[tid, ft]
+        d2, tid, pt, ft = nearest_triangles(q, self.tri, ub2)
+        n = self.pn[tid.clamp(min=0), ft]
         s = torch.sign(((q - pt) * n).sum(-1))
         return torch.cat([d2[:, None], pt, s[:, None], (tid + self.offset)[:, None].double()], 1)
 
@@ -207,15 +207,18 @@ class ShardedSurface:
         m = q.shape[0]
         if m:
             far = torch.where(boxes[:, 6][None] > 0, box_maxdist2(q, boxes), float("inf"))
-            bound = far.min(1).values * (1 + 1e-12)
+            bound = far.min(1).values * (1 + 1e-9)
             near = (box_mindist2(q, boxes) <= bound[:, None]).reshape(m, P, nb).any(2)
         else:
+            bound = torch.zeros(0, dtype=torch.float64)
             near = torch.zeros((0, P), dtype=torch.bool)
         dest, qi = torch.nonzero(near.t(), as_tuple=True)
         send = torch.bincount(dest, minlength=P).tolist()
         recv = exchange_counts(send, self.group, q.device)
-        rq = all_to_all(q[qi], send, recv, self.group)
-        back = all_to_all(self._answer(rq), recv, send, self.group)
+        # each query travels with its upper bound (some box's farthest corner): a rank skips
+        # its triangles beyond it instead of searching from its own, possibly far, nearest
+        rq = all_to_all(torch.cat([q[qi], bound[qi, None]], 1), send, recv, self.group)
+        back = all_to_all(self._answer(rq[:, :3], rq[:, 3]), recv, send, self.group)
         # keep per query the smallest d2, ties by lower triangle index
         o = torch.argsort(back[:, 5], stable=True)
         o = o[torch.argsort(back[o, 0], stable=True)]
