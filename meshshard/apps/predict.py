@@ -90,12 +90,13 @@ def check_fields(mf: ModelFile, rows: SurfaceRows, source: Any, *, need_truth: b
     return {} if missing else present
 
 
-def model_inputs(rows: SurfaceRows, knn: int, mesh: Any, chunk: int | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def model_inputs(rows: SurfaceRows, knn: int, mesh: Any, chunk: int | None = None,
+                 release: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's model inputs (1, n, 3) and (1, n, 7), built as in training (collective
     when ``mesh`` spans several ranks: exact kNN and global statistics); with ``chunk``, the
     neighbour rows are gathered ``chunk`` rows at a time
-    (:func:`~meshshard.apps.features.chunked_inputs`)."""
+    (:func:`~meshshard.apps.features.chunked_inputs`; ``release``: freed heap pages go back
+    to the OS after every round)."""
     from meshshard.apps.train import build_inputs
 
     c = torch.from_numpy(rows.centers)
@@ -112,7 +113,8 @@ def model_inputs(rows: SurfaceRows, knn: int, mesh: Any, chunk: int | None = Non
         if chunk is not None:
             from meshshard.apps.features import chunked_inputs
 
-            return chunked_inputs(c, n, knn=knn, chunk=chunk, sizes=rows.sizes)
+            return chunked_inputs(c, n, knn=knn, chunk=chunk, sizes=rows.sizes,
+                                  release=release)
         coords, feats = build_inputs(c, n, knn=knn)
         return coords.to_local(), feats.to_local()
     return build_inputs(c, n, knn=knn)
@@ -151,7 +153,7 @@ def run_model(mf: ModelFile, coords: torch.Tensor, feats: torch.Tensor, sizes: l
         else:
             group = mesh.get_group() if mesh is not None else False
             y = chunked_forward(model, (coords, feats), max_points_per_chunk=max_points_per_chunk,
-                                group=group)
+                                group=group, release=True)
     mean = torch.tensor(mf.scales["target_mean"], dtype=y.dtype)
     std = torch.tensor(mf.scales["target_std"], dtype=y.dtype)
     return (y[0] * std + mean).numpy()
