@@ -84,7 +84,7 @@ def surface_slice(n: int, lo: int, hi: int) -> dict[str, np.ndarray]:
 
 
 def predict_rank(rank: int, world: int, n: int, chunk: int, knn: int, unchunked: bool,
-                 mmap_threshold: int, features: str = "knn") -> dict:
+                 mmap_threshold: int, features: str = "knn", release: bool = True) -> dict:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -115,7 +115,8 @@ def predict_rank(rank: int, world: int, n: int, chunk: int, knn: int, unchunked:
                              "input_mb": in_bytes / 2**20}
     with Peak() as pf:
         if features == "knn":
-            coords, feats = model_inputs(s, knn, mesh, None if unchunked else chunk)
+            coords, feats = model_inputs(s, knn, mesh, None if unchunked else chunk,
+                                         release=release)
         else:  # stand-in inputs of the same shapes: the model phase alone, at any size
             coords = torch.from_numpy(s.centers).unsqueeze(0)
             g = torch.Generator().manual_seed(rank)
@@ -134,7 +135,7 @@ def predict_rank(rank: int, world: int, n: int, chunk: int, knn: int, unchunked:
                 coords, feats)
         else:
             y = chunked_forward(model, (coords, feats), max_points_per_chunk=chunk,
-                                group=mesh.get_group())
+                                group=mesh.get_group(), release=release)
     o_bytes = y.numel() * y.element_size()
     out["model"] = {"s": pm.seconds, "cpu_s": pm.cpu, "peak_mb": pm.peak / 2**20,
                     "work_mb": (pm.peak - pm.base - o_bytes) / 2**20}
@@ -157,6 +158,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mmap-threshold", type=int, default=0,
                     help="glibc mmap/trim threshold in bytes, as meshshard predict sets it "
                          "(0: glibc's dynamic default)")
+    ap.add_argument("--no-release", action="store_true",
+                    help="do not hand freed heap pages back to the OS after every chunk / kNN "
+                         "round (glibc malloc_trim), as predict does by default")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     sizes = [int(float(s)) for s in args.sizes.split(",")]
@@ -164,6 +168,7 @@ def main(argv=None) -> int:
     results = []
     feat = f"kNN-{args.knn} features" if args.features == "knn" else "synthetic features"
     print(f"model {MODEL}, {feat}, mmap threshold {args.mmap_threshold or 'glibc default'}, "
+          f"malloc_trim after every chunk {'off' if args.no_release else 'on'}, "
           + ("unchunked" if args.unchunked else f"chunk {args.chunk:,} points per rank"))
     print(f"{'points':>11} {'ranks':>5} {'rows/rank':>10} {'read+part s':>11} {'feat s':>7} "
           f"{'model s':>8} {'total s':>8} {'feat work MB':>12} {'model work MB':>13} "
@@ -172,7 +177,8 @@ def main(argv=None) -> int:
         for w in ranks:
             t0 = time.perf_counter()
             out = run_ranks(predict_rank, w, n, args.chunk, args.knn, args.unchunked,
-                            args.mmap_threshold, args.features, timeout=3600)
+                            args.mmap_threshold, args.features, not args.no_release,
+                            timeout=3600)
             wall = time.perf_counter() - t0
             worst = {k: max(o[k]["s"] for o in out) for k in ("read_partition", "features",
                                                                "model")}

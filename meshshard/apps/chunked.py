@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from meshshard.partition.distributed._mem import trim_heap
+
 __all__ = ["ReductionAdapter", "chunked_forward", "reduction_modules", "register_reduction"]
 
 log = logging.getLogger(__name__)
@@ -145,6 +147,7 @@ def chunked_forward(
     dim: int = 1,
     group: Any = None,
     out: torch.Tensor | None = None,
+    release: bool = False,
 ) -> torch.Tensor:
     """``model(*inputs)`` computed ``max_points_per_chunk`` points at a time, exactly.
 
@@ -162,6 +165,10 @@ def chunked_forward(
         Points per chunk (>= 1).
     out : Tensor, optional
         Where to write the output (B, n, C); allocated at the first chunk otherwise.
+    release : bool
+        Hand the heap pages freed by each chunk back to the OS after it (glibc's
+        ``malloc_trim``; a no-op elsewhere), so that the resident set does not keep every
+        chunk's freed activations. The results do not change.
 
     Raises
     ------
@@ -202,12 +209,18 @@ def chunked_forward(
                     reached += 1
                     p = state.partial.double()
                     acc = p if acc is None else acc + p
+                    if release:
+                        del p, state, chunk
+                        trim_heap()
                     continue
                 if out is None:
                     shape = list(y.shape)
                     shape[dim] = n
                     out = torch.empty(shape, dtype=y.dtype, device=y.device)
                 out.narrow(dim, a, b - a).copy_(y)
+                if release:
+                    del y, chunk
+                    trim_heap()
             if reached not in (0, len(bounds)):
                 msg = "chunked_forward: some chunks reached a reduction and others did not"
                 raise RuntimeError(msg)

@@ -43,13 +43,44 @@ def _rank() -> int:
 
 def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
                  max_points_per_chunk: int | None = None,
-                 reference_area: float | None = None) -> dict[str, Any]:
-    """The metrics of one run (every rank gets them). Collective when distributed."""
+                 reference_area: float | None = None, volume: Any = None) -> dict[str, Any]:
+    """The metrics of one run (every rank gets them). Collective when distributed.
+
+    ``mf`` is a surface model (or None: the truth against itself); ``volume`` a volume model,
+    whose fields' errors over the volume cells are added as ``rel_l2["volume:<field>"]``.
+    A volume model passed as ``mf`` evaluates the volume alone (no drag and lift: nan)."""
+    from meshshard.apps.volume import evaluate_volume, is_volume_model
+
+    surface = True
+    if is_volume_model(mf):
+        mf, volume, surface = None, mf, False
+    t0 = time.perf_counter()
+    if surface:
+        out = _surface_metrics(source, mf, mesh=mesh, max_points_per_chunk=max_points_per_chunk,
+                               reference_area=reference_area)
+    else:
+        nan = float("nan")
+        out = {"run": Path(source).name.removesuffix(".zarr"), "source": str(source),
+               "cells": 0, "rel_l2": {}, "cd_true": nan, "cd_pred": nan, "cl_true": nan,
+               "cl_pred": nan, "reference_area": nan, "reference_area_from": None}
+    if volume is not None:
+        from meshshard.apps.predict import DEFAULT_CHUNK
+
+        v = evaluate_volume(source, volume, mesh=mesh,
+                            max_points_per_chunk=max_points_per_chunk or DEFAULT_CHUNK)
+        out["volume_cells"] = v["cells"]
+        out["rel_l2"].update({f"volume:{k}": e for k, e in v["rel_l2"].items()})
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _surface_metrics(source: str | Path, mf: Any = None, *, mesh: Any = None,
+                     max_points_per_chunk: int | None = None,
+                     reference_area: float | None = None) -> dict[str, Any]:
     from meshshard.apps.predict import DEFAULT_CHUNK, _truth, check_fields, predict_rows
     from meshshard.apps.reference import reference_area_for
 
     group = mesh.get_group() if mesh is not None else None
-    t0 = time.perf_counter()
     rows = read_surface_rows(source, group)
     if mf is not None:
         cols = check_fields(mf, rows, source, need_truth=True)
@@ -77,8 +108,7 @@ def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
             "rel_l2": field_errors(pred, true, cols, group=group),
             "cd_true": ft["cd"], "cd_pred": fp["cd"], "cl_true": ft["cl"], "cl_pred": fp["cl"],
             "reference_area": ft["reference_area"], "reference_area_from": a_from,
-            "forces_true": ft, "forces_pred": fp,
-            "seconds": time.perf_counter() - t0}
+            "forces_true": ft, "forces_pred": fp}
 
 
 def _clean(v: Any) -> Any:
@@ -100,12 +130,16 @@ def format_table(result: dict[str, Any]) -> str:
     """The text table of :func:`evaluate_runs`' result."""
     rows = result["runs"]
     fields = sorted({k for r in rows for k in r["rel_l2"]})
-    head = ["run", "cells"] + [f"L2 {f}" for f in fields] + [
+    vol = any("volume_cells" in r for r in rows)
+    head = ["run", "cells"] + (["volume cells"] if vol else []) + [f"L2 {f}" for f in fields] + [
         "Cd true", "Cd pred", "dCd", "Cl true", "Cl pred", "dCl"]
     body = []
     for r in rows:
-        body.append([r["run"], f"{r['cells']:,}"] + [_fmt(r["rel_l2"].get(f), ".4f")
-                                                     for f in fields] + [
+        cells = [f"{r['cells']:,}" if r["cells"] else "-"]
+        if vol:
+            cells.append(f"{r['volume_cells']:,}" if "volume_cells" in r else "-")
+        body.append([r["run"], *cells] + [_fmt(r["rel_l2"].get(f), ".4f")
+                                          for f in fields] + [
             _fmt(r["cd_true"]), _fmt(r["cd_pred"]), _fmt(r["cd_pred"] - r["cd_true"], "+.4f"),
             _fmt(r["cl_true"]), _fmt(r["cl_pred"]), _fmt(r["cl_pred"] - r["cl_true"], "+.4f")])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
@@ -123,32 +157,66 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _checkpoints(checkpoint: Any) -> list:
+    if checkpoint is None:
+        return []
+    if isinstance(checkpoint, (str, Path)):
+        return [checkpoint]
+    return list(checkpoint)
+
+
+def _models(checkpoint: Any) -> tuple[Any, Any]:
+    """The surface and the volume model of ``checkpoint`` (a path, or a list of at most one
+    of each part; None where absent).
+
+    Raises
+    ------
+    ModelFileError
+        Two checkpoints for the same part, or unusable checkpoints (named).
+    """
+    from meshshard.apps.model_file import ModelFileError, load_model
+    from meshshard.apps.predict import PREDICT_CLASSES
+    from meshshard.apps.volume import is_volume_model
+
+    got: dict[str, Any] = {}
+    for c in _checkpoints(checkpoint):
+        m = load_model(c, expect_class=PREDICT_CLASSES)
+        part = "volume" if is_volume_model(m) else "surface"
+        if part in got:
+            msg = (f"{c}: a second {part} model (after {got[part].path}); give at most one "
+                   "surface and one volume checkpoint")
+            raise ModelFileError(msg)
+        got[part] = m
+    return got.get("surface"), got.get("volume")
+
+
 def evaluate_runs(
     sources: Sequence[str | Path],
     out: str | Path,
     *,
-    checkpoint: str | Path | None = None,
+    checkpoint: str | Path | Sequence[str | Path] | None = None,
     mesh: Any = None,
     max_points_per_chunk: int | None = None,
     reference_area: float | None = None,
     png: bool = True,
 ) -> dict[str, Any]:
     """Evaluate ``checkpoint`` (or the truth, without one) on every run of ``sources``; rank 0
-    writes the table, JSON and PNG to ``out``. Collective when distributed."""
+    writes the table, JSON and PNG to ``out``. Collective when distributed.
+
+    ``checkpoint`` may be a list of a surface and a volume model: the surface's errors, drag
+    and lift, and the volume fields' errors (``volume:<field>``) over the volume cells. A
+    volume model alone evaluates the volume alone (drag and lift are then n/a)."""
     from meshshard.apps.predict import ensure_world
 
     ensure_world()
-    mf = None
-    if checkpoint is not None:
-        from meshshard.apps.model_file import load_model
-        from meshshard.apps.predict import PREDICT_CLASSES
-
-        mf = load_model(checkpoint, expect_class=PREDICT_CLASSES)
+    mf, vmf = _models(checkpoint)
     if not sources:
         msg = "no runs to evaluate"
         raise ValueError(msg)
+    if mf is None and vmf is not None:  # a volume model alone: the volume alone
+        mf, vmf = vmf, None
     runs = [evaluate_one(s, mf, mesh=mesh, max_points_per_chunk=max_points_per_chunk,
-                         reference_area=reference_area) for s in sources]
+                         reference_area=reference_area, volume=vmf) for s in sources]
     fields = sorted({k for r in runs for k in r["rel_l2"]})
     summary = {
         "r2_cd": r_squared([r["cd_pred"] for r in runs], [r["cd_true"] for r in runs]),
@@ -157,7 +225,8 @@ def evaluate_runs(
         "mean_rel_l2": {f: float(np.mean([r["rel_l2"][f] for r in runs if f in r["rel_l2"]]))
                         for f in fields},
     }
-    result = {"model": str(checkpoint) if checkpoint else None, "runs": runs,
+    names = [str(c) for c in _checkpoints(checkpoint)]
+    result = {"model": ", ".join(names) if names else None, "runs": runs,
               "summary": summary, "files": {}}
     if _rank() == 0:
         out = Path(out)

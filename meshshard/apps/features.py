@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from meshshard.partition.distributed._mem import trim_heap
+
 __all__ = ["chunked_inputs"]
 
 
@@ -42,8 +44,8 @@ def _standardise_into(out: torch.Tensor, x: torch.Tensor, group: Any, total: int
         out[a : a + _STEP] = (x[a : a + _STEP] - mean) / (std + 1e-6)
 
 
-def chunked_inputs(coords: Any, normals: Any, *, knn: int, chunk: int, sizes: list[int]
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_inputs(coords: Any, normals: Any, *, knn: int, chunk: int, sizes: list[int],
+                   release: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's (1, n, 3) coordinates and (1, n, 7) features, as ``build_inputs`` makes
     them, from ShardTensors ``coords``/``normals`` (N, 3) sharded with ``sizes``.
 
@@ -52,7 +54,8 @@ def chunked_inputs(coords: Any, normals: Any, *, knn: int, chunk: int, sizes: li
     ``chunk`` queries a round (:func:`meshshard.ops.knn_chunks`), the features are written
     into the output as they come, and the standardisation runs in place, in steps; the
     statistics are float64 sums (``build_inputs`` takes them in float32: the two agree to
-    float32 rounding)."""
+    float32 rounding). ``release`` hands each round's freed heap pages back to the OS
+    (glibc's ``malloc_trim``; a no-op elsewhere)."""
     from meshshard import ops
     from meshshard.apps.train import features_from_neighbours
 
@@ -70,6 +73,8 @@ def chunked_inputs(coords: Any, normals: Any, *, knn: int, chunk: int, sizes: li
                             ops.gather_neighbors(normals, idx)], dim=-1)
             geo[a:b] = features_from_neighbours(c[a:b], nrm[a:b], d, nb, knn)
             del d, idx, nb
+            if release:  # the round's freed pages back to the OS (glibc malloc_trim)
+                trim_heap()
         _standardise_into(geo, geo, group, total)
         coords_n = torch.empty_like(c)
         _standardise_into(coords_n, c, group, total)

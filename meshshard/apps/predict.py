@@ -14,7 +14,9 @@ gathered on rank 0, which writes
   errors and drag/lift (:mod:`~meshshard.apps.forces`).
 
 Models: checkpoints of :class:`~meshshard.models.Transolver` trained on surface centres,
-normals and kNN features (what ``examples/train_drivaerml.py`` and ``meshshard demo`` write).
+normals and kNN features (what ``examples/train_drivaerml.py`` and ``meshshard demo`` write),
+or on volume cell centres (``inputs.part = "volume"``: :mod:`~meshshard.apps.volume`, which
+writes a copy of the ``.vtu``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from meshshard.apps.inputs import SurfaceRows, read_surface_rows
 from meshshard.apps.model_file import ModelFile, ModelFileError, load_model
 
 __all__ = ["PREDICT_CLASSES", "check_fields", "gather_rows", "model_inputs", "predict_rows",
-           "predict_run"]
+           "predict_run", "run_model"]
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +90,13 @@ def check_fields(mf: ModelFile, rows: SurfaceRows, source: Any, *, need_truth: b
     return {} if missing else present
 
 
-def model_inputs(rows: SurfaceRows, knn: int, mesh: Any, chunk: int | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def model_inputs(rows: SurfaceRows, knn: int, mesh: Any, chunk: int | None = None,
+                 release: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's model inputs (1, n, 3) and (1, n, 7), built as in training (collective
     when ``mesh`` spans several ranks: exact kNN and global statistics); with ``chunk``, the
     neighbour rows are gathered ``chunk`` rows at a time
-    (:func:`~meshshard.apps.features.chunked_inputs`)."""
+    (:func:`~meshshard.apps.features.chunked_inputs`; ``release``: freed heap pages go back
+    to the OS after every round)."""
     from meshshard.apps.train import build_inputs
 
     c = torch.from_numpy(rows.centers)
@@ -110,7 +113,8 @@ def model_inputs(rows: SurfaceRows, knn: int, mesh: Any, chunk: int | None = Non
         if chunk is not None:
             from meshshard.apps.features import chunked_inputs
 
-            return chunked_inputs(c, n, knn=knn, chunk=chunk, sizes=rows.sizes)
+            return chunked_inputs(c, n, knn=knn, chunk=chunk, sizes=rows.sizes,
+                                  release=release)
         coords, feats = build_inputs(c, n, knn=knn)
         return coords.to_local(), feats.to_local()
     return build_inputs(c, n, knn=knn)
@@ -121,18 +125,27 @@ def predict_rows(mf: ModelFile, rows: SurfaceRows, *, mesh: Any = None,
     """Non-dimensional predictions (n, C) for this rank's rows. ``max_points_per_chunk=None``
     runs the unchunked forward (on ShardTensors when distributed). Collective when
     distributed."""
+    coords, feats = model_inputs(rows, int(mf.inputs.get("knn", 8)), mesh, max_points_per_chunk)
+    return run_model(mf, coords, feats, rows.sizes, mesh=mesh,
+                     max_points_per_chunk=max_points_per_chunk)
+
+
+def run_model(mf: ModelFile, coords: torch.Tensor, feats: torch.Tensor, sizes: list[int], *,
+              mesh: Any = None, max_points_per_chunk: int | None = DEFAULT_CHUNK) -> np.ndarray:
+    """The model on this rank's inputs (1, n, .), chunked (or not, with
+    ``max_points_per_chunk=None``: on ShardTensors of ``sizes`` when distributed), returned
+    de-standardised (n, C), non-dimensional. Collective when distributed."""
     from meshshard.apps.chunked import chunked_forward
 
-    coords, feats = model_inputs(rows, int(mf.inputs.get("knn", 8)), mesh, max_points_per_chunk)
     model = mf.model
     with torch.no_grad():
         if max_points_per_chunk is None:
             if mesh is not None and mesh.size() > 1:
                 from meshshard.shardtensor import Shard, from_local
 
-                c = from_local(coords[0], mesh, [Shard(0)], sharding_shapes=rows.sizes,
+                c = from_local(coords[0], mesh, [Shard(0)], sharding_shapes=sizes,
                                validate=False).unsqueeze(0)
-                f = from_local(feats[0], mesh, [Shard(0)], sharding_shapes=rows.sizes,
+                f = from_local(feats[0], mesh, [Shard(0)], sharding_shapes=sizes,
                                validate=False).unsqueeze(0)
                 y = model(c, f).to_local()
             else:
@@ -140,7 +153,7 @@ def predict_rows(mf: ModelFile, rows: SurfaceRows, *, mesh: Any = None,
         else:
             group = mesh.get_group() if mesh is not None else False
             y = chunked_forward(model, (coords, feats), max_points_per_chunk=max_points_per_chunk,
-                                group=group)
+                                group=group, release=True)
     mean = torch.tensor(mf.scales["target_mean"], dtype=y.dtype)
     std = torch.tensor(mf.scales["target_std"], dtype=y.dtype)
     return (y[0] * std + mean).numpy()
@@ -234,6 +247,11 @@ def predict_run(
     if mf.class_name not in PREDICT_CLASSES:
         msg = f"{mf.path}: holds a {mf.class_name}; predict runs {list(PREDICT_CLASSES)}"
         raise ModelFileError(msg)
+    if mf.inputs.get("part") == "volume":  # the volume cells (no PNG, no forces)
+        from meshshard.apps.volume import predict_volume_run
+
+        return predict_volume_run(mf, source, out, mesh=mesh,
+                                  max_points_per_chunk=max_points_per_chunk)
     group = mesh.get_group() if mesh is not None else None
     rows = read_surface_rows(source, group)
     truth = check_fields(mf, rows, source, need_truth=False)

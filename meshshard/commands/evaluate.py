@@ -8,7 +8,8 @@ import argparse
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", help="run directories, meshshard stores or "
                         "physicsnemo-curator stores (or directories of stores)")
-    parser.add_argument("--checkpoint", help="model checkpoint; without it the truth is "
+    parser.add_argument("--checkpoint", action="append", help="model checkpoint; give it "
+                        "twice for a surface and a volume model; without it the truth is "
                         "evaluated against itself (a check of the integration)")
     parser.add_argument("--out", required=True, help="output directory (evaluation.*)")
     parser.add_argument("--max-points-per-chunk", type=int, default=1 << 18,

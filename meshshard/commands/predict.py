@@ -7,7 +7,8 @@ import argparse
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="model checkpoint directory (model.json + weights)")
-    parser.add_argument("run", help="run directory (run_<i>/ with boundary_<i>.vtp), "
+    parser.add_argument("run", help="run directory (run_<i>/ with boundary_<i>.vtp; "
+                        "volume_<i>.vtu and drivaer_<i>.stl for a volume model), "
                         "meshshard store or physicsnemo-curator store")
     parser.add_argument("--out", required=True, help="output directory (OUT/<run>/...)")
     parser.add_argument("--max-points-per-chunk", type=int, default=1 << 18,
@@ -33,9 +34,13 @@ def run(args: argparse.Namespace) -> int:
                     png=not args.no_png, reference_area=args.reference_area)
     if rank == 0:
         line = f"meshshard predict: {s['run']}: {s['cells']:,} cells on {world} rank(s)"
+        if s.get("part") == "volume":
+            line = f"meshshard predict: {s['run']}: {s['cells']:,} volume cells on {world} rank(s)"
         if "rel_l2" in s:
             errs = ", ".join(f"{k} {v:.4f}" for k, v in s["rel_l2"].items())
-            line += (f"; relative L2 {errs}; Cd pred {s['forces_pred']['cd']:.4f} "
+            line += f"; relative L2 {errs}"
+        if "forces_pred" in s:
+            line += (f"; Cd pred {s['forces_pred']['cd']:.4f} "
                      f"true {s['forces_true']['cd']:.4f}")
         print(line)
         for k, v in s["files"].items():

@@ -20,6 +20,8 @@ __all__ = ["RowBlocks", "box_gap2"]
 
 # slack on squared reach tests between boxes (float64 rounding): a superset is harmless
 _SLACK = 1e-9
+#: consecutive query rows per box when finding the blocks a set of queries reaches
+_RUN = 1024
 
 
 def box_gap2(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -61,11 +63,31 @@ class RowBlocks:
         self.searched = 0  # rows put into trees so far (a cost counter)
 
     def _blocks_near(self, q: torch.Tensor, bound2: torch.Tensor) -> torch.Tensor:
-        """Mask of the blocks within ``max(bound2)`` of the box around ``q`` (q non-empty)."""
+        """Mask of the blocks within reach of ``q`` (non-empty): ``q`` is cut into runs of
+        ``_RUN`` consecutive rows, and a block is kept when it lies within a run's largest
+        bound of that run's box. A chunk of consecutive rows along a space-filling curve may
+        lie in a few separate patches (the curve leaves the surface and comes back); one box
+        around all of it would span the gap and reach every block in between, more of them
+        the more blocks the shard has. The runs' boxes follow the patches."""
         qd = q.detach().double()
-        qlo, qhi = qd.amin(0), qd.amax(0)
-        gap = torch.maximum(self.lo - qhi, qlo - self.hi).clamp_min(0)
-        return (gap * gap).sum(1) <= float(bound2.max()) * (1 + _SLACK)
+        m = qd.shape[0]
+        runs = -(-m // _RUN)
+        pad = runs * _RUN - m
+        b2 = bound2.detach().double().expand(m) if bound2.numel() == 1 else bound2.detach()
+        b2 = b2.double()
+        if pad:  # repeat the last row: the boxes and the bounds do not change
+            qd = torch.cat([qd, qd[-1:].expand(pad, -1)])
+            b2 = torch.cat([b2, b2[-1:].expand(pad)])
+        qr = qd.reshape(runs, _RUN, -1)
+        qlo, qhi = qr.amin(1), qr.amax(1)  # (runs, d)
+        reach = b2.reshape(runs, _RUN).amax(1) * (1 + _SLACK)  # (runs,)
+        near = torch.zeros(self.lo.shape[0], dtype=torch.bool, device=q.device)
+        step = max(1, (1 << 20) // max(1, runs * qd.shape[1]))
+        for j in range(0, self.lo.shape[0], step):  # blocks in steps: (step, runs, d) temps
+            lo, hi = self.lo[j : j + step, None], self.hi[j : j + step, None]
+            gap = torch.maximum(lo - qhi[None], qlo[None] - hi).clamp_min(0)
+            near[j : j + step] = ((gap * gap).sum(-1) <= reach[None]).any(1)
+        return near
 
     def _rows(self, blocks: torch.Tensor) -> torch.Tensor:
         n, s, dev = self.x.shape[0], self.size, self.x.device
@@ -93,23 +115,37 @@ class RowBlocks:
             return d2, ii
         return d2, torch.where(ii >= 0, rows[ii.clamp_min(0)], -1)
 
+    def _block_rows(self, j: int) -> torch.Tensor:
+        return torch.arange(j * self.size, min((j + 1) * self.size, self.x.shape[0]),
+                            device=self.x.device)
+
+    def _search_blocks(self, q: torch.Tensor, k: int, blocks: torch.Tensor,
+                       bound2: torch.Tensor, d2: torch.Tensor, ii: torch.Tensor) -> None:
+        """Improve ``(d2, ii)`` (m, k) in place with the rows of ``blocks`` (a mask): each
+        block is searched alone, by the queries whose ``bound2`` reaches its box, and merged.
+        One block's tree at a time, however many blocks the queries reach (a large set of
+        blocks, when a few queries have long bounds, would otherwise be one large tree)."""
+        for j in torch.nonzero(blocks).flatten().tolist():
+            gap = box_gap2(q, self.lo[j : j + 1], self.hi[j : j + 1])[:, 0]
+            qi = torch.nonzero(gap <= bound2 * (1 + _SLACK)).flatten()
+            if qi.numel() == 0:
+                continue
+            bd2, bii = self.knn(q[qi], k, self._block_rows(j))
+            d2[qi], ii[qi] = _merge(d2[qi], ii[qi], bd2, bii, k)
+
     def local_knn(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact k nearest rows of this shard for queries ``q`` that lie close together:
-        first among the blocks the queries' box touches, which bounds each query's k-th
-        distance; then the queries whose bound reaches a further block are searched again
-        among every block their bounds reach."""
+        first among the blocks the queries' runs touch, which bounds each query's k-th
+        distance; then each further block their bounds reach is searched, block by block, by
+        the queries whose bound reaches it, and the answers merged (ties by the lower row)."""
         if q.shape[0] == 0 or self.lo.shape[0] == 0:
             return kernels.knn(self.x[:0], q, k, backend=self.backend)
         first = self._blocks_near(q, torch.zeros(1, dtype=torch.float64))
         d2, ii = self.knn(q, k, self._rows(first))
-        bound2 = d2[:, k - 1]  # inf (too few rows) reaches every block
+        bound2 = d2[:, k - 1].clone()  # inf (too few rows) reaches every block
         further = self._blocks_near(q, bound2) & ~first
         if bool(further.any()):
-            gap = box_gap2(q, self.lo[further], self.hi[further])  # (m, b)
-            again = torch.nonzero((gap <= bound2[:, None] * (1 + _SLACK)).any(1)).flatten()
-            if again.numel():
-                qa = q[again]
-                d2[again], ii[again] = self.knn(qa, k, self.rows_near(qa, bound2[again]))
+            self._search_blocks(q, k, further, bound2, d2, ii)
         return d2, ii
 
     def answer(self, queries: torch.Tensor, counts: list[int], k: int
@@ -123,7 +159,11 @@ class RowBlocks:
             qs = queries[start : start + c]
             start += c
             if c:
-                d2, ii = self.knn(qs[:, :d], k, self.rows_near(qs[:, :d], qs[:, d]))
+                q, b2 = qs[:, :d], qs[:, d]
+                d2 = torch.full((c, k), float("inf"), dtype=torch.float64, device=q.device)
+                ii = torch.full((c, k), -1, dtype=torch.int64, device=q.device)
+                if self.lo.shape[0]:
+                    self._search_blocks(q, k, self._blocks_near(q, b2), b2, d2, ii)
                 d2s.append(d2)
                 iis.append(ii)
         if not d2s:
@@ -133,3 +173,15 @@ class RowBlocks:
         ok = (ri >= 0) & (rd2 <= queries[:, d:])  # <=: a tie with the bound may win by index
         jr, jc = torch.nonzero(ok, as_tuple=True)
         return jr, jc, rd2[jr, jc], ri[jr, jc]
+
+
+def _merge(d2a: torch.Tensor, ia: torch.Tensor, d2b: torch.Tensor, ib: torch.Tensor, k: int
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best of two answers over disjoint rows, ascending by (distance, row); padding
+    (``inf``, ``-1``) last."""
+    d2 = torch.cat([d2a, d2b], 1)
+    ii = torch.cat([ia, ib], 1)
+    key = torch.where(ii >= 0, ii, torch.iinfo(torch.int64).max)
+    o = torch.argsort(key, dim=1, stable=True)
+    o = o.gather(1, torch.argsort(d2.gather(1, o), dim=1, stable=True))[:, :k]
+    return d2.gather(1, o), ii.gather(1, o)

@@ -73,3 +73,25 @@ def predict_rank(rank: int, world: int, ckpt: str, source: str, chunk: int | Non
 
 def as_array(x) -> np.ndarray:
     return np.asarray(x)
+
+
+def volume_rank(rank: int, world: int, ckpt: str, sources: list[str], chunk: int) -> dict:
+    """For each source: this rank's volume rows (perm, sizes) and predictions chunked by
+    ``chunk`` and unchunked (ShardTensor forward), and the inputs both ways."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.apps.model_file import load_model
+    from meshshard.apps.volume import predict_volume_rows
+    from meshshard.apps.volume_inputs import read_volume_rows, volume_inputs
+
+    mesh = init_device_mesh("cpu", (world,))
+    mf = load_model(ckpt)
+    out = {}
+    for src in sources:
+        rows = read_volume_rows(src, mesh.get_group())
+        res = {ch: predict_volume_rows(mf, rows, mesh=mesh, max_points_per_chunk=ch)
+               for ch in (chunk, None)}
+        inputs = {ch: [t.numpy() for t in volume_inputs(rows, mesh.get_group(), ch)]
+                  for ch in (chunk, None)}
+        out[src] = {"perm": rows.perm, "sizes": rows.sizes, "pred": res, "inputs": inputs}
+    return out

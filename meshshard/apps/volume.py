@@ -1,0 +1,195 @@
+"""Volume models: training samples, model checkpoints with ``inputs.part = "volume"``, and
+``predict`` / ``evaluate`` on the volume cells of a run.
+
+A volume model is a :class:`~meshshard.models.Transolver` on the volume cell centres with the
+inputs of :func:`~meshshard.apps.volume_inputs.volume_inputs` (standardised coordinates; the
+signed distance to the body and its log) and the volume fields (``UMeanTrim``, ``pMeanTrim``,
+``nutMeanTrim``, non-dimensional) as targets, standardised per column. Predicting runs the same
+chunked forward as the surface (:func:`~meshshard.apps.predict.run_model`); rank 0 writes
+
+- ``OUT/<run>/volume_<i>.vtu``: a copy of the input ``.vtu`` with ``<field>Pred`` cell arrays in
+  raw units beside the true arrays (run directories); for a store, a point cloud
+  ``OUT/<run>/volume.vtp`` of the cell centres with predicted and true arrays;
+- ``OUT/<run>/prediction.json``: counts, timings and, where the truth is present, the relative
+  L2 error of every field over the volume cells (sums all-reduced over the ranks).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from meshshard.apps.volume_inputs import (
+    VOLUME_FEATURES,
+    VolumeRows,
+    read_volume_rows,
+    volume_inputs,
+)
+
+__all__ = ["evaluate_volume", "export_volume_model", "is_volume_model", "load_volume_sample",
+           "predict_volume_run", "predict_volume_rows"]
+
+
+def is_volume_model(mf: Any) -> bool:
+    """Whether a loaded model checkpoint predicts volume fields (``inputs.part``)."""
+    return mf is not None and mf.inputs.get("part") == "volume"
+
+
+def load_volume_sample(source: str | Path, mesh: Any = None, *, chunk: int | None = None
+                       ) -> dict[str, Any]:
+    """One run's volume inputs and targets on this rank (collective when distributed).
+
+    Returns ``{"coords": (1, m, 3), "features": (1, m, 2), "target": (1, m, F), "rows":
+    VolumeRows}``; ShardTensors on ``mesh`` (sharded along the points) when ``mesh`` is given,
+    local tensors otherwise. Targets are the non-dimensional fields, not standardised.
+    """
+    group = mesh.get_group() if mesh is not None else None
+    rows = read_volume_rows(source, group)
+    if not rows.columns:
+        msg = f"{source}: has no volume fields to train on"
+        raise ValueError(msg)
+    coords, feats = volume_inputs(rows, group, chunk)
+    target = torch.from_numpy(rows.fields).unsqueeze(0)
+    if mesh is not None:
+        from meshshard.shardtensor import Shard, from_local
+
+        def st(x: torch.Tensor):
+            return from_local(x[0], mesh, [Shard(0)], sharding_shapes=rows.sizes,
+                              validate=False).unsqueeze(0)
+
+        coords, feats, target = st(coords), st(feats), st(target)
+    return {"coords": coords, "features": feats, "target": target, "rows": rows}
+
+
+def export_volume_model(
+    path: str | Path,
+    model: nn.Module,
+    *,
+    model_config: dict,
+    rows: VolumeRows,
+    target_mean: list[float],
+    target_std: list[float],
+    extra: dict | None = None,
+) -> Path:
+    """Write a volume model (trained on :func:`load_volume_sample` inputs, targets scaled as
+    ``(y - target_mean) / target_std``) with the field names, columns and non-dimensional
+    scales of the run ``rows`` came from. Collective when distributed."""
+    from meshshard.apps.model_file import save_model
+    from meshshard.datasets.schema import DRIVAERML
+
+    fields = sorted(([n, a, b] for n, (a, b) in rows.columns.items()), key=lambda f: f[1])
+    scales = {"dataset": dict(rows.scales), "u_inf": DRIVAERML.u_inf, "rho": DRIVAERML.rho,
+              "target_mean": [float(v) for v in target_mean],
+              "target_std": [float(v) for v in target_std]}
+    inputs = {"part": "volume", "coords": "volume_mesh_centers (standardised)",
+              "features": VOLUME_FEATURES}
+    return save_model(path, model, config=model_config, fields=fields, scales=scales,
+                      inputs=inputs, extra=extra)
+
+
+def predict_volume_rows(mf: Any, rows: VolumeRows, *, mesh: Any = None,
+                        max_points_per_chunk: int | None = None) -> np.ndarray:
+    """Non-dimensional predictions (m, C) for this rank's volume rows (collective when
+    distributed; ``max_points_per_chunk=None``: the unchunked forward)."""
+    from meshshard.apps.predict import run_model
+
+    group = mesh.get_group() if mesh is not None else None
+    coords, feats = volume_inputs(rows, group, max_points_per_chunk)
+    return run_model(mf, coords, feats, rows.sizes, mesh=mesh,
+                     max_points_per_chunk=max_points_per_chunk)
+
+
+def _write(mf: Any, rows: VolumeRows, full: dict, out_dir: Path, truth: bool) -> Path:
+    import pyvista as pv
+
+    from meshshard.apps.predict import _fields_raw
+
+    pred = _fields_raw(mf, rows, full["pred"])
+    perm = full["perm"]
+    if rows.vtk is not None:
+        grid = pv.read(rows.vtk)
+        dst = out_dir / rows.vtk.name
+        for name, v in pred.items():
+            arr = np.full((grid.n_cells, *v.shape[1:]), np.nan, dtype=np.float32)
+            arr[perm] = v
+            grid.cell_data[f"{name}Pred"] = arr
+    else:
+        order = np.argsort(perm, kind="stable")
+        grid = pv.PolyData(full["centers"][order])
+        for name, v in pred.items():
+            grid.point_data[f"{name}Pred"] = v[order].astype(np.float32)
+        if truth:
+            for name, (a, b) in rows.columns.items():
+                v = full["fields"][order, a:b] * float(rows.scales[name])
+                grid.point_data[name] = (v[:, 0] if b - a == 1 else v).astype(np.float32)
+        dst = out_dir / "volume.vtp"
+    tmp = dst.with_name(f".{dst.stem}.tmp{dst.suffix}")
+    grid.save(tmp)
+    tmp.replace(dst)
+    return dst
+
+
+def predict_volume_run(mf: Any, source: str | Path, out: str | Path, *, mesh: Any = None,
+                       max_points_per_chunk: int | None = None) -> dict[str, Any]:
+    """``meshshard predict`` with a volume model (module notes); returns the summary (rank 0
+    has the files, every rank the metrics). Collective when distributed."""
+    from meshshard.apps.forces import field_errors
+    from meshshard.apps.predict import _truth, check_fields, gather_rows
+
+    t0 = time.perf_counter()
+    group = mesh.get_group() if mesh is not None else None
+    rows = read_volume_rows(source, group)
+    truth = check_fields(mf, rows, source, need_truth=False)
+    t_read = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    pred = predict_volume_rows(mf, rows, mesh=mesh, max_points_per_chunk=max_points_per_chunk)
+    summary: dict[str, Any] = {"run": rows.name, "source": str(source), "part": "volume",
+                               "cells": rows.n_total, "ranks": len(rows.sizes),
+                               "rows_per_rank": rows.sizes,
+                               "max_points_per_chunk": max_points_per_chunk,
+                               "seconds": {"read_partition": t_read,
+                                           "inputs_model": time.perf_counter() - t1}}
+    if truth:
+        cols, true = _truth(truth, rows, pred)
+        summary["rel_l2"] = field_errors(pred, true, cols, group=group)
+    arrays = {"pred": pred.astype(np.float32), "perm": rows.perm}
+    if rows.vtk is None:
+        arrays.update(centers=rows.centers, fields=rows.fields)
+    full = gather_rows(arrays, group)
+    if full is not None:  # rank 0 writes
+        out_dir = Path(out) / rows.name
+        out_dir.mkdir(parents=True, exist_ok=True)
+        files = {"vtk": str(_write(mf, rows, full, out_dir, bool(truth)))}
+        summary["files"] = files
+        summary["seconds"]["total"] = time.perf_counter() - t0
+        js = out_dir / "prediction.json"
+        js.write_text(json.dumps(summary, indent=1))
+        files["json"] = str(js)
+    return summary
+
+
+def evaluate_volume(source: str | Path, mf: Any, *, mesh: Any = None,
+                    max_points_per_chunk: int | None = None) -> dict[str, Any]:
+    """Relative L2 error of every volume field ``mf`` predicts, over the run's volume cells
+    (sums all-reduced; every rank gets the result). Collective when distributed.
+
+    Raises
+    ------
+    ValueError
+        The run lacks a field the model predicts (named).
+    """
+    from meshshard.apps.forces import field_errors
+    from meshshard.apps.predict import _truth, check_fields
+
+    group = mesh.get_group() if mesh is not None else None
+    rows = read_volume_rows(source, group)
+    cols = check_fields(mf, rows, source, need_truth=True)
+    pred = predict_volume_rows(mf, rows, mesh=mesh, max_points_per_chunk=max_points_per_chunk)
+    cols, true = _truth(cols, rows, pred)
+    return {"cells": rows.n_total, "rel_l2": field_errors(pred, true, cols, group=group)}
