@@ -24,7 +24,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="worker processes on this machine, one run each at a time (every run is read in "
         "a worker, so a crashing run fails alone); more than 1 helps only with spare cores "
-        "and memory (see README)",
+        "and memory (see docs/failures.md, \"When --workers helps\")",
     )
     parser.add_argument("--runs", nargs="+", help="only these run directory names")
     g = parser.add_mutually_exclusive_group()

@@ -169,6 +169,8 @@ class GhostExchange:
     layers : int
         Message-passing layers of the model (checked for ``"once"``).
 
+    Notes
+    -----
     Collective: ``begin`` and ``before_layer`` (and their backward) are collective.
     """
 
