@@ -13,7 +13,8 @@ reference models are registered), never imported from a path written in the file
 checks, in this order, that ``model.json`` is ours, the class is known (and the one the caller
 expects), the weights file has the recorded size and hash, and its tensors are exactly the
 ones the class builds with that config; each failure is one ``ModelFileError`` line naming the
-file. Writing is atomic (``CKPT.tmp-<pid>``, then rename).
+file. Writing is atomic (``CKPT.tmp-<pid>``, then :func:`meshshard.store.atomic.publish`);
+after a save killed between its two renames, :func:`load_model` reads ``CKPT.old``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from meshshard.errors import InputError
+from meshshard.store.atomic import publish, resolve
 
 __all__ = [
     "FORMAT",
@@ -219,14 +221,15 @@ def save_model(
             json.dump(meta, fh, indent=1)
             fh.flush()
             os.fsync(fh.fileno())
-        old = path.with_name(f"{path.name}.old-{os.getpid()}")
-        if path.exists():
-            path.rename(old)
-        tmp.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
+        publish(tmp, path, _old(path))  # PATH or PATH.old is complete at every instant
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
     return path
+
+
+def _old(path: Path) -> Path:
+    """Where the previous version waits while a save swaps the new one in."""
+    return path.with_name(path.name + ".old")
 
 
 def _read_meta(path: Path) -> dict:
@@ -316,13 +319,17 @@ def load_model(path: str | Path, *, expect_class: str | tuple[str, ...] | None =
     Raises
     ------
     FileNotFoundError
-        No directory at ``path``.
+        No directory at ``path`` (nor a ``PATH.old`` left by an interrupted save).
     ModelFileError
         Not a model checkpoint; unknown class or not ``expect_class``; truncated or corrupt
         weights; weights that do not fit the class and config.
     """
     _builtin()
     path = Path(path)
+    found = resolve(path, _old(path))
+    if found is not None and found != path:
+        log.warning("%s missing; loading %s left by an interrupted save", path, found)
+        path = found
     meta = _read_meta(path)
     name = meta["class"]
     cls = _REGISTRY.get(name)
