@@ -96,9 +96,9 @@ def _imports(mods: dict[str, Path]) -> dict[str, dict[str, bool]]:
     return graph
 
 
-#: modules that are one room together: the communication room (process groups, timeouts and
-#: the collective checker), not yet moved into one package
-ROOMS = {"distributed": "comm", "collective_check": "comm"}
+#: modules that are one room together: the communication room (the launcher's variables,
+#: process groups and timeouts, the collective checker), not yet moved into one package
+ROOMS = {"distributed": "comm", "collective_check": "comm", "launch": "comm"}
 
 
 def _room(module: str) -> str:

@@ -39,6 +39,7 @@ from typing import Any
 
 from meshshard.datasets.drivaerml import file_fingerprint, read_run, run_index
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
+from meshshard.launch import launch
 from meshshard.pipelines._runlock import RunBusy, run_lock
 from meshshard.store.atomic import publish
 from meshshard.store.format import store_status, write_store
@@ -487,14 +488,6 @@ def _remove_if_empty(dst: Path) -> None:
         pass
 
 
-def _env_rank() -> tuple[int, int]:
-    try:
-        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    except ValueError as exc:
-        msg = f"RANK/WORLD_SIZE must be integers: {exc}"
-        raise ValueError(msg) from exc
-
-
 def preprocess_runs(
     src: str | Path,
     dst: str | Path,
@@ -569,9 +562,9 @@ def preprocess_runs(
     for n in names:
         _safe_child(dst, f"{n}.zarr", "run")
     created = not dst.exists()  # removed again if nothing is written into it
-    env_rank, env_world = _env_rank()
-    rank = env_rank if rank is None else rank
-    world_size = env_world if world_size is None else world_size
+    job = launch()
+    rank = job.rank if rank is None else rank
+    world_size = job.world_size if world_size is None else world_size
     if not 0 <= rank < world_size:
         msg = f"rank={rank} out of range for world_size={world_size}"
         raise ValueError(msg)
