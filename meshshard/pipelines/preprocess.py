@@ -25,6 +25,7 @@ the workers themselves are in :mod:`meshshard.pipelines._workers`.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import os
@@ -488,6 +489,10 @@ def _remove_if_empty(dst: Path) -> None:
         pass
 
 
+#: the keyword options :func:`preprocess_runs` passes on to :func:`process_run`
+_RUN_OPTIONS = frozenset(inspect.signature(process_run).parameters) - {"run_dir", "dst", "parts"}
+
+
 def preprocess_runs(
     src: str | Path,
     dst: str | Path,
@@ -524,7 +529,8 @@ def preprocess_runs(
         tqdm bar; default on for rank 0 when stderr is a terminal.
     **options
         Passed to :func:`process_run` (``method``, ``surface``, ``volume``, ``halo_radius``,
-        ``overwrite``, ``drop_nan``, ``max_volume_cells``, ``schema``, ``compressor``).
+        ``overwrite``, ``drop_nan``, ``max_volume_cells``, ``schema``, ``compressor``,
+        ``graph``); another name is a TypeError before any run starts.
 
     Returns
     -------
@@ -538,6 +544,11 @@ def preprocess_runs(
         ``src`` is missing, or holds no run directories (the message says what was looked
         for and notices a run directory passed in place of its parent).
     """
+    unknown = sorted(set(options) - _RUN_OPTIONS)
+    if unknown:  # before any worker starts, not once per run inside each
+        msg = (f"preprocess_runs: unknown option(s) {unknown}; process_run takes "
+               f"{sorted(_RUN_OPTIONS)}")
+        raise TypeError(msg)
     schema = options.get("schema", DRIVAERML)
     src, dst = Path(src), Path(dst)
     _options(
