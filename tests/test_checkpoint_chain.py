@@ -1,12 +1,13 @@
-"""The checkpoint fall-back chain: a crash injected at each step of save -> fall-back -> save
-leaves a loadable checkpoint, and it is the last good one (never an older one, never none).
+"""The checkpoint fall-back chain for the checkpoints outside meshshard.parallel: a kill at
+each step of save -> fall-back -> save leaves a loadable checkpoint, and it is the last good one
+(never an older one, never none).
 
-Both checkpoint kinds that ``--resume`` reads are checked: the DCP directory of
-:mod:`meshshard.parallel.checkpoint` (``examples/train_drivaerml.py``) and the single file of
-:mod:`meshshard.apps.train` (the demo), and the model checkpoints of
-:mod:`meshshard.apps.model_file` that ``predict`` reads. Each pair (crash in the 2nd save,
-crash in the 3rd) is one chain; ``tests/test_train.py`` runs ``--resume`` itself on the state
-a kill between the renames leaves."""
+The single-file checkpoints of :mod:`meshshard.apps.train` (the demo) and the model
+checkpoints of :mod:`meshshard.apps.model_file` that ``predict`` reads. The kill is injected
+at the file system calls themselves (see ``tests/_crash_chain.py``), so a save that bypasses
+:func:`meshshard.store.atomic.publish` is caught too (model_file's was, and lost the model).
+DCP checkpoints: ``tests/parallel/test_checkpoint_chain.py``; ``--resume`` on the state a kill
+between the renames leaves: ``tests/test_train.py``."""
 
 from __future__ import annotations
 
@@ -34,36 +35,6 @@ def _step_of(m: torch.nn.Module) -> int:
     values = {float(v) for p in m.parameters() for v in p.detach().flatten()}
     assert len(values) == 1, f"weights of several saves mixed: {values}"
     return int(values.pop())
-
-
-def _dcp_kind(path: Path):
-    from meshshard.parallel import checkpoint as ck
-
-    def save(step):
-        m = _model(step)
-        ck.save_checkpoint(path, m, torch.optim.SGD(m.parameters(), lr=0.1), step=step)
-
-    def load():
-        m = _model(0)
-        info = ck.load_checkpoint(path, m, torch.optim.SGD(m.parameters(), lr=0.1))
-        assert _step_of(m) == info["step"]
-        return info["step"]
-
-    @contextlib.contextmanager
-    def torn_write():  # killed while writing meshshard.json, after DCP wrote the shards
-        real = ck.json.dump
-
-        def dump(obj, fh, *a, **k):
-            fh.write('{"format": ')
-            raise Crash("write")
-
-        ck.json.dump = dump
-        try:
-            yield
-        finally:
-            ck.json.dump = real
-
-    return save, load, torn_write
 
 
 def _file_kind(path: Path):
@@ -136,8 +107,7 @@ def _model_file_kind(path: Path):
     return save, load, torn_write
 
 
-@pytest.mark.parametrize("kind", [_dcp_kind, _file_kind, _model_file_kind],
-                         ids=["dcp", "file", "model-file"])
+@pytest.mark.parametrize("kind", [_file_kind, _model_file_kind], ids=["file", "model-file"])
 def test_a_crash_at_every_step_leaves_the_last_good_checkpoint(tmp_path, kind):
     for i, (first, second) in enumerate(PAIRS):
         root = tmp_path / str(i)
@@ -162,7 +132,7 @@ def test_the_chain_notices_a_lost_checkpoint(tmp_path, monkeypatch):
         return real(tmp, path, old)
 
     monkeypatch.setattr(atomic, "publish", buggy)
-    monkeypatch.setattr("meshshard.parallel.checkpoint.publish", buggy)
-    save, load, torn = _dcp_kind(tmp_path / "ck")
-    with pytest.raises(FileNotFoundError, match="no checkpoint there"):
+    monkeypatch.setattr("meshshard.apps.train.publish", buggy)
+    save, load, torn = _file_kind(tmp_path / "ck")
+    with pytest.raises(FileNotFoundError):
         chain(tmp_path, save, load, torn, ("before", "tmp->path"), ("before", "tmp->path"))
