@@ -33,6 +33,7 @@ from torch import nn
 
 from meshshard.errors import InputError
 from meshshard.store.atomic import publish, resolve
+from meshshard.store.shapes import shape_mismatch
 
 __all__ = [
     "FORMAT",
@@ -293,23 +294,11 @@ def _read_weights(path: Path, meta: dict) -> dict[str, torch.Tensor]:
 
 
 def _compare(path: Path, class_name: str, state: dict, want: dict) -> None:
-    missing = sorted(set(want) - set(state))
-    unexpected = sorted(set(state) - set(want))
-    both = set(want) & set(state)
-    shape = sorted(k for k in both if tuple(want[k].shape) != tuple(state[k].shape))
-    if not (missing or unexpected or shape):
-        return
-    parts = []
-    if missing:
-        parts.append(f"{len(missing)} tensors missing (e.g. {missing[:2]})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[:2]})")
-    if shape:
-        k = shape[0]
-        parts.append(f"{len(shape)} of other shapes (e.g. {k}: {list(state[k].shape)} vs "
-                     f"{list(want[k].shape)})")
-    msg = f"{path}: weights are not those of a {class_name} with this config: " + "; ".join(parts)
-    raise ModelFileError(msg)
+    problem = shape_mismatch({k: v.shape for k, v in state.items()},
+                             {k: v.shape for k, v in want.items()})
+    if problem:
+        msg = f"{path}: weights are not those of a {class_name} with this config: {problem}"
+        raise ModelFileError(msg)
 
 
 def load_model(path: str | Path, *, expect_class: str | tuple[str, ...] | None = None) -> ModelFile:
