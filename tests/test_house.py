@@ -184,3 +184,21 @@ def test_the_checker_sees_cycles_and_arrows():
     assert GRAPH["meshshard.cli"]["meshshard.commands"] is False
     assert GRAPH["meshshard.partition.record"]["meshshard.partition.quality"] is True
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+
+
+#: files over the limit whose reason is not written yet (the lead's package this session)
+LONG_WITHOUT_REASON = {"meshshard/shardtensor/_aten/rules.py",
+                       "meshshard/shardtensor/_aten/tensor.py"}
+
+
+def test_a_file_over_500_lines_says_why_at_its_top():
+    long = {}
+    for f in _modules().values():
+        text = f.read_text()
+        if len(text.splitlines()) > 500:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            long[f.relative_to(ROOT).as_posix()] = "Length (" in doc
+    silent = {f for f, has_reason in long.items() if not has_reason}
+    assert sorted(silent - LONG_WITHOUT_REASON) == [], (
+        "over 500 lines with no 'Length (~N lines): why' paragraph in the module docstring")
+    assert sorted(LONG_WITHOUT_REASON - silent) == [], "now short or explained: drop from list"
