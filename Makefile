@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # torch 2.13.0 is a local CPU build on these machines; never let pip pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv test lint demo bench clean
+.PHONY: venv test lint demo bench docs clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,10 +22,19 @@ lint: venv
 test: lint
 	$(BIN)/python -m pytest -q tests
 
+# the manual (docs/ -> build/site) with warnings as errors: broken links, pages missing from
+# the nav, docstrings that do not parse; the docs extra is installed on first use
+$(BIN)/.docs-installed: $(BIN)/.installed pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[docs]" "$(TORCH_SPEC)"
+	touch $@
+
+docs: $(BIN)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict  # not --quiet: with it mkdocs 1.6 ignores --strict
+
 demo: venv
 	$(BIN)/meshshard demo
 
-# quick sizes; README "Results" lists the full-size commands
+# quick sizes; docs/benchmarks.md lists the full-size commands
 bench: venv
 	$(BIN)/python benchmarks/bench_partition.py --sizes 1e6
 	$(BIN)/python benchmarks/bench_shardtensor.py --points 1000,100000

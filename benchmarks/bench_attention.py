@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import time
 
 import torch
@@ -40,27 +39,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from meshshard.testing import run_ranks
+from meshshard.testing.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
 
 HEADS, HEAD_DIM = 4, 64
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _reset_peak() -> None:
-    """Reset this process's RSS high-water mark (Linux >= 4.0: VmHWM := current RSS)."""
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
-
-
-def _peak_mib() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _inputs(n_local: int, seed: int):
@@ -132,8 +113,8 @@ def step(rank, world_size, n, threads, live=False):
         qs, ks, vs = (from_local(t, mesh, [Shard(2)], sizes, validate=False) for t in (q, k, v))
         dist.barrier()
     reset_bytes_sent()
-    _reset_peak()
-    rss0 = _rss_mib()
+    reset_peak_rss()
+    rss0 = rss_bytes() / 2**20
     t0, c0 = time.perf_counter(), time.process_time()
     if world_size > 1:
         out = F.scaled_dot_product_attention(qs, ks, vs).to_local()
@@ -144,7 +125,8 @@ def step(rank, world_size, n, threads, live=False):
     if world_size > 1:
         dist.barrier()
     assert q.grad is not None and k.grad is not None and v.grad is not None
-    res = {"wall": wall, "cpu": cpu, "peak": _peak_mib() - rss0, "rss": _peak_mib(),
+    high = peak_rss_bytes() / 2**20
+    res = {"wall": wall, "cpu": cpu, "peak": high - rss0, "rss": high,
            "sent": bytes_sent() / 2**20, "live": float("nan")}
     if live:  # the same step again, its tensors tracked (after the RSS step: no effect on it)
         del out

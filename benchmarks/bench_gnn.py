@@ -48,23 +48,8 @@ import numpy as np
 import torch
 
 from meshshard.testing import run_ranks
+from meshshard.testing.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
 from meshshard.testing.memory import saved_activation_bytes as activation_bytes
-
-
-def _status_mb(key: str) -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(key):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _reset_peak() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")  # resets VmHWM (Linux >= 4.0)
-    except OSError:
-        pass
 
 
 def _volume_mesh(cells: int):
@@ -132,8 +117,8 @@ def _timed_steps(model, x, ea, plug, target_rows, repeat):
     out, act = activation_bytes(lambda: model(x, ea, plug))
     (out**2).sum().backward()
     best = (float("inf"), 0.0)
-    rss0 = _status_mb("VmRSS")
-    _reset_peak()
+    rss0 = rss_bytes() / 2**20
+    reset_peak_rss()
     for _ in range(repeat):
         model.zero_grad()
         t, c = time.perf_counter(), time.process_time()
@@ -142,7 +127,7 @@ def _timed_steps(model, x, ea, plug, target_rows, repeat):
         w = time.perf_counter() - t
         if w < best[0]:
             best = (w, time.process_time() - c)
-    return best[0], best[1], act, _status_mb("VmHWM") - rss0
+    return best[0], best[1], act, peak_rss_bytes() / 2**20 - rss0
 
 
 def rank_step(rank, world, workdir, config):

@@ -22,49 +22,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
-import threading
 import time
 
 import torch
 
 from meshshard.testing import run_ranks
+from meshshard.testing.memory import PeakRss, peak_rss_bytes, rss_bytes
 from meshshard.testing.memory import saved_activation_bytes as _saved_bytes
 
 MODEL = dict(in_channels=1, out_channels=1, base=8, depth=3, norm="group")
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-class _PeakRss:
-    """Sample this process's RSS every ``dt`` seconds in a thread (torch kernels release the
-    GIL, so samples land during the big ops); ``peak`` is the largest sample in MB."""
-
-    def __init__(self, dt: float = 0.002) -> None:
-        self.dt, self.peak = dt, 0.0
-        self._stop = threading.Event()
-
-    def __enter__(self):
-        self.peak = _rss_mb()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _rss_mb())
-            time.sleep(self.dt)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss_mb())
-
-
 
 
 def bench(rank, world_size, size, steps, plain):
@@ -105,15 +72,15 @@ def bench(rank, world_size, size, steps, plain):
     times, cpus, halo, growth = [], [], [], []
     saved = 0
     for _ in range(steps):
-        base = _rss_mb()
+        base = rss_bytes() / 2**20
         t0, c0 = time.perf_counter(), time.process_time()
-        with count_halo_bytes() as stats, _PeakRss() as rss:
+        with count_halo_bytes() as stats, PeakRss() as rss:
             saved = run_step()
         times.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
         halo.append(stats.total)
-        growth.append(rss.peak - base)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        growth.append(rss.peak / 2**20 - base)
+    peak = peak_rss_bytes() / 2**20
     return {"rows": sizes[rank], "step_s": statistics.median(times),
             "cpu_s": statistics.median(cpus), "saved_mb": saved / 2**20,
             "rss_growth_mb": max(statistics.median(growth), 0.0), "peak_rss_mb": peak,

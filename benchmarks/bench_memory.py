@@ -16,22 +16,14 @@ Target: per-rank activation memory falls as 1/P within 15%.
 from __future__ import annotations
 
 import argparse
-import os
-import resource
 
 import torch
 
 from meshshard.testing import run_ranks
+from meshshard.testing.memory import peak_rss_bytes, rss_bytes
 from meshshard.testing.memory import saved_activation_bytes as activation_bytes
 
 MODEL = dict(space_dim=3, fun_dim=2, out_dim=2, n_hidden=32, n_layers=2, heads=2, slices=16)
-
-
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def step_memory(rank, world_size, n):
@@ -48,11 +40,11 @@ def step_memory(rank, world_size, n):
     g = torch.Generator().manual_seed(rank)
     c, f, t = (from_local(torch.randn(1, m, d, generator=g), mesh, [Shard(1)], sizes)
                for d in (3, 2, 2))
-    base = _rss_mb()
+    base = rss_bytes() / 2**20
     pred, act = activation_bytes(lambda: model(c, f))
     loss = ((pred - t) ** 2).mean()
     loss.backward()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_rss_bytes() / 2**20
     return {"rows": m, "act_mb": act / 2**20, "rss_mb": peak - base}
 
 

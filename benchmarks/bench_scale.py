@@ -27,6 +27,8 @@ import time
 
 import numpy as np
 
+from meshshard.testing.memory import peak_rss_bytes, rss_bytes
+
 CHUNK = 1 << 20
 
 
@@ -41,14 +43,6 @@ def make_rows(start: int, stop: int) -> np.ndarray:
     return out
 
 
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def _cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -57,13 +51,13 @@ def _cpu() -> float:
 def single(rank: int, world: int, n: int, method: str, parts: int) -> dict:
     from meshshard.partition import partition
 
-    base = _status_kb("VmRSS")
+    base = rss_bytes()
     pts = make_rows(0, n)
     t0, c0 = time.perf_counter(), _cpu()
     part = partition(pts, parts, method)
     wall, cpu = time.perf_counter() - t0, _cpu() - c0
     assert int(part.sizes.sum()) == n
-    return {"wall": wall, "cpu": cpu, "hwm": _status_kb("VmHWM") * 1024, "base": base * 1024}
+    return {"wall": wall, "cpu": cpu, "hwm": peak_rss_bytes(), "base": base}
 
 
 def ranked(rank: int, world: int, n: int, method: str, parts: int, no_pack: bool = False) -> dict:
@@ -75,7 +69,7 @@ def ranked(rank: int, world: int, n: int, method: str, parts: int, no_pack: bool
         _sfc.PACK_BITS = _rcb.PACK_BITS = 0
 
     start, stop = (n * rank) // world, (n * (rank + 1)) // world
-    base = _status_kb("VmRSS")
+    base = rss_bytes()
     pts = make_rows(start, stop)
     dist.barrier()
     t0, c0 = time.perf_counter(), _cpu()
@@ -83,7 +77,7 @@ def ranked(rank: int, world: int, n: int, method: str, parts: int, no_pack: bool
     wall, cpu = time.perf_counter() - t0, _cpu() - c0
     dist.barrier()
     return {
-        "wall": wall, "cpu": cpu, "hwm": _status_kb("VmHWM") * 1024, "base": base * 1024,
+        "wall": wall, "cpu": cpu, "hwm": peak_rss_bytes(), "base": base,
         "rows": stop - start, "phases": dp.exchange_bytes, "owned": int(dp.order.size),
         "phase_s": dp.phase_seconds,
     }  # fmt: skip

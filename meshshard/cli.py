@@ -22,7 +22,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from meshshard.errors import DistributedError, InputError, MeshShardError
+from meshshard.commands import CLIError as CLIError  # re-exported: the commands' user error
+from meshshard.errors import DistributedError, MeshShardError
 
 _COMMANDS = {
     "partition": "cut a mesh or point cloud into shards and write the Partition",
@@ -38,10 +39,6 @@ EXIT_USER_ERROR = 2
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE
-
-
-class CLIError(InputError):
-    """A user error found by the command itself: printed as one line, exit code 2."""
 
 
 def _add_global_flags(parser: argparse.ArgumentParser, *, default: object) -> None:

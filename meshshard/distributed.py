@@ -33,6 +33,7 @@ from meshshard.collective_check import (
     debug_enabled,
     set_debug,
 )
+from meshshard.launch import launch
 
 __all__ = [
     "DEBUG_ENV",
@@ -177,9 +178,10 @@ def init(
     set_debug(None)
     _backend_env(backend)
     _use_timeout_for_new_groups(td)
-    if "RANK" in os.environ:
+    job = launch()
+    if job.launched:
         if "nccl" in backend:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(job.local_rank)
         dist.init_process_group(backend, timeout=td)
     else:  # plain `python script.py`: a world of one
         store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=td)

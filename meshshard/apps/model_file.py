@@ -13,7 +13,8 @@ reference models are registered), never imported from a path written in the file
 checks, in this order, that ``model.json`` is ours, the class is known (and the one the caller
 expects), the weights file has the recorded size and hash, and its tensors are exactly the
 ones the class builds with that config; each failure is one ``ModelFileError`` line naming the
-file. Writing is atomic (``CKPT.tmp-<pid>``, then rename).
+file. Writing is atomic (``CKPT.tmp-<pid>``, then :func:`meshshard.store.atomic.publish`);
+after a save killed between its two renames, :func:`load_model` reads ``CKPT.old``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import torch
 from torch import nn
 
 from meshshard.errors import InputError
+from meshshard.store.atomic import publish, resolve
+from meshshard.store.shapes import shape_mismatch
 
 __all__ = [
     "FORMAT",
@@ -219,14 +222,15 @@ def save_model(
             json.dump(meta, fh, indent=1)
             fh.flush()
             os.fsync(fh.fileno())
-        old = path.with_name(f"{path.name}.old-{os.getpid()}")
-        if path.exists():
-            path.rename(old)
-        tmp.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
+        publish(tmp, path, _old(path))  # PATH or PATH.old is complete at every instant
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
     return path
+
+
+def _old(path: Path) -> Path:
+    """Where the previous version waits while a save swaps the new one in."""
+    return path.with_name(path.name + ".old")
 
 
 def _read_meta(path: Path) -> dict:
@@ -290,23 +294,11 @@ def _read_weights(path: Path, meta: dict) -> dict[str, torch.Tensor]:
 
 
 def _compare(path: Path, class_name: str, state: dict, want: dict) -> None:
-    missing = sorted(set(want) - set(state))
-    unexpected = sorted(set(state) - set(want))
-    both = set(want) & set(state)
-    shape = sorted(k for k in both if tuple(want[k].shape) != tuple(state[k].shape))
-    if not (missing or unexpected or shape):
-        return
-    parts = []
-    if missing:
-        parts.append(f"{len(missing)} tensors missing (e.g. {missing[:2]})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[:2]})")
-    if shape:
-        k = shape[0]
-        parts.append(f"{len(shape)} of other shapes (e.g. {k}: {list(state[k].shape)} vs "
-                     f"{list(want[k].shape)})")
-    msg = f"{path}: weights are not those of a {class_name} with this config: " + "; ".join(parts)
-    raise ModelFileError(msg)
+    problem = shape_mismatch({k: v.shape for k, v in state.items()},
+                             {k: v.shape for k, v in want.items()})
+    if problem:
+        msg = f"{path}: weights are not those of a {class_name} with this config: {problem}"
+        raise ModelFileError(msg)
 
 
 def load_model(path: str | Path, *, expect_class: str | tuple[str, ...] | None = None) -> ModelFile:
@@ -316,13 +308,17 @@ def load_model(path: str | Path, *, expect_class: str | tuple[str, ...] | None =
     Raises
     ------
     FileNotFoundError
-        No directory at ``path``.
+        No directory at ``path`` (nor a ``PATH.old`` left by an interrupted save).
     ModelFileError
         Not a model checkpoint; unknown class or not ``expect_class``; truncated or corrupt
         weights; weights that do not fit the class and config.
     """
     _builtin()
     path = Path(path)
+    found = resolve(path, _old(path))
+    if found is not None and found != path:
+        log.warning("%s missing; loading %s left by an interrupted save", path, found)
+        path = found
     meta = _read_meta(path)
     name = meta["class"]
     cls = _REGISTRY.get(name)

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from meshshard.cli import CLIError
+from meshshard.commands import CLIError
 
 __all__ = ["check_inference_args", "check_out_dir", "check_out_file"]
 
@@ -83,7 +83,6 @@ def check_out_file(path: str | Path, flag: str = "--png", suffix: str = ".png") 
 def check_inference_args(args: Any) -> None:
     """The options ``predict`` and ``evaluate`` share: a positive chunk budget and a writable
     ``--out``, checked before any rank reads a file."""
-    from meshshard.cli import CLIError
 
     if args.max_points_per_chunk < 1:
         msg = f"--max-points-per-chunk {args.max_points_per_chunk} must be >= 1"

@@ -7,13 +7,15 @@ Every stage is timed whether or not the bar is shown: :attr:`Stages.timings`.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from meshshard.errors import InputError
+from meshshard.launch import launch
 
 __all__ = ["Stages", "progress_enabled"]
 
@@ -23,9 +25,9 @@ def progress_enabled(no_progress: bool = False) -> bool:
     if no_progress:
         return False
     try:
-        rank = int(os.environ.get("RANK", "0"))
-    except ValueError:
-        rank = 0
+        rank = launch().rank
+    except InputError:  # odd launcher variables (e.g. RANK without WORLD_SIZE): no bar; the
+        return False    # command that needs the rank reports them
     return rank == 0 and sys.stderr.isatty()
 
 

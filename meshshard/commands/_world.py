@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from meshshard.launch import launch
 
 _OWNED: list[bool] = []
 
@@ -28,11 +29,12 @@ def join_world() -> tuple[int, int, Any]:
 
     from meshshard.distributed import init
 
-    joined = not dist.is_initialized() and "RANK" in os.environ
+    launched = launch().launched
+    joined = not dist.is_initialized() and launched
     rank, world = init()
     if joined:
         _OWNED.append(True)
-    if world == 1 and "RANK" not in os.environ:
+    if world == 1 and not launched:
         return rank, world, None
     dev = "cuda" if dist.get_backend() == "nccl" and torch.cuda.is_available() else "cpu"
     return rank, world, init_device_mesh(dev, (world,), mesh_dim_names=("domain",))

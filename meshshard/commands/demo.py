@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from meshshard.cli import CLIError
+from meshshard.commands import CLIError
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:

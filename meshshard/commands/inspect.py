@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from meshshard.cli import CLIError
+from meshshard.commands import CLIError
 from meshshard.commands.partition import (
     AUTO_FULL_CELLS,
     CLI_METHOD_HELP,

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from meshshard.cli import CLIError
+from meshshard.commands import CLIError
 
 METHODS = ("hilbert", "morton", "rcb", "metis")
 #: ``--method`` help, shared by the commands that partition

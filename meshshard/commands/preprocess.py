@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from meshshard.launch import launch
+
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dataset", choices=["drivaerml"], help="dataset layout of SRC")
@@ -24,7 +26,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="worker processes on this machine, one run each at a time (every run is read in "
         "a worker, so a crashing run fails alone); more than 1 helps only with spare cores "
-        "and memory (see README)",
+        "and memory (see docs/failures.md, \"When --workers helps\")",
     )
     parser.add_argument("--runs", nargs="+", help="only these run directory names")
     g = parser.add_mutually_exclusive_group()
@@ -114,17 +116,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _rank() -> int:
-    import os
-
-    return int(os.environ.get("RANK", "0") or 0)
+    return launch().rank
 
 
 def _rank_label() -> str:
-    """`` [rank 2/8]`` when RANK/WORLD_SIZE say there are several ranks, else ``""``."""
-    import os
-
-    world = os.environ.get("WORLD_SIZE", "1")
-    return f" [rank {os.environ.get('RANK', '0')}/{world}]" if world not in ("", "1") else ""
+    """`` [rank 2/8]`` when the launcher says there are several ranks, else ``""``."""
+    return launch().label()
 
 
 def _total_over_ranks(counts: list[int]) -> tuple[int, list[int]] | None:
@@ -133,17 +130,18 @@ def _total_over_ranks(counts: list[int]) -> tuple[int, list[int]] | None:
     runs at very different times -- torchrun ends the others when one fails). None when not
     launched by torchrun."""
     import datetime
-    import os
 
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world < 2 or not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
+    job = launch()
+    if job.world_size < 2 or not job.rendezvous:
         return None
     import torch
     import torch.distributed as dist
 
+    from meshshard.distributed import init
+
     made = not dist.is_initialized()
-    if made:
-        dist.init_process_group("gloo", timeout=datetime.timedelta(days=1))
+    if made:  # a caller's own group is used as it is (its timeouts untouched)
+        init("gloo", timeout=datetime.timedelta(days=1))
     try:
         t = torch.tensor(counts, dtype=torch.int64)
         dist.all_reduce(t)

@@ -10,6 +10,9 @@ One algorithm (:func:`_build`) runs on every rank with a transport from
 
 Only edges a rank owns or needs for its ghost rings ever reach it; every rank does hold the
 partition (one int per node), which is what "the partition is known" means.
+
+Length (~510 lines): the one algorithm and the constructors that feed it (edge lists, adjacency,
+PyG, cells, every part at once) validate their input the same way and must change with it.
 """
 
 from __future__ import annotations

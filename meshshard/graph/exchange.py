@@ -23,6 +23,7 @@ import torch.distributed as dist
 from meshshard.graph._refresh import refresh_owned
 from meshshard.graph.record import ShardedGraph
 from meshshard.ops._validation import check_reduce, collective_flag
+from meshshard.ops.halo import scatter_rows
 
 __all__ = ["GhostExchange", "aggregate", "refresh_ghosts", "sync_gradients"]
 
@@ -136,20 +137,6 @@ def aggregate(
     return scatter_rows(messages, edge_index[1].to(messages.device), rows, reduce)
 
 
-def scatter_rows(values: torch.Tensor, index: torch.Tensor, rows: int, reduce: str) -> torch.Tensor:
-    """``out[index[e]] (+)= values[e]`` with sum / mean / max; empty rows are 0."""
-    feat = values.shape[1:]
-    out = values.new_zeros((rows, *feat))
-    if reduce == "max":
-        idx = index.reshape(-1, *([1] * len(feat))).expand_as(values)
-        return out.scatter_reduce(0, idx, values, reduce="amax", include_self=False)
-    out = out.index_add(0, index, values)
-    if reduce == "mean":
-        cnt = torch.bincount(index, minlength=rows).clamp_min(1).to(out.dtype)
-        out = out / cnt.reshape(-1, *([1] * len(feat)))
-    return out
-
-
 class GhostExchange:
     """The message-passing plug of a plain-torch graph model, backed by a ShardedGraph.
 
@@ -169,6 +156,8 @@ class GhostExchange:
     layers : int
         Message-passing layers of the model (checked for ``"once"``).
 
+    Notes
+    -----
     Collective: ``begin`` and ``before_layer`` (and their backward) are collective.
     """
 

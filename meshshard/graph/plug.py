@@ -57,6 +57,8 @@ class GraphPlug:
     layers : int
         Message-passing layers of the model (checked for ``"once"``).
 
+    Notes
+    -----
     Collective: the constructor (two all-gathers of sizes), ``begin`` and ``before_layer``
     (and their backward).
     """

@@ -351,6 +351,8 @@ def scatter_to_owners(
         The distributed tensor whose rows ``index`` addresses; the result is sharded like it.
         Without it pass ``sizes`` (every rank's row count) and ``group``.
 
+    Notes
+    -----
     Differentiable; collective.
     """
     if _is_st(values) or _is_st(index) or _is_st(like):

@@ -17,7 +17,7 @@ from meshshard.ops._comm import all_gather_rows, all_to_all, exchange_counts
 from meshshard.ops._validation import check_reduce, collective_flag
 from meshshard.partition.record import HaloPlan
 
-__all__ = ["gather_neighbors", "halo_exchange", "scatter_to_owners"]
+__all__ = ["gather_neighbors", "halo_exchange", "scatter_rows", "scatter_to_owners"]
 
 
 def halo_exchange(
@@ -228,13 +228,18 @@ def scatter_to_owners(
     recv_counts = exchange_counts(send_counts, group, dev)
     rows = all_to_all(flat - offsets[owner], send_counts, recv_counts, group)
     got = all_to_all(vals, send_counts, recv_counts, group)
-    n = sz[rank]
-    out = values.new_zeros((n, *feat))
+    return scatter_rows(got, rows, sz[rank], reduce)
+
+
+def scatter_rows(values: torch.Tensor, index: torch.Tensor, rows: int, reduce: str) -> torch.Tensor:
+    """``out[index[e]] (+)= values[e]`` with sum / mean / max; empty rows are 0."""
+    feat = values.shape[1:]
+    out = values.new_zeros((rows, *feat))
     if reduce == "max":
-        idx = rows.reshape(-1, *([1] * len(feat))).expand_as(got)
-        return out.scatter_reduce(0, idx, got, reduce="amax", include_self=False)
-    out = out.index_add(0, rows, got)
+        idx = index.reshape(-1, *([1] * len(feat))).expand_as(values)
+        return out.scatter_reduce(0, idx, values, reduce="amax", include_self=False)
+    out = out.index_add(0, index, values)
     if reduce == "mean":
-        cnt = torch.bincount(rows, minlength=n).clamp_min(1).to(out.dtype)
+        cnt = torch.bincount(index, minlength=rows).clamp_min(1).to(out.dtype)
         out = out / cnt.reshape(-1, *([1] * len(feat)))
     return out

@@ -41,6 +41,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from meshshard.errors import StoreError
 from meshshard.parallel._safe_dcp import SafePlanner, SafeReader, UnsafeCheckpoint, read_metadata
 from meshshard.store.atomic import publish
+from meshshard.store.shapes import shape_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -169,23 +170,10 @@ def _read_dcp_metadata(path: Path) -> None:
 
 
 def _compare(path: Path, saved: dict, want: dict) -> None:
-    missing = sorted(set(want) - set(saved))
-    unexpected = sorted(set(saved) - set(want))
-    shape = sorted(k for k in set(want) & set(saved) if list(want[k]) != list(saved[k]))
-    if not (missing or unexpected or shape):
-        return
-    parts = []
-    if missing:
-        parts.append(f"{len(missing)} tensors missing from it (e.g. {missing[:3]})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} tensors this model does not have (e.g. {unexpected[:3]})")
-    if shape:
-        k = shape[0]
-        parts.append(
-            f"{len(shape)} with other shapes (e.g. {k}: checkpoint {saved[k]}, model {want[k]})"
-        )
-    msg = f"{path}: checkpoint is from a different model: " + "; ".join(parts)
-    raise CheckpointError(msg)
+    problem = shape_mismatch(saved, want)
+    if problem:
+        msg = f"{path}: checkpoint is from a different model: {problem}"
+        raise CheckpointError(msg)
 
 
 def _agree(error: Exception | None) -> None:

@@ -32,14 +32,8 @@ import numpy as np
 from meshshard.errors import DistributedError
 from meshshard.pipelines.distributed_inputs import is_source, open_source, source_name
 from meshshard.store.atomic import publish
-from meshshard.store.format import (
-    STL_KEYS,
-    _compressors,
-    _crc32,
-    choose_chunk,
-    seal_store,
-    store_status,
-)
+from meshshard.store.format import STL_KEYS, _compressors, choose_chunk, store_status
+from meshshard.store.integrity import crc32_file, seal_store
 
 __all__ = ["repartition_store", "run_cli"]
 
@@ -134,7 +128,7 @@ def _own_chunk_records(tmp: Path, local: dict, chunks: dict, shapes: dict) -> np
             for c in range(c0, c1):
                 f = tmp / k / _chunk_path(c, len(shapes[k]))
                 if f.is_file():
-                    out.append((names.index(k), c, f.stat().st_size, _crc32(f)))
+                    out.append((names.index(k), c, f.stat().st_size, crc32_file(f)))
     return np.array(out, dtype=np.int64).reshape(-1, 4)
 
 
@@ -149,7 +143,7 @@ def _records(tmp: Path, names: list[str], shapes: dict, rows: np.ndarray) -> dic
             _chunk_path(int(c), len(shapes[k])): [int(size), int(crc)]
             for _, c, size, crc in mine[np.argsort(mine[:, 1])]
         }
-        out[k] = {"meta": [meta.stat().st_size, _crc32(meta)], "chunks": chunks}
+        out[k] = {"meta": [meta.stat().st_size, crc32_file(meta)], "chunks": chunks}
     return out
 
 

@@ -25,6 +25,7 @@ the workers themselves are in :mod:`meshshard.pipelines._workers`.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from typing import Any
 
 from meshshard.datasets.drivaerml import file_fingerprint, read_run, run_index
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
+from meshshard.launch import launch
 from meshshard.pipelines._runlock import RunBusy, run_lock
 from meshshard.store.atomic import publish
 from meshshard.store.format import store_status, write_store
@@ -487,12 +489,8 @@ def _remove_if_empty(dst: Path) -> None:
         pass
 
 
-def _env_rank() -> tuple[int, int]:
-    try:
-        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    except ValueError as exc:
-        msg = f"RANK/WORLD_SIZE must be integers: {exc}"
-        raise ValueError(msg) from exc
+#: the keyword options :func:`preprocess_runs` passes on to :func:`process_run`
+_RUN_OPTIONS = frozenset(inspect.signature(process_run).parameters) - {"run_dir", "dst", "parts"}
 
 
 def preprocess_runs(
@@ -531,7 +529,8 @@ def preprocess_runs(
         tqdm bar; default on for rank 0 when stderr is a terminal.
     **options
         Passed to :func:`process_run` (``method``, ``surface``, ``volume``, ``halo_radius``,
-        ``overwrite``, ``drop_nan``, ``max_volume_cells``, ``schema``, ``compressor``).
+        ``overwrite``, ``drop_nan``, ``max_volume_cells``, ``schema``, ``compressor``,
+        ``graph``); another name is a TypeError before any run starts.
 
     Returns
     -------
@@ -545,6 +544,11 @@ def preprocess_runs(
         ``src`` is missing, or holds no run directories (the message says what was looked
         for and notices a run directory passed in place of its parent).
     """
+    unknown = sorted(set(options) - _RUN_OPTIONS)
+    if unknown:  # before any worker starts, not once per run inside each
+        msg = (f"preprocess_runs: unknown option(s) {unknown}; process_run takes "
+               f"{sorted(_RUN_OPTIONS)}")
+        raise TypeError(msg)
     schema = options.get("schema", DRIVAERML)
     src, dst = Path(src), Path(dst)
     _options(
@@ -569,9 +573,9 @@ def preprocess_runs(
     for n in names:
         _safe_child(dst, f"{n}.zarr", "run")
     created = not dst.exists()  # removed again if nothing is written into it
-    env_rank, env_world = _env_rank()
-    rank = env_rank if rank is None else rank
-    world_size = env_world if world_size is None else world_size
+    job = launch()
+    rank = job.rank if rank is None else rank
+    world_size = job.world_size if world_size is None else world_size
     if not 0 <= rank < world_size:
         msg = f"rank={rank} out of range for world_size={world_size}"
         raise ValueError(msg)

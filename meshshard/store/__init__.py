@@ -1,7 +1,9 @@
 """The sharded store: format (``run_<i>.zarr``), seal, verify, and atomic publish.
 
-- :mod:`~meshshard.store.format`: write, seal, open, inspect and verify stores
-  (rows in partition order, crc32 per chunk, schema version);
+- :mod:`~meshshard.store.format`: write, open, read and inspect stores (rows in partition
+  order, schema version);
+- :mod:`~meshshard.store.integrity`: seal a finished store (crc32 per chunk file), the checks
+  every open makes, and :func:`verify_store`;
 - :mod:`~meshshard.store.atomic`: the one "temporary name, then rename" helper, used by
   stores and checkpoints alike.
 

@@ -30,8 +30,8 @@ divisor of every shard offset that is <= ``target_chunk`` rows (each rank then r
 chunks only); when the offsets share no divisor >= 1024 rows (or half an average shard, for
 small samples) it is ``target_chunk`` (128Ki rows) and ``chunk_aligned`` is false.
 
-Length (~680 lines): the store format in one place: writer, seal, integrity checks and readers
-must agree on every key and attribute, and are changed together when the format changes.
+Sealing, the checks of every open and full verification are in
+:mod:`meshshard.store.integrity`.
 """
 
 from __future__ import annotations
@@ -40,13 +40,20 @@ import json
 import logging
 import math
 import os
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from meshshard.errors import StoreError
+from meshshard.store.integrity import (
+    STORE_SCHEMA_VERSION,
+    array_record,
+    check_store,
+    damaged_store,
+    seal_store,
+    verify_store,
+)
 
 __all__ = [
     "STORE_SCHEMA_VERSION",
@@ -62,7 +69,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-STORE_SCHEMA_VERSION = 1
 #: test hook: os._exit(86) after writing this many arrays (simulates a crash mid-write)
 CRASH_ENV = "MESHSHARD_TEST_CRASH_AFTER_ARRAYS"
 
@@ -152,7 +158,7 @@ class _Writer:
         self.shapes[name] = list(data.shape)
         # checksums of the files just written (still in the page cache); this thread overlaps
         # the next array's gather
-        self.integrity[name] = _array_files(self.path / name, checksums=True)
+        self.integrity[name] = array_record(self.path / name, checksums=True)
         if self.crash_after is not None and len(self.shapes) >= self.crash_after:
             log.error("%s=%d: simulating a crash", CRASH_ENV, self.crash_after)
             os._exit(86)
@@ -272,175 +278,6 @@ def _write_all(group, w: _Writer, run, partitions, halos, request, dataset, targ
     return seal_store(group, w.path, attrs, w.integrity)
 
 
-def seal_store(group, path: Path, attrs: dict, records: dict[str, dict] | None = None) -> dict:
-    """Finish a store: write ``attrs`` with the integrity record of every array in
-    ``attrs["arrays"]`` and ``complete: true``, last. ``records`` holds records already computed
-    (by :class:`_Writer` or by the ranks that wrote the chunks); the others are computed here,
-    so call this only when every chunk of every array is written. Every writer of a store
-    (``write_store``, ``write_graph``, the distributed writer) finishes through here."""
-    records = dict(records or {})
-    for name in attrs["arrays"]:
-        if name not in records:
-            records[name] = _array_files(path / name, checksums=True)
-    attrs = dict(attrs)
-    attrs["integrity"] = {"algorithm": "crc32", "arrays": {k: records[k] for k in attrs["arrays"]}}
-    attrs["complete"] = True
-    group.attrs.update(json.loads(json.dumps(attrs)))  # plain JSON types only
-    return attrs
-
-
-def _crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 22):
-            crc = zlib.crc32(block, crc)
-    return crc
-
-
-def _chunk_files(array_dir: Path) -> dict[str, int]:
-    """Relative path -> size of every chunk file of an array (the files under ``c/``)."""
-    out: dict[str, int] = {}
-    stack = [array_dir / "c"]
-    while stack:
-        d = stack.pop()
-        try:
-            entries = list(os.scandir(d))
-        except FileNotFoundError:
-            continue
-        for e in entries:
-            if e.is_dir(follow_symlinks=False):
-                stack.append(Path(e.path))
-            else:
-                out[Path(e.path).relative_to(array_dir).as_posix()] = e.stat().st_size
-    return out
-
-
-def _array_files(array_dir: Path, *, checksums: bool) -> dict:
-    """The integrity record of one array: ``{"meta": [size, crc32], "chunks": {relative path:
-    [size, crc32]}}`` (crc32 None without ``checksums``)."""
-    meta = array_dir / "zarr.json"
-    files = _chunk_files(array_dir)
-
-    def crc(p: Path) -> int | None:
-        return _crc32(p) if checksums else None
-
-    return {
-        "meta": [meta.stat().st_size, crc(meta)],
-        "chunks": {k: [files[k], crc(array_dir / k)] for k in sorted(files)},
-    }
-
-
-def _damaged(path: Path, what: str) -> StoreError:
-    msg = (
-        f"{path}: {what}; the store is damaged (check it with `meshshard inspect {path} "
-        "--verify`); rerun meshshard preprocess, which rewrites damaged stores"
-    )
-    return StoreError(msg)
-
-
-def _check_integrity(path: Path, attrs: dict, *, full: bool) -> dict:
-    """Compare the store's files with its integrity record: every chunk file present with its
-    recorded size and no other (``full``: and every crc32 equal). Returns counts."""
-    rec = attrs.get("integrity")
-    if not (
-        isinstance(rec, dict)
-        and rec.get("algorithm") == "crc32"
-        and isinstance(rec.get("arrays"), dict)
-    ):
-        msg = (
-            f"{path}: no integrity record (written before meshshard recorded checksums, or its "
-            "attributes were edited); rerun meshshard preprocess, which rewrites it"
-        )
-        raise StoreError(msg)
-    record, shapes = rec["arrays"], attrs["arrays"]
-    if set(record) != set(shapes):
-        raise _damaged(path, f"the integrity record lists {sorted(record)}, not {sorted(shapes)}")
-    n_files = n_bytes = 0
-    for name in sorted(shapes):
-        want = record[name]
-        try:
-            meta_want = [int(v) if v is not None else None for v in want["meta"]]
-            chunks = {str(k): [int(v[0]), int(v[1])] for k, v in want["chunks"].items()}
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
-            raise _damaged(path, f"the integrity record of {name!r} is malformed") from None
-        adir = path / name
-        found = _chunk_files(adir)
-        missing = sorted(set(chunks) - set(found))
-        if missing:
-            raise _damaged(
-                path,
-                f"array {name!r}: chunk file {name}/{missing[0]} is missing "
-                f"({len(missing)} of {len(chunks)} missing)",
-            )
-        extra = sorted(set(found) - set(chunks))
-        if extra:
-            raise _damaged(path, f"array {name!r}: unexpected chunk file {name}/{extra[0]}")
-        for key, (size, crc) in chunks.items():
-            if found[key] != size:
-                raise _damaged(
-                    path, f"chunk file {name}/{key} has {found[key]} bytes, recorded {size}"
-                )
-            if full and _crc32(adir / key) != crc:
-                raise _damaged(path, f"chunk file {name}/{key}: crc32 differs from the record")
-            n_bytes += size
-        meta = adir / "zarr.json"
-        size = meta.stat().st_size if meta.is_file() else None
-        if size != meta_want[0] or (full and _crc32(meta) != meta_want[1]):
-            raise _damaged(path, f"array metadata {name}/zarr.json differs from the record")
-        n_files += len(chunks)
-    return {"arrays": len(shapes), "chunk_files": n_files, "bytes": n_bytes, "checksums": full}
-
-
-def _not_rows(part: str) -> tuple[str, ...]:
-    """Prefixes of a part's arrays whose rows are not the part's rows (halo plans, graph
-    shards: see :mod:`meshshard.datasets.graphstore`)."""
-    return (f"{part}_halo_", f"{part}_graph_")
-
-
-def _is_int(v: Any) -> bool:
-    return type(v) is int
-
-
-def _check_attrs(path: Path, attrs: dict) -> None:
-    """The attributes a reader relies on: array shapes, ``nparts``, and per part a
-    ``partition_ptr`` that starts at 0, never decreases, ends at the part's rows and has
-    ``nparts + 1`` entries, the matching ``sharding_shapes``, and arrays of that many rows."""
-    arrays = attrs.get("arrays")
-    if not isinstance(arrays, dict) or not all(
-        isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v) for v in arrays.values()
-    ):
-        raise _damaged(path, "attribute 'arrays' is not a map of array shapes")
-    parts = [p for p in ("surface", "volume") if attrs.get(p) is not None]
-    nparts = attrs.get("nparts")
-    if parts and not (_is_int(nparts) and nparts >= 1):
-        raise _damaged(path, f"nparts={nparts!r} is not an integer >= 1")
-    for part in parts:
-        a = attrs[part]
-        n = a.get("n_rows") if isinstance(a, dict) else None
-        if not (_is_int(n) and n >= 0):
-            raise _damaged(path, f"{part}: n_rows={n!r} is not an integer >= 0")
-        ptr = a.get("partition_ptr")
-        if not (isinstance(ptr, list) and ptr and all(_is_int(v) for v in ptr)):
-            raise _damaged(path, f"{part}: partition_ptr is not a list of integers")
-        if len(ptr) != nparts + 1:
-            raise _damaged(
-                path, f"{part}: partition_ptr has {len(ptr)} entries for {nparts} parts"
-            )
-        steps = np.diff(np.asarray(ptr, dtype=np.int64))
-        if ptr[0] != 0 or ptr[-1] != n or (steps < 0).any():
-            raise _damaged(
-                path,
-                f"{part}: partition_ptr {ptr[:4]}...{ptr[-2:]} must start at 0, never decrease "
-                f"and end at the {n} rows",
-            )
-        if a.get("sharding_shapes") != steps.tolist():
-            raise _damaged(path, f"{part}: sharding_shapes differ from partition_ptr")
-        for key, shape in arrays.items():
-            if key.startswith(f"{part}_") and not key.startswith(_not_rows(part)):
-                if not shape or shape[0] != n:
-                    raise _damaged(path, f"array {key!r} has shape {shape}, {part} has {n} rows")
-
-
 def read_array(group, path: str | Path, key: str, sel: Any = Ellipsis) -> np.ndarray:
     """``group[key][sel]`` as numpy; a chunk that does not decode raises a StoreError naming
     the store and the array (zarr's own message names neither).
@@ -452,58 +289,9 @@ def read_array(group, path: str | Path, key: str, sel: Any = Ellipsis) -> np.nda
     try:
         return np.asarray(group[key][sel])
     except Exception as exc:
-        raise _damaged(
+        raise damaged_store(
             Path(path), f"array {key!r} cannot be read ({type(exc).__name__}: {exc})"
         ) from exc
-
-
-def _read_attrs(path: Path) -> dict:
-    """Attributes of a store; StoreError naming the path when unreadable or too new."""
-    meta = path / "zarr.json"
-    if not meta.is_file():
-        msg = f"{path}: not a zarr v3 group (no zarr.json); rerun meshshard preprocess"
-        raise StoreError(msg)
-    try:
-        attrs = json.loads(meta.read_text()).get("attributes", {})
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        msg = f"{meta}: corrupt metadata ({exc}); rerun meshshard preprocess --overwrite"
-        raise StoreError(msg) from exc
-    version = attrs.get("schema_version")
-    if version is not None and not _is_int(version):
-        msg = (
-            f"{path}: schema_version={version!r} ({type(version).__name__}) is not an integer; "
-            "the store's attributes are damaged: rerun meshshard preprocess --overwrite"
-        )
-        raise StoreError(msg)
-    if isinstance(version, int) and version > STORE_SCHEMA_VERSION:
-        msg = (
-            f"{path}: schema_version={version} is newer than this meshshard understands "
-            f"({STORE_SCHEMA_VERSION}); upgrade meshshard"
-        )
-        raise StoreError(msg)
-    if isinstance(version, int) and version < STORE_SCHEMA_VERSION:
-        msg = (
-            f"{path}: schema_version={version} was written by an older meshshard (this one "
-            f"reads {STORE_SCHEMA_VERSION}); rerun meshshard preprocess with --overwrite"
-        )
-        raise StoreError(msg)
-    if version is None or not attrs.get("complete"):
-        msg = f"{path}: incomplete store (no complete attributes); rerun meshshard preprocess"
-        raise StoreError(msg)
-    return attrs
-
-
-def _check_arrays(path: Path, attrs: dict) -> None:
-    for name, shape in attrs.get("arrays", {}).items():
-        meta = path / name / "zarr.json"
-        try:
-            found = json.loads(meta.read_text())["shape"]
-        except (OSError, KeyError, json.JSONDecodeError) as exc:
-            msg = f"{path}: array {name!r} missing or corrupt ({exc}); rerun meshshard preprocess"
-            raise StoreError(msg) from exc
-        if list(found) != list(shape):
-            msg = f"{path}: array {name!r} has shape {found}, expected {shape}"
-            raise StoreError(msg)
 
 
 def open_store(path: str | Path):
@@ -526,32 +314,8 @@ def open_store(path: str | Path):
     if not path.is_dir():
         msg = f"{path}: no such store"
         raise FileNotFoundError(msg)
-    attrs = _read_attrs(path)
-    _check_attrs(path, attrs)
-    _check_arrays(path, attrs)
-    _check_integrity(path, attrs, full=False)
+    attrs = check_store(path)
     return zarr.open_group(str(path), mode="r"), attrs
-
-
-def verify_store(path: str | Path) -> dict:
-    """Verify a store fully: everything :func:`open_store` checks, then the crc32 of every
-    chunk and metadata file against the record written when the store was finished.
-
-    Returns
-    -------
-    dict
-        ``arrays``, ``chunk_files``, ``bytes`` checked and ``checksums: True``.
-
-    Raises
-    ------
-    StoreError
-        Naming the store and the first thing that differs.
-    FileNotFoundError
-        No store at ``path``.
-    """
-    path = Path(path)
-    _, attrs = open_store(path)
-    return _check_integrity(path, attrs, full=True)
 
 
 def store_status(path: str | Path, *, sources: dict, request: dict) -> str | None:
@@ -567,10 +331,7 @@ def store_status(path: str | Path, *, sources: dict, request: dict) -> str | Non
     if not path.exists():
         return "missing"
     try:
-        attrs = _read_attrs(path)
-        _check_attrs(path, attrs)
-        _check_arrays(path, attrs)
-        _check_integrity(path, attrs, full=False)
+        attrs = check_store(path)
     except StoreError as exc:
         if "newer" in str(exc) or "older" in str(exc):
             raise  # never replaced without --overwrite
