@@ -196,7 +196,11 @@ def _fields_raw(mf: ModelFile, rows: SurfaceRows, pred: np.ndarray) -> dict[str,
     return out
 
 
-def _write_vtk(mf: ModelFile, rows: SurfaceRows, full: dict, out_dir: Path, truth: bool) -> Path:
+def _write_vtk(mf: ModelFile, rows: Any, full: dict, out_dir: Path, truth: bool,
+               cloud_name: str = "surface.vtp") -> Path:
+    """A copy of the run's VTK file with ``<field>Pred`` cell arrays, or for a store a point
+    cloud ``cloud_name`` (with the true fields when ``truth``). ``rows``: surface or volume
+    rows (``vtk``, ``columns``, ``scales``)."""
     import pyvista as pv
 
     pred = _fields_raw(mf, rows, full["pred"])
@@ -217,7 +221,7 @@ def _write_vtk(mf: ModelFile, rows: SurfaceRows, full: dict, out_dir: Path, trut
             for name, (a, b) in rows.columns.items():
                 v = full["fields"][order, a:b] * float(rows.scales[name])
                 mesh.point_data[name] = (v[:, 0] if b - a == 1 else v).astype(np.float32)
-        dst = out_dir / "surface.vtp"
+        dst = out_dir / cloud_name
     tmp = dst.with_name(f".{dst.stem}.tmp{dst.suffix}")
     mesh.save(tmp)
     tmp.replace(dst)

@@ -106,33 +106,9 @@ def predict_volume_rows(mf: Any, rows: VolumeRows, *, mesh: Any = None,
 
 
 def _write(mf: Any, rows: VolumeRows, full: dict, out_dir: Path, truth: bool) -> Path:
-    import pyvista as pv
+    from meshshard.apps.predict import _write_vtk
 
-    from meshshard.apps.predict import _fields_raw
-
-    pred = _fields_raw(mf, rows, full["pred"])
-    perm = full["perm"]
-    if rows.vtk is not None:
-        grid = pv.read(rows.vtk)
-        dst = out_dir / rows.vtk.name
-        for name, v in pred.items():
-            arr = np.full((grid.n_cells, *v.shape[1:]), np.nan, dtype=np.float32)
-            arr[perm] = v
-            grid.cell_data[f"{name}Pred"] = arr
-    else:
-        order = np.argsort(perm, kind="stable")
-        grid = pv.PolyData(full["centers"][order])
-        for name, v in pred.items():
-            grid.point_data[f"{name}Pred"] = v[order].astype(np.float32)
-        if truth:
-            for name, (a, b) in rows.columns.items():
-                v = full["fields"][order, a:b] * float(rows.scales[name])
-                grid.point_data[name] = (v[:, 0] if b - a == 1 else v).astype(np.float32)
-        dst = out_dir / "volume.vtp"
-    tmp = dst.with_name(f".{dst.stem}.tmp{dst.suffix}")
-    grid.save(tmp)
-    tmp.replace(dst)
-    return dst
+    return _write_vtk(mf, rows, full, out_dir, truth, cloud_name="volume.vtp")
 
 
 def predict_volume_run(mf: Any, source: str | Path, out: str | Path, *, mesh: Any = None,
