@@ -15,7 +15,10 @@ recompute differentiable distances from the selected coordinates.
 
 Backends
 --------
-``"kdtree"``  scipy ``cKDTree`` (CPU; CUDA inputs are moved to the CPU and back), ``workers=-1``.
+``"kdtree"``  scipy ``cKDTree`` (CPU; CUDA inputs are moved to the CPU and back), queried with
+              ``torch.get_num_threads()`` workers: the process's thread budget, so that P ranks
+              on one node (torchrun sets ``OMP_NUM_THREADS``) do not each start one thread per
+              core.
 ``"brute"``   tiled torch brute force on the tensors' device (CPU or GPU).
 ``"cluster"`` ``torch_cluster`` when installed (``pip install meshshard[cluster]``).
 ``"auto"``    ``"kdtree"`` on CPU; on GPU ``"cluster"`` when installed, else ``"brute"``.
@@ -157,13 +160,19 @@ def _tree(points: np.ndarray):
     return cKDTree(points, balanced_tree=False, compact_nodes=False)
 
 
+def tree_workers() -> int:
+    """Threads for a cKDTree query: torch's intra-op budget of this process (at least 1).
+    scipy's ``workers=-1`` would start one per core in every rank."""
+    return max(1, torch.get_num_threads())
+
+
 def _query_tree(tree, xn: np.ndarray, y: torch.Tensor, k: int, device: torch.device
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """k nearest of ``y`` in the cKDTree ``tree`` over ``xn`` (float64), in (d2, idx) order."""
     yn = y.detach().double().cpu().numpy()
     n = xn.shape[0]
     kq = min(k + 1, n)  # one extra to see ties that cross the k-th place
-    _, ii = tree.query(yn, k=kq, workers=-1)
+    _, ii = tree.query(yn, k=kq, workers=tree_workers())
     ii = np.asarray(ii, dtype=np.int64).reshape(yn.shape[0], kq)
     xt, yt = torch.from_numpy(xn), torch.from_numpy(yn)
     idx = torch.from_numpy(ii)
@@ -298,7 +307,7 @@ def _radius_kdtree(x: torch.Tensor, y: torch.Tensor, r: float) -> tuple[torch.Te
 
     xn = x.detach().double().cpu().numpy()
     yn = y.detach().double().cpu().numpy()
-    lists = _tree(xn).query_ball_point(yn, r=r * (1 + 1e-9), workers=-1)
+    lists = _tree(xn).query_ball_point(yn, r=r * (1 + 1e-9), workers=tree_workers())
     counts = np.fromiter((len(a) for a in lists), dtype=np.int64, count=len(lists))
     row = np.repeat(np.arange(len(lists), dtype=np.int64), counts)
     col = (
