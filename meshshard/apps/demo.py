@@ -23,7 +23,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from meshshard.apps.train import TrainConfig
+from meshshard.apps.evaluate import evaluate_runs, format_table
+from meshshard.apps.export import export_surface_model
+from meshshard.apps.predict import predict_run
+from meshshard.apps.train import TrainConfig, load_sample, make_model, relative_l2, train_steps
+from meshshard.datasets import load_shard, make_synthetic_run
+from meshshard.partition.graph import knn_graph
+from meshshard.partition.report import format_report, render_png, report
+from meshshard.pipelines import preprocess_runs
+from meshshard.store.format import store_partition
+from meshshard.testing import run_ranks
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +55,6 @@ def train_rank(
     """Rank function: load this rank's shards, add kNN features, train; return the losses."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-
-    from meshshard.apps.train import load_sample, make_model, relative_l2, train_steps
 
     cfg = TrainConfig(**cfg_dict)
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("domain",))
@@ -75,9 +82,6 @@ def train_rank(
         l2_p = relative_l2(pred, sample["target"], slice(0, 1))
         l2_wss = relative_l2(pred, sample["target"], slice(1, 4))
     if export:  # the target scaling load_sample applied, for predictions in store units
-        from meshshard.apps.export import export_surface_model
-        from meshshard.datasets import load_shard
-
         raw = load_shard(store, rank, world_size, mesh=mesh, keys=("surface_fields",))
         t = raw["surface_fields"].float()
         mean, std = t.mean(dim=0), t.std(dim=0) + 1e-6
@@ -93,9 +97,6 @@ def apps_rank(rank: int, world_size: int, model: str, run_dir: str, stores: list
               out: str, chunk: int, png: bool) -> dict[str, Any]:
     """Rank function: ``meshshard predict`` on ``run_dir`` and ``evaluate`` on ``stores``."""
     from torch.distributed.device_mesh import init_device_mesh
-
-    from meshshard.apps.evaluate import evaluate_runs, format_table
-    from meshshard.apps.predict import predict_run
 
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("domain",))
     pred = predict_run(model, run_dir, Path(out) / "predict", mesh=mesh,
@@ -167,12 +168,6 @@ def run_demo(
     chunk: int = 1 << 16,
 ) -> dict[str, Any]:
     """Run the whole demo; return a summary (files written, losses, largest difference)."""
-    from meshshard.datasets import make_synthetic_run
-    from meshshard.partition.report import format_report, render_png, report
-    from meshshard.pipelines import preprocess_runs
-    from meshshard.store.format import store_partition
-    from meshshard.testing import run_ranks
-
     out = Path(out)
     raw, stores = out / "raw", out / "stores"
     cfg = config or TrainConfig(steps=steps)
@@ -199,8 +194,6 @@ def run_demo(
     _say(f"      {store} in {time.perf_counter() - t0:.1f} s")
 
     _say("[3/5] partition report (surface cells, kNN-8 graph)")
-    from meshshard.partition.graph import knn_graph
-
     part, points = store_partition(store, part="surface")
     t0 = time.perf_counter()
     graph = knn_graph(points, 8)

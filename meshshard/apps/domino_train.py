@@ -18,6 +18,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from meshshard.datasets import load_shard
+from meshshard.models.domino import DoMINO
+from meshshard.ops.domino_ops import allreduce_grads
+from meshshard.ops.gridpoint import GridLayout
+from meshshard.ops.sdf import ShardedSurface, grid_sdf
+
 __all__ = ["domino_sample", "make_domino", "train_domino"]
 
 log = logging.getLogger(__name__)
@@ -30,10 +36,6 @@ def _split(n: int, rank: int, world: int) -> slice:
 def domino_sample(store: str | Path, rank: int, world: int, group, *, grid_shape,
                   grid_layout: str = "slab") -> dict[str, Any]:
     """This rank's DoMINO inputs for one run store. Collective over ``group`` (SDF, stats)."""
-    from meshshard.datasets import load_shard
-    from meshshard.ops.gridpoint import GridLayout
-    from meshshard.ops.sdf import ShardedSurface, grid_sdf
-
     stl = load_shard(store, 0, 1, part="stl", keys=("stl_coordinates", "stl_faces"))
     verts = stl["stl_coordinates"].double()
     tri = verts[stl["stl_faces"].long()]
@@ -69,8 +71,6 @@ def domino_sample(store: str | Path, rank: int, world: int, group, *, grid_shape
 
 def make_domino(layout, out_channels: int, ops, *, hidden: int = 32):
     """A small surface DoMINO sized from the grid's spacing."""
-    from meshshard.models.domino import DoMINO
-
     h = max(layout.spacing)
     torch.manual_seed(0)
     return DoMINO(layout.shape, layout.origin, layout.spacing, radii=(1.5 * h, 3.0 * h),
@@ -86,8 +86,6 @@ def train_domino(samples: list[dict], model, *, steps: int, lr: float, group=Non
     With ``sharded=True`` each rank's loss is its share and gradients are summed over
     ``group`` (collective every step).
     """
-    from meshshard.ops.domino_ops import allreduce_grads
-
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
     for step in range(steps):

@@ -26,9 +26,20 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.apps.figures import r_squared
+from meshshard.apps.figures import evaluate_png, r_squared
 from meshshard.apps.forces import PRESSURE, WALL_SHEAR, field_errors, force_coefficients
 from meshshard.apps.inputs import read_surface_rows
+from meshshard.apps.model_file import ModelFileError, load_model
+from meshshard.apps.predict import (
+    DEFAULT_CHUNK,
+    PREDICT_CLASSES,
+    _truth,
+    check_fields,
+    ensure_world,
+    predict_rows,
+)
+from meshshard.apps.reference import reference_area_for
+from meshshard.apps.volume import evaluate_volume, is_volume_model
 
 __all__ = ["evaluate_runs", "format_table"]
 
@@ -49,8 +60,6 @@ def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
     ``mf`` is a surface model (or None: the truth against itself); ``volume`` a volume model,
     whose fields' errors over the volume cells are added as ``rel_l2["volume:<field>"]``.
     A volume model passed as ``mf`` evaluates the volume alone (no drag and lift: nan)."""
-    from meshshard.apps.volume import evaluate_volume, is_volume_model
-
     surface = True
     if is_volume_model(mf):
         mf, volume, surface = None, mf, False
@@ -64,8 +73,6 @@ def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
                "cells": 0, "rel_l2": {}, "cd_true": nan, "cd_pred": nan, "cl_true": nan,
                "cl_pred": nan, "reference_area": nan, "reference_area_from": None}
     if volume is not None:
-        from meshshard.apps.predict import DEFAULT_CHUNK
-
         v = evaluate_volume(source, volume, mesh=mesh,
                             max_points_per_chunk=max_points_per_chunk or DEFAULT_CHUNK)
         out["volume_cells"] = v["cells"]
@@ -77,9 +84,6 @@ def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
 def _surface_metrics(source: str | Path, mf: Any = None, *, mesh: Any = None,
                      max_points_per_chunk: int | None = None,
                      reference_area: float | None = None) -> dict[str, Any]:
-    from meshshard.apps.predict import DEFAULT_CHUNK, _truth, check_fields, predict_rows
-    from meshshard.apps.reference import reference_area_for
-
     group = mesh.get_group() if mesh is not None else None
     rows = read_surface_rows(source, group)
     if mf is not None:
@@ -174,10 +178,6 @@ def _models(checkpoint: Any) -> tuple[Any, Any]:
     ModelFileError
         Two checkpoints for the same part, or unusable checkpoints (named).
     """
-    from meshshard.apps.model_file import ModelFileError, load_model
-    from meshshard.apps.predict import PREDICT_CLASSES
-    from meshshard.apps.volume import is_volume_model
-
     got: dict[str, Any] = {}
     for c in _checkpoints(checkpoint):
         m = load_model(c, expect_class=PREDICT_CLASSES)
@@ -206,8 +206,6 @@ def evaluate_runs(
     ``checkpoint`` may be a list of a surface and a volume model: the surface's errors, drag
     and lift, and the volume fields' errors (``volume:<field>``) over the volume cells. A
     volume model alone evaluates the volume alone (drag and lift are then n/a)."""
-    from meshshard.apps.predict import ensure_world
-
     ensure_world()
     mf, vmf = _models(checkpoint)
     if not sources:
@@ -235,8 +233,6 @@ def evaluate_runs(
         (out / "evaluation.txt").write_text(text + "\n")
         result["files"]["table"] = str(out / "evaluation.txt")
         if png:
-            from meshshard.apps.figures import evaluate_png
-
             result["files"]["png"] = str(evaluate_png(runs, out / "evaluation.png"))
         result["files"]["json"] = str(out / "evaluation.json")
         (out / "evaluation.json").write_text(json.dumps(_clean(result), indent=1))

@@ -7,6 +7,9 @@ from pathlib import Path
 
 from torch import nn
 
+from meshshard.apps.model_file import save_model
+from meshshard.store.format import open_store
+
 __all__ = ["export_surface_model"]
 
 
@@ -24,9 +27,6 @@ def export_surface_model(
     """Write ``model`` (trained on ``load_sample`` inputs of surface stores, targets scaled as
     ``(y - target_mean) / target_std``) with the field names, columns and non-dimensional
     scales of ``store`` (a meshshard store it was trained on). Collective when distributed."""
-    from meshshard.apps.model_file import save_model
-    from meshshard.store.format import open_store
-
     _, attrs = open_store(store)
     sa = attrs["surface"]
     cols = sa["columns"]

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from meshshard import ops
+from meshshard.apps.train import features_from_neighbours
 from meshshard.partition.distributed._mem import trim_heap
 
 __all__ = ["chunked_inputs"]
@@ -56,9 +58,6 @@ def chunked_inputs(coords: Any, normals: Any, *, knn: int, chunk: int, sizes: li
     statistics are float64 sums (``build_inputs`` takes them in float32: the two agree to
     float32 rounding). ``release`` hands each round's freed heap pages back to the OS
     (glibc's ``malloc_trim``; a no-op elsewhere)."""
-    from meshshard import ops
-    from meshshard.apps.train import features_from_neighbours
-
     group = coords.device_mesh.get_group()
     total = int(sum(sizes))
     with torch.no_grad():

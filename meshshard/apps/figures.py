@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from meshshard.io.vtklog import capture_vtk_output
+
 __all__ = ["evaluate_png", "pressure_png", "r_squared"]
 
 log = logging.getLogger(__name__)
@@ -29,8 +31,6 @@ def pressure_png(vtk: Path, png: Path, *, truth: bool = True) -> Path:
     if truth and P in data:
         lo2, hi2 = np.nanpercentile(np.asarray(data[P]), [1, 99])
         lo, hi = min(lo, lo2), max(hi, hi2)
-    from meshshard.io.vtklog import capture_vtk_output
-
     # VTK's "bad X server connection" before it falls back to EGL is captured, not printed
     with capture_vtk_output():
         pl = pv.Plotter(off_screen=True, shape=(1, len(panels)),

@@ -26,6 +26,14 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.datasets import load_shard
+from meshshard.datasets.curator import curator_info, is_curator_store, load_curator_shard
+from meshshard.datasets.drivaerml import read_surface, run_index
+from meshshard.datasets.schema import DRIVAERML
+from meshshard.partition.distributed import partition_distributed, redistribute_rows
+from meshshard.partition.sfc import hilbert_codes
+from meshshard.store.format import StoreError, open_store, read_array
+
 __all__ = ["SurfaceRows", "read_surface_rows", "source_kind"]
 
 log = logging.getLogger(__name__)
@@ -81,8 +89,6 @@ class SurfaceRows:
 
 def source_kind(path: str | Path) -> str:
     """``"run"``, ``"store"`` or ``"curator"``; FileNotFoundError/ValueError otherwise."""
-    from meshshard.datasets.curator import is_curator_store
-
     p = Path(path)
     if not p.exists():
         msg = f"{p}: no such run directory or store"
@@ -110,8 +116,6 @@ def _curve_order(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     then close in space, which is what keeps the streamed kNN's rounds small
     (:func:`meshshard.ops.knn_chunks`) whatever the file's cell order. ``surface_perm`` moves
     with the rows, so the predictions still go back to their cells."""
-    from meshshard.partition.sfc import hilbert_codes
-
     c = rows["surface_mesh_centers"]
     if c.shape[0] < 2:
         return rows
@@ -122,8 +126,6 @@ def _curve_order(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def _partitioned(rows: dict[str, np.ndarray], group: Any, world: int) -> tuple[dict, list]:
     if world == 1:
         return _curve_order(rows), [int(rows["surface_mesh_centers"].shape[0])]
-    from meshshard.partition.distributed import partition_distributed, redistribute_rows
-
     dp = partition_distributed(rows["surface_mesh_centers"], world, group, "hilbert")
     return _curve_order(redistribute_rows(rows, dp, group)), dp.sizes.tolist()
 
@@ -133,9 +135,6 @@ def _slice(n: int, rank: int, world: int) -> tuple[int, int]:
 
 
 def _from_run(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
-    from meshshard.datasets.drivaerml import read_surface, run_index
-    from meshshard.datasets.schema import DRIVAERML
-
     i = run_index(path)
     vtp = path / DRIVAERML.surface_file.format(i=i)
     # fields optional: a new car has none
@@ -168,9 +167,6 @@ def _rows(moved, sizes, meta, kind, name, vtk, n_source, u_inf, rho) -> SurfaceR
 
 
 def _from_store(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
-    from meshshard.datasets import load_shard
-    from meshshard.store.format import StoreError, open_store, read_array
-
     g, attrs = open_store(path)
     sa = attrs.get("surface")
     if sa is None:
@@ -198,8 +194,6 @@ def _from_store(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
 
 
 def _from_curator(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
-    from meshshard.datasets.curator import curator_info, load_curator_shard
-
     _, info = curator_info(path)
     got = load_curator_shard(path, rank, world, group=group, part="surface", keys=_KEYS)
     moved = _curve_order({k: got[k].numpy() for k in _KEYS})

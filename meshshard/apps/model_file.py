@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from meshshard import models
 from meshshard.errors import InputError
 from meshshard.store.atomic import publish, resolve
 from meshshard.store.shapes import shape_mismatch
@@ -76,8 +77,6 @@ def registered_model_classes() -> dict[str, type[nn.Module]]:
 
 
 def _builtin() -> None:
-    from meshshard import models
-
     for name in ("Transolver", "MeshGraphNet", "PointTransformer", "UNet3d", "ViT"):
         _REGISTRY.setdefault(name, getattr(models, name))
 

@@ -30,8 +30,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from meshshard.apps.chunked import chunked_forward
+from meshshard.apps.features import chunked_inputs
+from meshshard.apps.figures import pressure_png
+from meshshard.apps.forces import field_errors, force_coefficients
 from meshshard.apps.inputs import SurfaceRows, read_surface_rows
 from meshshard.apps.model_file import ModelFile, ModelFileError, load_model
+from meshshard.apps.reference import reference_area_for
+from meshshard.apps.train import build_inputs
+from meshshard.datasets.schema import DRIVAERML
+from meshshard.distributed import init
+from meshshard.partition.distributed._comm import Comm
+from meshshard.shardtensor import Shard, from_local
 
 __all__ = ["PREDICT_CLASSES", "check_fields", "gather_rows", "model_inputs", "predict_rows",
            "predict_run", "run_model"]
@@ -49,8 +59,6 @@ def ensure_world() -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        from meshshard.distributed import init
-
         init()
 
 
@@ -63,8 +71,6 @@ def _dist() -> tuple[int, int]:
 
 
 def _optional() -> set[str]:
-    from meshshard.datasets.schema import DRIVAERML
-
     return {f.name for f in DRIVAERML.surface_fields if not f.required}
 
 
@@ -97,22 +103,16 @@ def model_inputs(rows: SurfaceRows, knn: int, mesh: Any, chunk: int | None = Non
     neighbour rows are gathered ``chunk`` rows at a time
     (:func:`~meshshard.apps.features.chunked_inputs`; ``release``: freed heap pages go back
     to the OS after every round)."""
-    from meshshard.apps.train import build_inputs
-
     c = torch.from_numpy(rows.centers)
     n = torch.from_numpy(rows.normals)
     multi = mesh is not None and mesh.size() > 1
     if multi or chunk is not None:
         from torch.distributed.device_mesh import init_device_mesh
 
-        from meshshard.shardtensor import Shard, from_local
-
         mesh = mesh if mesh is not None else init_device_mesh("cpu", (1,))
         c = from_local(c, mesh, [Shard(0)], sharding_shapes=rows.sizes, validate=False)
         n = from_local(n, mesh, [Shard(0)], sharding_shapes=rows.sizes, validate=False)
         if chunk is not None:
-            from meshshard.apps.features import chunked_inputs
-
             return chunked_inputs(c, n, knn=knn, chunk=chunk, sizes=rows.sizes,
                                   release=release)
         coords, feats = build_inputs(c, n, knn=knn)
@@ -135,14 +135,10 @@ def run_model(mf: ModelFile, coords: torch.Tensor, feats: torch.Tensor, sizes: l
     """The model on this rank's inputs (1, n, .), chunked (or not, with
     ``max_points_per_chunk=None``: on ShardTensors of ``sizes`` when distributed), returned
     de-standardised (n, C), non-dimensional. Collective when distributed."""
-    from meshshard.apps.chunked import chunked_forward
-
     model = mf.model
     with torch.no_grad():
         if max_points_per_chunk is None:
             if mesh is not None and mesh.size() > 1:
-                from meshshard.shardtensor import Shard, from_local
-
                 c = from_local(coords[0], mesh, [Shard(0)], sharding_shapes=sizes,
                                validate=False).unsqueeze(0)
                 f = from_local(feats[0], mesh, [Shard(0)], sharding_shapes=sizes,
@@ -174,8 +170,6 @@ def gather_rows(arrays: dict[str, np.ndarray], group: Any = None) -> dict[str, n
     rank, world = _dist()
     if world == 1:
         return arrays
-    from meshshard.partition.distributed._comm import Comm
-
     comm = Comm(group, what="gather_rows")
     out = {}
     for k in sorted(arrays):
@@ -241,9 +235,6 @@ def predict_run(
     """Predict one run and write the outputs (see the module notes); returns the summary
     (rank 0 has the files, every rank the metrics). Collective when distributed: every rank
     of ``mesh`` (a 1-D DeviceMesh over the world) must call this."""
-    from meshshard.apps.forces import field_errors, force_coefficients
-    from meshshard.apps.reference import reference_area_for
-
     t0 = time.perf_counter()
     ensure_world()
     mf = checkpoint if isinstance(checkpoint, ModelFile) else load_model(
@@ -252,6 +243,7 @@ def predict_run(
         msg = f"{mf.path}: holds a {mf.class_name}; predict runs {list(PREDICT_CLASSES)}"
         raise ModelFileError(msg)
     if mf.inputs.get("part") == "volume":  # the volume cells (no PNG, no forces)
+        # deferred: the allowed predict <-> volume cycle (test_house.ALLOWED_CYCLES)
         from meshshard.apps.volume import predict_volume_run
 
         return predict_volume_run(mf, source, out, mesh=mesh,
@@ -284,8 +276,6 @@ def predict_run(
         out_dir.mkdir(parents=True, exist_ok=True)
         files = {"vtk": str(_write_vtk(mf, rows, full, out_dir, truth))}
         if png:
-            from meshshard.apps.figures import pressure_png
-
             files["png"] = str(pressure_png(Path(files["vtk"]), out_dir / "pressure.png",
                                             truth=truth))
         summary["files"] = files

@@ -20,6 +20,9 @@ from typing import Any
 
 import torch
 
+from meshshard import ops
+from meshshard.datasets import load_shard
+from meshshard.models import Transolver
 from meshshard.store.atomic import publish, resolve
 
 log = logging.getLogger(__name__)
@@ -76,8 +79,6 @@ def geometric_features(coords: torch.Tensor, normals: torch.Tensor, k: int) -> t
     -------
     Tensor of shape (N, 4), sharded like ``coords``.
     """
-    from meshshard import ops
-
     dist_, idx = ops.knn(coords, k, loop=False)
     # one exchange for both: the same neighbour rows are requested for coordinates and normals
     nb = ops.gather_neighbors(torch.cat([coords, normals], dim=-1), idx)  # (N, k, 6)
@@ -122,8 +123,6 @@ def load_sample(
 
     Returns ``{"coords": (1, N, 3), "features": (1, N, 3 + 4), "target": (1, N, C)}``.
     """
-    from meshshard.datasets import load_shard
-
     keys = ("surface_mesh_centers", "surface_normals", "surface_fields")
     data = load_shard(store, rank, world_size, mesh=mesh, part="surface", keys=keys)
     coords = data["surface_mesh_centers"].float()
@@ -148,8 +147,6 @@ def build_inputs(coords: torch.Tensor, normals: torch.Tensor, *, knn: int):
 
 
 def make_model(cfg: TrainConfig, fun_dim: int, out_dim: int) -> torch.nn.Module:
-    from meshshard.models import Transolver
-
     torch.manual_seed(cfg.seed)
     return Transolver(**cfg.model_kwargs(fun_dim, out_dim))
 

@@ -25,12 +25,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from meshshard.apps.forces import field_errors
+from meshshard.apps.model_file import save_model
+from meshshard.apps.predict import _truth, _write_vtk, check_fields, gather_rows, run_model
 from meshshard.apps.volume_inputs import (
     VOLUME_FEATURES,
     VolumeRows,
     read_volume_rows,
     volume_inputs,
 )
+from meshshard.datasets.schema import DRIVAERML
+from meshshard.shardtensor import Shard, from_local
 
 __all__ = ["evaluate_volume", "export_volume_model", "is_volume_model", "load_volume_sample",
            "predict_volume_run", "predict_volume_rows"]
@@ -57,8 +62,6 @@ def load_volume_sample(source: str | Path, mesh: Any = None, *, chunk: int | Non
     coords, feats = volume_inputs(rows, group, chunk)
     target = torch.from_numpy(rows.fields).unsqueeze(0)
     if mesh is not None:
-        from meshshard.shardtensor import Shard, from_local
-
         def st(x: torch.Tensor):
             return from_local(x[0], mesh, [Shard(0)], sharding_shapes=rows.sizes,
                               validate=False).unsqueeze(0)
@@ -80,9 +83,6 @@ def export_volume_model(
     """Write a volume model (trained on :func:`load_volume_sample` inputs, targets scaled as
     ``(y - target_mean) / target_std``) with the field names, columns and non-dimensional
     scales of the run ``rows`` came from. Collective when distributed."""
-    from meshshard.apps.model_file import save_model
-    from meshshard.datasets.schema import DRIVAERML
-
     fields = sorted(([n, a, b] for n, (a, b) in rows.columns.items()), key=lambda f: f[1])
     scales = {"dataset": dict(rows.scales), "u_inf": DRIVAERML.u_inf, "rho": DRIVAERML.rho,
               "target_mean": [float(v) for v in target_mean],
@@ -97,8 +97,6 @@ def predict_volume_rows(mf: Any, rows: VolumeRows, *, mesh: Any = None,
                         max_points_per_chunk: int | None = None) -> np.ndarray:
     """Non-dimensional predictions (m, C) for this rank's volume rows (collective when
     distributed; ``max_points_per_chunk=None``: the unchunked forward)."""
-    from meshshard.apps.predict import run_model
-
     group = mesh.get_group() if mesh is not None else None
     coords, feats = volume_inputs(rows, group, max_points_per_chunk)
     return run_model(mf, coords, feats, rows.sizes, mesh=mesh,
@@ -106,8 +104,6 @@ def predict_volume_rows(mf: Any, rows: VolumeRows, *, mesh: Any = None,
 
 
 def _write(mf: Any, rows: VolumeRows, full: dict, out_dir: Path, truth: bool) -> Path:
-    from meshshard.apps.predict import _write_vtk
-
     return _write_vtk(mf, rows, full, out_dir, truth, cloud_name="volume.vtp")
 
 
@@ -115,9 +111,6 @@ def predict_volume_run(mf: Any, source: str | Path, out: str | Path, *, mesh: An
                        max_points_per_chunk: int | None = None) -> dict[str, Any]:
     """``meshshard predict`` with a volume model (module notes); returns the summary (rank 0
     has the files, every rank the metrics). Collective when distributed."""
-    from meshshard.apps.forces import field_errors
-    from meshshard.apps.predict import _truth, check_fields, gather_rows
-
     t0 = time.perf_counter()
     group = mesh.get_group() if mesh is not None else None
     rows = read_volume_rows(source, group)
@@ -160,9 +153,6 @@ def evaluate_volume(source: str | Path, mf: Any, *, mesh: Any = None,
     ValueError
         The run lacks a field the model predicts (named).
     """
-    from meshshard.apps.forces import field_errors
-    from meshshard.apps.predict import _truth, check_fields
-
     group = mesh.get_group() if mesh is not None else None
     rows = read_volume_rows(source, group)
     cols = check_fields(mf, rows, source, need_truth=True)

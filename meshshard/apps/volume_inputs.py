@@ -30,7 +30,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from meshshard.store.format import StoreError
+from meshshard.apps.features import _standardise_into
+from meshshard.apps.inputs import _rank_world, source_kind
+from meshshard.datasets import load_shard
+from meshshard.datasets.curator import curator_info, load_curator_shard
+from meshshard.datasets.drivaerml import read_volume, run_index
+from meshshard.datasets.schema import DRIVAERML
+from meshshard.io.stl import read_stl
+from meshshard.ops.sdf import ShardedSurface
+from meshshard.partition.distributed import partition_distributed, redistribute_rows
+from meshshard.store.format import StoreError, open_store, read_array
 
 __all__ = ["VOLUME_FEATURES", "VolumeRows", "read_volume_rows", "volume_inputs"]
 
@@ -86,8 +95,6 @@ def _slice(n: int, rank: int, world: int) -> slice:
 def _partitioned(rows: dict[str, np.ndarray], group: Any, world: int) -> tuple[dict, list]:
     if world == 1:
         return rows, [int(rows["volume_mesh_centers"].shape[0])]
-    from meshshard.partition.distributed import partition_distributed, redistribute_rows
-
     dp = partition_distributed(rows["volume_mesh_centers"], world, group, "hilbert")
     return redistribute_rows(rows, dp, group), dp.sizes.tolist()
 
@@ -102,10 +109,6 @@ def _no_stl(source: Any) -> StoreError:
 
 
 def _from_run(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
-    from meshshard.datasets.drivaerml import read_volume, run_index
-    from meshshard.datasets.schema import DRIVAERML
-    from meshshard.io.stl import read_stl
-
     i = run_index(path)
     stl_path = path / DRIVAERML.stl_file.format(i=i)
     if not stl_path.is_file():
@@ -132,9 +135,6 @@ def _from_run(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
 
 
 def _from_store(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
-    from meshshard.datasets import load_shard
-    from meshshard.store.format import open_store, read_array
-
     g, attrs = open_store(path)
     va = attrs.get("volume")
     if va is None:
@@ -161,8 +161,6 @@ def _from_store(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
 
 
 def _from_curator(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
-    from meshshard.datasets.curator import curator_info, load_curator_shard
-
     g, info = curator_info(path)
     if "volume" not in info["rows"]:
         msg = f"{path}: has no volume part (no volume_mesh_centers)"
@@ -205,8 +203,6 @@ def read_volume_rows(source: str | Path, group: Any = None) -> VolumeRows:
     FileNotFoundError, ValueError
         No such source, no volume (``.vtu``, volume part), no STL; damaged files (named).
     """
-    from meshshard.apps.inputs import _rank_world, source_kind
-
     path = Path(source)
     kind = source_kind(path)
     rank, world = _rank_world(group)
@@ -231,8 +227,6 @@ def distances(rows: VolumeRows, group: Any = None, chunk: int | None = None) -> 
     """Signed distance (m,) float32 of this rank's cell centres to the body (collective:
     :class:`~meshshard.ops.sdf.ShardedSurface` over the ranks' triangles; ``chunk`` centres a
     round, the same rounds on every rank). Unsigned when the STL is not closed (warned)."""
-    from meshshard.ops.sdf import ShardedSurface
-
     surf = ShardedSurface(torch.from_numpy(rows.triangles), group=group)
     q = torch.from_numpy(rows.centers).double()
     m = q.shape[0]
@@ -249,8 +243,6 @@ def volume_inputs(rows: VolumeRows, group: Any = None, chunk: int | None = None
     """This rank's model inputs: standardised coordinates (1, m, 3) and standardised features
     ``[d, log(|d| + 1e-6)]`` (1, m, 2), with the statistics of all ranks' cells (float64
     sums). Collective when distributed; the result does not depend on ``chunk``."""
-    from meshshard.apps.features import _standardise_into
-
     d = distances(rows, group, chunk)
     total = rows.n_total
     with torch.no_grad():
