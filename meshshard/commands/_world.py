@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshshard.distributed import init, shutdown
 from meshshard.launch import launch
 
 _OWNED: list[bool] = []
@@ -14,8 +15,6 @@ def leave_world(code: int) -> int:
     leave at once (:func:`meshshard.distributed.shutdown`; gloo may abort in the interpreter's
     teardown otherwise). Elsewhere (tests, a caller's own group) it returns ``code``."""
     if _OWNED:
-        from meshshard.distributed import shutdown
-
         shutdown(exit_code=code)
     return code
 
@@ -26,8 +25,6 @@ def join_world() -> tuple[int, int, Any]:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-
-    from meshshard.distributed import init
 
     launched = launch().launched
     joined = not dist.is_initialized() and launched

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from meshshard.apps.demo import run_demo
 from meshshard.commands import CLIError
+from meshshard.commands._checks import check_out_dir
+from meshshard.commands.partition import METHOD_HELP, METHODS
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -13,16 +16,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", type=int, default=4, help="shards in the store")
     parser.add_argument("--ranks", type=int, default=2, help="gloo ranks that train")
     parser.add_argument("--steps", type=int, default=30, help="training steps")
-    from meshshard.commands.partition import METHOD_HELP, METHODS
-
     parser.add_argument("--method", default="hilbert", choices=METHODS, help=METHOD_HELP)
     parser.add_argument("--no-png", action="store_true", help="skip the PNG renderings")
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshshard.apps.demo import run_demo
-    from meshshard.commands._checks import check_out_dir
-
     for flag, value in (("--parts", args.parts), ("--ranks", args.ranks)):
         if value < 1:
             msg = f"{flag} {value} must be >= 1"

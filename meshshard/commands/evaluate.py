@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from meshshard.apps.evaluate import evaluate_runs, format_table
+from meshshard.commands._checks import check_inference_args
+from meshshard.commands._world import join_world, leave_world
+
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", help="run directories, meshshard stores or "
@@ -40,12 +44,7 @@ def expand(paths: list[str]) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshshard.commands._checks import check_inference_args
-
     check_inference_args(args)
-    from meshshard.apps.evaluate import evaluate_runs, format_table
-    from meshshard.commands._world import join_world, leave_world
-
     rank, _, mesh = join_world()
     res = evaluate_runs(expand(args.runs), args.out, checkpoint=args.checkpoint, mesh=mesh,
                         max_points_per_chunk=args.max_points_per_chunk,

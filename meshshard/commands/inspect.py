@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 from meshshard.commands import CLIError
+from meshshard.commands._checks import check_out_file
+from meshshard.commands._progress import Stages, progress_enabled
 from meshshard.commands.partition import (
     AUTO_FULL_CELLS,
     CLI_METHOD_HELP,
@@ -21,6 +23,10 @@ from meshshard.commands.partition import (
     parse_targets,
     run_partitioner,
 )
+from meshshard.partition import Partition, knn_graph, partition
+from meshshard.partition.io import MESH_SUFFIXES, load_geometry
+from meshshard.partition.report import format_report, render_png, report
+from meshshard.store.format import store_surfels, verify_store
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -99,19 +105,13 @@ def _format_tree(d: dict, indent: int = 0) -> list[str]:
 def _inspect_store(path: Path, args: argparse.Namespace) -> int:
     """``run_i.zarr``: the pipelines' store summary, then a partition report per stored part
     (surface, volume) on the kNN graph of its cell centres (stores keep no connectivity)."""
-    try:
+    try:  # deferred: a failing store reader becomes this command's one-line error
         from meshshard.store.format import inspect_store, store_partition
     except ImportError as exc:
         msg = f"{path}: inspecting zarr stores needs meshshard.store.format ({exc})"
         raise CLIError(msg) from exc
-    from meshshard.commands._progress import Stages, progress_enabled
-    from meshshard.partition import knn_graph
-    from meshshard.partition.report import format_report, render_png, report
-
     verified = None
     if args.verify:
-        from meshshard.store.format import verify_store
-
         verified = verify_store(path)  # StoreError (a ValueError): exit 2, naming the damage
     summary = inspect_store(path)
     if verified is not None:
@@ -138,8 +138,6 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
             with st.stage("render"):
                 surfels = {}
                 if shown[3] == "surface":  # cells drawn as oriented patches, not dots
-                    from meshshard.store.format import store_surfels
-
                     surfels = dict(zip(("normals", "areas"), store_surfels(path)))
                 render_png(shown[0], args.png, points=shown[1], report=shown[2],
                            solid=shown[3] == "volume", **surfels)  # fmt: skip
@@ -173,12 +171,6 @@ def _refuse_partition_options(target: Path, args: argparse.Namespace, what: str)
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshshard.commands._checks import check_out_file
-    from meshshard.commands._progress import Stages, progress_enabled
-    from meshshard.partition import Partition, partition
-    from meshshard.partition.io import MESH_SUFFIXES, load_geometry
-    from meshshard.partition.report import format_report, render_png
-
     target = Path(args.target)
     if args.png:
         check_out_file(args.png)

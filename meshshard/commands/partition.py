@@ -10,6 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from meshshard.commands import CLIError
+from meshshard.commands._checks import check_out_dir, check_out_file
+from meshshard.commands._progress import Stages, progress_enabled
+from meshshard.partition import Partition, partition
+from meshshard.partition import hypergraph as hg
+from meshshard.partition import kaminpar_part as kp
+from meshshard.partition.cutcount import dual_cut_metrics
+from meshshard.partition.io import load_geometry
+from meshshard.partition.report import format_report, render_png, report
 
 METHODS = ("hilbert", "morton", "rcb", "metis")
 #: ``--method`` help, shared by the commands that partition
@@ -42,9 +50,6 @@ def graph_method_options(args: argparse.Namespace) -> dict:
         if method == "metis":
             msg = "--preset is an option of --method kaminpar or hypergraph, not metis"
             raise CLIError(msg)
-        from meshshard.partition import hypergraph as hg
-        from meshshard.partition import kaminpar_part as kp
-
         presets = hg.PRESETS if method == "hypergraph" else kp.PRESETS
         if preset not in presets:
             msg = f"--preset {preset!r} for --method {method}: choose one of {', '.join(presets)}"
@@ -174,12 +179,6 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshshard.commands._checks import check_out_dir, check_out_file
-    from meshshard.commands._progress import Stages, progress_enabled
-    from meshshard.partition import Partition, partition
-    from meshshard.partition.io import load_geometry
-    from meshshard.partition.report import format_report, render_png
-
     # everything that can be refused is refused before the expensive work
     out = Path(args.out)
     if out.exists() and not args.force:
@@ -287,9 +286,6 @@ def build_report(
     part: Any, geom: Any, graph: Any, weights: Any, mode: str, st: Any, *, auto: bool
 ) -> dict:
     """The report dict for ``--metrics`` ``mode`` (full / cut / none)."""
-    from meshshard.partition.cutcount import dual_cut_metrics
-    from meshshard.partition.report import report
-
     if mode == "full":
         with st.stage("metrics"):
             return report(part, graph=graph, points=geom.points, weights=weights,

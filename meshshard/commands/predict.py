@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from meshshard.apps.predict import predict_run
+from meshshard.commands._checks import check_inference_args
+from meshshard.commands._world import join_world, leave_world
+
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="model checkpoint directory (model.json + weights)")
@@ -22,12 +26,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshshard.commands._checks import check_inference_args
-
     check_inference_args(args)
-    from meshshard.apps.predict import predict_run
-    from meshshard.commands._world import join_world, leave_world
-
     rank, world, mesh = join_world()
     s = predict_run(args.checkpoint, args.run, args.out, mesh=mesh,
                     max_points_per_chunk=None if args.unchunked else args.max_points_per_chunk,

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from meshshard.commands._checks import check_out_dir
+from meshshard.commands.partition import METHOD_HELP, METHODS
+from meshshard.datasets import DRIVAERML
+from meshshard.distributed import init
 from meshshard.launch import launch
+from meshshard.pipelines import preprocess_runs
+from meshshard.pipelines._alloc import tune_allocator
+from meshshard.pipelines.distributed import run_cli
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -12,8 +19,6 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="directory holding run_<i>/ directories")
     parser.add_argument("dst", help="output directory for run_<i>.zarr stores")
     parser.add_argument("--parts", type=int, required=True, help="shards per sample")
-    from meshshard.commands.partition import METHOD_HELP, METHODS
-
     parser.add_argument(
         "--method", default="hilbert", choices=(*METHODS, "hypergraph"),
         help=METHOD_HELP + "; hypergraph: fewest ghost rows (needs pip install "
@@ -62,17 +67,10 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from dataclasses import replace
 
-    from meshshard.commands._checks import check_out_dir
-    from meshshard.datasets import DRIVAERML
-    from meshshard.pipelines import preprocess_runs
-    from meshshard.pipelines._alloc import tune_allocator
-
     # before any run is read: an unwritable DST is one user error, not one failure per run
     check_out_dir(args.dst, "DST")
     tune_allocator()  # this process is ours: keep freed arrays for reuse (see _alloc)
     if args.distributed:
-        from meshshard.pipelines.distributed import run_cli
-
         return run_cli(args)
 
     schema = replace(DRIVAERML, u_inf=args.u_inf, rho=args.rho)
@@ -136,8 +134,6 @@ def _total_over_ranks(counts: list[int]) -> tuple[int, list[int]] | None:
         return None
     import torch
     import torch.distributed as dist
-
-    from meshshard.distributed import init
 
     made = not dist.is_initialized()
     if made:  # a caller's own group is used as it is (its timeouts untouched)

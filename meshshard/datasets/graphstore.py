@@ -26,6 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.datasets.drivaerml import _read_cells, run_index
+from meshshard.datasets.schema import DRIVAERML
+from meshshard.graph import ShardedGraph, build_all
+from meshshard.partition.graph import dual_graph
+from meshshard.partition.record import HaloPlan
+from meshshard.store.format import StoreError, open_store, seal_store
+
 __all__ = [
     "GRAPH_KINDS",
     "load_graph_shard",
@@ -44,10 +51,6 @@ def surface_dual_edges(run_dir: str | Path, source_index: np.ndarray, schema: An
     """Edges ``(2, E)`` of the surface's dual graph (cells sharing an edge) over the rows of a
     :class:`~meshshard.datasets.drivaerml.SurfaceData` (row ``j`` = source cell
     ``source_index[j]``; edges to dropped cells are left out)."""
-    from meshshard.datasets.drivaerml import _read_cells, run_index
-    from meshshard.datasets.schema import DRIVAERML
-    from meshshard.partition.graph import dual_graph
-
     schema = schema or DRIVAERML
     run_dir = Path(run_dir)
     path = run_dir / schema.surface_file.format(i=run_index(run_dir, schema))
@@ -109,9 +112,6 @@ def write_graph(
         The ``surface_graph`` attributes written.
     """
     import zarr
-
-    from meshshard.graph import build_all
-    from meshshard.store.format import seal_store
 
     if kind not in GRAPH_KINDS:
         msg = f"graph={kind!r} is not one of {GRAPH_KINDS}"
@@ -180,10 +180,6 @@ def load_graph_shard(store: str | Path, rank: int, world_size: int, *, group: An
         ``world_size`` differs from the store's parts, or a bad rank.
     """
     import torch
-
-    from meshshard.graph import ShardedGraph
-    from meshshard.partition.record import HaloPlan
-    from meshshard.store.format import StoreError, open_store
 
     grp, attrs = open_store(store)
     meta = attrs.get(_PREFIX)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.shardtensor import Shard, from_local
 from meshshard.store.format import (
     STL_KEYS,
     SURFACE_KEYS,
@@ -125,10 +126,11 @@ def load_shard(
     if mesh is not None and mesh.size(0) != world_size:
         msg = f"mesh has {mesh.size(0)} ranks but world_size={world_size}"
         raise ValueError(msg)
+    # deferred: the allowed loader <-> curator cycle (test_house.ALLOWED_CYCLES)
     from meshshard.datasets.curator import is_curator_store
 
     if is_curator_store(store):  # collective: the ranks partition together
-        from meshshard.datasets.curator import load_curator_shard
+        from meshshard.datasets.curator import load_curator_shard  # deferred: as above
 
         return load_curator_shard(store, rank, world_size, mesh=mesh, part=part, keys=keys,
                                   device=device)
@@ -164,8 +166,6 @@ def wrap_rows(rows: dict[str, np.ndarray], mesh: Any, sizes: Any, dev: Any) -> d
         if mesh is None:
             out[k] = local
         else:
-            from meshshard.shardtensor import Shard, from_local
-
             out[k] = from_local(local, mesh, [Shard(0)], sharding_shapes=sizes, validate=False)
     if mesh is None:
         out["sharding_sizes"] = torch.tensor(sizes, dtype=torch.int64)

@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.ops._comm import all_gather_rows, all_to_all, exchange_counts
+from meshshard.ops._validation import collective_flag
+
 __all__ = ["DistComm", "ThreadComm", "run_threads"]
 
 
@@ -40,8 +43,6 @@ class DistComm:
         """
         import torch
 
-        from meshshard.ops._comm import all_to_all, exchange_counts
-
         send = [int(p.shape[0]) for p in parts]
         dev = self.device or torch.device("cpu")
         recv = exchange_counts(send, self.group, dev)
@@ -54,16 +55,12 @@ class DistComm:
         """Raise on every rank when any rank found a problem. Collective."""
         import torch
 
-        from meshshard.ops._validation import collective_flag
-
         dev = self.device or torch.device("cpu")
         collective_flag(problem, group=self.group, device=dev, op=op)
 
     def allgather_int(self, value: int) -> list[int]:
         """Every rank's integer, in rank order. Collective."""
         import torch
-
-        from meshshard.ops._comm import all_gather_rows
 
         t = torch.tensor([int(value)], dtype=torch.int64, device=self.device or "cpu")
         return [int(v) for v in all_gather_rows(t, self.group).flatten().tolist()]

@@ -16,6 +16,7 @@ import numpy as np
 from meshshard.graph._comm import DistComm
 from meshshard.graph.build import _build, _prepare, _split_by
 from meshshard.graph.record import ShardedGraph
+from meshshard.partition.graph import _connectivity_from_args, cell_faces, shared_face_pairs
 from meshshard.partition.record import Partition
 
 __all__ = ["from_cells"]
@@ -68,8 +69,6 @@ def from_cells(
         Edges are the dual graph's, in both directions; edge ids number each rank's owned
         edges after the previous rank's (sorted by target, then source).
     """
-    from meshshard.partition.graph import _connectivity_from_args, cell_faces, shared_face_pairs
-
     partition, inverse = _prepare(partition)
     comm = DistComm(group)
     P, rank = comm.size, comm.rank

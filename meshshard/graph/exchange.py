@@ -24,13 +24,12 @@ from meshshard.graph._refresh import refresh_owned
 from meshshard.graph.record import ShardedGraph
 from meshshard.ops._validation import check_reduce, collective_flag
 from meshshard.ops.halo import scatter_rows
+from meshshard.shardtensor import ShardTensor
 
 __all__ = ["GhostExchange", "aggregate", "refresh_ghosts", "sync_gradients"]
 
 
 def _local_of(x: Any, graph: ShardedGraph) -> tuple[torch.Tensor | None, str | None]:
-    from meshshard.shardtensor import ShardTensor
-
     if isinstance(x, ShardTensor):
         from torch.distributed.tensor import Shard
 

@@ -29,6 +29,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import Shard
 
 from meshshard.graph.record import ShardedGraph
+from meshshard.shardtensor._aten import from_local
+from meshshard.shardtensor._aten.rules_graph import ghost_refresh, row_gather, row_scatter
+from meshshard.shardtensor._aten.rules_pyg import note_extended
 
 __all__ = ["GraphPlug"]
 
@@ -65,9 +68,6 @@ class GraphPlug:
 
     def __init__(self, graph: ShardedGraph, mesh: Any, strategy: str = "per_layer",
                  layers: int = 1) -> None:
-        from meshshard.shardtensor._aten import from_local
-        from meshshard.shardtensor._aten.rules_pyg import note_extended
-
         if strategy not in ("per_layer", "once"):
             msg = f"strategy={strategy!r} must be 'per_layer' or 'once'"
             raise ValueError(msg)
@@ -104,20 +104,14 @@ class GraphPlug:
     # ------------------------------------------------------------------ wrapping
     def nodes(self, local: torch.Tensor) -> Any:
         """This rank's owned-node rows as a ShardTensor (the partition's sizes)."""
-        from meshshard.shardtensor._aten import from_local
-
         return from_local(local, self.mesh, [Shard(0)], [self.owned])
 
     def edges(self, local: torch.Tensor) -> Any:
         """Per-edge rows aligned to ``graph.edge_index`` as a ShardTensor."""
-        from meshshard.shardtensor._aten import from_local
-
         return from_local(local, self.mesh, [Shard(0)], [self.edge_sizes])
 
     # ------------------------------------------------------------------ the plug protocol
     def _refresh(self, x: Any) -> Any:
-        from meshshard.shardtensor._aten.rules_graph import ghost_refresh
-
         self.refreshes += 1
         return ghost_refresh(x, self._send_idx, self._send, self._recv, list(self.owned),
                              list(self.extended))
@@ -134,12 +128,8 @@ class GraphPlug:
     def aggregate(self, messages: Any, reduce: str = "sum") -> Any:
         """Per-edge messages reduced at the edges' targets: the extended layout (owned rows
         exact, ghost rows hold the in-edges held here)."""
-        from meshshard.shardtensor._aten.rules_graph import row_scatter
-
         return row_scatter(messages, self.edge_index[1], self._like, reduce)
 
     def end(self, h: Any) -> Any:
         """The owned rows of an extended node tensor (the partition's sizes)."""
-        from meshshard.shardtensor._aten.rules_graph import row_gather
-
         return row_gather(h, self._owned_rows)

@@ -22,6 +22,9 @@ import torch.distributed as dist
 from meshshard.ops import functional as F
 from meshshard.ops import halo as H
 from meshshard.partition.record import HaloPlan
+from meshshard.shardtensor import Replicate, Shard, ShardTensor
+from meshshard.shardtensor import from_local as _st_from_local
+from meshshard.shardtensor._aten import from_local as _aten_from_local
 
 __all__ = [
     "gather_neighbors",
@@ -35,8 +38,6 @@ __all__ = [
 
 
 def _classes() -> tuple:
-    from meshshard.shardtensor import ShardTensor
-
     return (ShardTensor,)
 
 
@@ -51,8 +52,6 @@ _CLS: list = [None]
 
 def _layout(st, name: str, op: str):
     """(local, mesh, placements, mesh_dim, sizes, group) of a ShardTensor sharded on dim 0."""
-    from meshshard.shardtensor import Replicate, Shard
-
     _CLS[0] = type(st)
     pl = tuple(st.placements)
     shard_dims = [i for i, p in enumerate(pl) if isinstance(p, Shard)]
@@ -80,10 +79,8 @@ def _one_class(op: str, *ts: Any) -> None:
 
 def _from_local():
     if _CLS[0] is not None and _CLS[0] is not _classes()[0]:
-        from meshshard.shardtensor._aten import from_local
-    else:
-        from meshshard.shardtensor import from_local
-    return from_local
+        return _aten_from_local
+    return _st_from_local
 
 
 def _wrap(local: torch.Tensor, mesh, placements, sizes):
@@ -233,8 +230,6 @@ def radius(
 
 
 def _graph_out(edges: torch.Tensor, out):
-    from meshshard.shardtensor import Shard
-
     if out is None:
         return edges
     mesh, pl, _ = out

@@ -25,6 +25,8 @@ import torch.nn.functional as tF
 from meshshard.ops import functional as Fn
 from meshshard.ops import halo as H
 from meshshard.ops.gridpoint import GridLayout
+from meshshard.ops.gridsample import grid_sample
+from meshshard.shardtensor import Shard, from_local
 
 __all__ = ["ShardedDominoOps", "allreduce_grads"]
 
@@ -97,9 +99,6 @@ class ShardedDominoOps:
         return out.reshape(-1, c, h, w).permute(1, 0, 2, 3)
 
     def sample(self, grid, points, origin, spacing, shape) -> torch.Tensor:
-        from meshshard.ops.gridsample import grid_sample
-        from meshshard.shardtensor import Shard, from_local
-
         lay = GridLayout(shape, origin, spacing)
         c = lay.normalize(points, align_corners=True)
         if self.grid_sizes is None:  # whole grid here: purely local (partial gradients)

@@ -25,6 +25,8 @@ import torch.distributed as dist
 
 from meshshard.ops import functional as F
 from meshshard.ops._comm import all_gather_rows
+from meshshard.ops.api import _is_st, _layout, _wrap, _wrap_inferred
+from meshshard.shardtensor import Replicate
 
 __all__ = ["GridLayout", "grid_knn", "grid_radius"]
 
@@ -176,8 +178,6 @@ class GridLayout:
 
 def _unwrap(points, group):
     """(local, group, mesh, placements, sizes) of a ShardTensor (Shard(0)) or a local Tensor."""
-    from meshshard.ops.api import _is_st, _layout
-
     if _is_st(points):
         pl, mesh, place, _md, sizes, g = _layout(points, "points", "grid query")
         return pl, g, mesh, place, sizes
@@ -230,11 +230,7 @@ def _query(points, layout: GridLayout, direction: str, group, op: str, call):
         d, i = call(pl, nodes, g)  # grid nodes query the points
         if mesh is None:
             return d, i
-        from meshshard.ops.api import _wrap, _wrap_inferred
-
         if layout.sizes is None:  # every rank asked for all nodes: replicated result
-            from meshshard.shardtensor import Replicate
-
             rep = [Replicate()] * mesh.ndim
             return _wrap_inferred(d, mesh, rep), _wrap_inferred(i, mesh, rep)
         counts = layout.node_counts(world)
@@ -255,8 +251,6 @@ def _query(points, layout: GridLayout, direction: str, group, op: str, call):
         d, i = d.gather(1, o), i.gather(1, o)
     if mesh is None:
         return d, i
-    from meshshard.ops.api import _wrap
-
     return _wrap(d, mesh, place, psizes), _wrap(i, mesh, place, psizes)
 
 

@@ -25,6 +25,8 @@ import torch.nn.functional as tF
 
 from meshshard.collective_check import check_collective
 from meshshard.ops._comm import all_to_all, exchange_counts
+from meshshard.ops.api import _is_st
+from meshshard.shardtensor import Replicate, Shard, from_local
 
 __all__ = ["grid_sample"]
 
@@ -109,8 +111,6 @@ def _partial_sample(grid_l, b, u, shape, own):
 
 
 def _layouts(grid, coords):
-    from meshshard.shardtensor import Replicate, Shard
-
     mesh = grid.device_mesh
     if coords.device_mesh != mesh:
         msg = "grid_sample: grid and coords live on different device meshes"
@@ -164,8 +164,6 @@ def grid_sample(grid, coords, *, align_corners: bool = False, padding_mode: str 
     ValueError
         Unknown padding mode, mismatched shapes, unsupported placements.
     """
-    from meshshard.ops.api import _is_st
-
     if padding_mode not in _PADDING:
         msg = f"grid_sample: padding_mode={padding_mode!r} must be one of {_PADDING}"
         raise ValueError(msg)
@@ -189,8 +187,6 @@ def grid_sample(grid, coords, *, align_corners: bool = False, padding_mode: str 
 
 
 def _sharded(grid, coords, k, align_corners, padding_mode):
-    from meshshard.shardtensor import from_local
-
     mesh, gaxes, route = _layouts(grid, coords)
     shape = list(grid.shape[2:])
     B = grid.shape[0]

@@ -34,6 +34,8 @@ from meshshard.ops._comm import all_gather_rows
 from meshshard.ops._knn_merge import _drop_self, forward_and_merge
 from meshshard.ops._regions import knn_forward_mask, shard_boxes
 from meshshard.ops._validation import check_points
+from meshshard.ops.api import _is_st, _pair
+from meshshard.ops.functional import _check_nboxes
 
 __all__ = ["knn_chunks"]
 
@@ -106,9 +108,6 @@ def knn_chunks(
     >>> for a, b, d, i in knn_chunks(points, 8, loop=False, max_queries_per_chunk=65536):
     ...     features[a:b] = f(d, i)  # doctest: +SKIP
     """
-    from meshshard.ops.api import _is_st, _pair
-    from meshshard.ops.functional import _check_nboxes
-
     chunk = _check_chunk(max_queries_per_chunk)
     _check_nboxes(nboxes)
     if _is_st(x) or _is_st(y):

@@ -38,6 +38,7 @@ from meshshard.collective_check import check_collective
 from meshshard.ops._comm import all_gather_rows, all_to_all, exchange_counts
 from meshshard.ops._regions import box_maxdist2, box_mindist2
 from meshshard.ops._triangles import FEATURE_EDGES, face_geometry, nearest_triangles
+from meshshard.ops.api import _is_st, _layout, _wrap
 
 __all__ = ["ShardedSurface", "grid_sdf", "signed_distance"]
 
@@ -124,8 +125,6 @@ class ShardedSurface:
 
     def __init__(self, triangles, *, group: dist.ProcessGroup | None = None, nboxes: int = 32,
                  on_open: str = "warn"):
-        from meshshard.ops.api import _is_st, _layout
-
         if on_open not in ("warn", "raise"):
             msg = f"ShardedSurface: on_open={on_open!r} must be 'warn' or 'raise'"
             raise ValueError(msg)
@@ -254,8 +253,6 @@ def signed_distance(triangles, queries, *, group: dist.ProcessGroup | None = Non
     ShardTensors sharded along dim 0 on one mesh (the result is then sharded like ``queries``).
     Negative inside. See :class:`ShardedSurface` (build it once to query it many times).
     """
-    from meshshard.ops.api import _is_st, _layout, _wrap
-
     surf = ShardedSurface(triangles, group=group, nboxes=nboxes, on_open=on_open)
     if _is_st(queries):
         ql, mesh, pl, _, sizes, _ = _layout(queries, "queries", "signed_distance")

@@ -20,6 +20,7 @@ import numpy as np
 
 from meshshard.partition._validation import unique_int
 from meshshard.partition.graph import dual_graph, mesh_connectivity
+from meshshard.partition.quality import _stats
 from meshshard.partition.record import Partition
 
 __all__ = ["dual_cut_metrics", "interface_cells"]
@@ -87,8 +88,6 @@ def dual_cut_metrics(mesh: Any, partition: Partition) -> dict[str, Any]:
     >>> dual_cut_metrics(grid, partition(cell_centers(grid), 2, method="rcb"))["edge_cut"]
     16
     """
-    from meshshard.partition.quality import _stats
-
     conn, off, types = mesh_connectivity(mesh)
     a = partition.assignment
     n, P = a.size, partition.nparts

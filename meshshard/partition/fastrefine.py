@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.partition.volrefine import _check_int, check_refine_args
+
 __all__ = ["ROUNDS", "refine_volume_fast"]
 
 log = logging.getLogger(__name__)
@@ -118,8 +120,6 @@ def refine_volume_fast(
     ...     path, refine_volume_fast(path, a, 2, ufactor=400), 2)
     (4, 2)
     """
-    from meshshard.partition.volrefine import _check_int, check_refine_args
-
     rounds = _check_int("rounds", rounds, 1)
     g, a, parts, w, t, ufactor, seed = check_refine_args(graph_csr, assignment, parts, weights,
                                                          targets, ufactor, seed)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from meshshard.partition._validation import as_points, unique_int
+from meshshard.partition.sfc import curve_order, hilbert_codes
 
 __all__ = [
     "CELL_FACES",
@@ -95,8 +96,6 @@ def knn_graph_sorted(points: Any, k: int = 8) -> tuple[Any, np.ndarray]:
     """
     import scipy.sparse as sp
     from scipy.spatial import cKDTree
-
-    from meshshard.partition.sfc import curve_order, hilbert_codes
 
     pts = as_points(points)
     n = pts.shape[0]

@@ -21,7 +21,11 @@ from meshshard.partition._validation import (
     check_targets,
     check_weights,
 )
+from meshshard.partition.fastrefine import ROUNDS, _refine_fast
+from meshshard.partition.graph import knn_graph_sorted
 from meshshard.partition.record import Partition
+from meshshard.partition.sfc import curve_order, group_by_shard, hilbert_codes
+from meshshard.partition.volrefine import PASSES, WINDOW, _refine, communication_volume
 
 __all__ = ["OBJECTIVES", "REFINEMENTS", "metis", "metis_assignment"]
 
@@ -354,8 +358,6 @@ def partition_on_graph(
     ghost rows is kept (``keep="cut"`` without ``refine``: the fewest cut
     edges); ``refine="volume"`` refines each with :func:`refine_volume` within ``ufactor``
     (thousandths, as METIS) of the targets. Both are recorded in ``params``."""
-    from meshshard.partition.graph import knn_graph_sorted
-
     pts = None if points is None else as_points(points)
     order = None  # vertex a of the graph is point order[a] (None: identity)
     if graph is None:
@@ -386,14 +388,10 @@ def partition_on_graph(
             assignment = np.empty_like(labels)
             assignment[order] = labels
     if pts is not None and n and order is None:
-        from meshshard.partition.sfc import curve_order, hilbert_codes
-
         order = curve_order(hilbert_codes(pts))
     params = {"targets": t.tolist(), "weighted": w is not None, "graph": graph_kind, **params}
     if order is None:  # no coordinates: keep the original order inside each shard
         return Partition.from_assignment(assignment, parts, method=method, params=params)
-    from meshshard.partition.sfc import group_by_shard
-
     stored = group_by_shard(assignment, parts, order)  # rows of each shard in Hilbert order
     sizes = np.bincount(assignment, minlength=parts)
     return Partition(assignment, stored, sizes, method=method, params=params)
@@ -416,8 +414,6 @@ def _best_of_tries(
     on ties). Returns the assignment and what to record in ``params`` (nothing by default)."""
     if refine is None and len(seeds) == 1:
         return assign(g, parts, w, t, seeds[0]), {}
-    from meshshard.partition.volrefine import PASSES, WINDOW, _refine, communication_volume
-
     by_volume = refine is not None or keep == "volume"
     rows = None
     best, best_score, best_seed = None, None, seeds[0]
@@ -429,8 +425,6 @@ def _best_of_tries(
         a = np.asarray(assign(g, parts, w, t, s), dtype=np.int64)
         before.append(communication_volume(g, a, parts))
         if refine == "fast":
-            from meshshard.partition.fastrefine import ROUNDS, _refine_fast
-
             a = _refine_fast(g, a, parts, w, t, float(ufactor), ROUNDS, s)
         elif refine is not None:
             a = _refine(g, a, parts, w, t, float(ufactor), PASSES, WINDOW, s)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.partition.graphpart import check_refine, metis_assignment, partition_on_graph
 from meshshard.partition.record import Partition
 
 __all__ = ["INITS", "PRESETS", "WITH_MTKAHYPAR", "hypergraph", "hypergraph_assignment", "nets_of"]
@@ -205,8 +206,6 @@ def hypergraph_assignment(
         hg = ip.create_hypergraph(ctx, n, len(net_list), net_list, vw[inv].tolist(),
                                   [1] * len(net_list))  # fmt: skip
     if init == "metis":
-        from meshshard.partition.graphpart import metis_assignment
-
         start = metis_assignment(graph, k, weights=weights, targets=tp,
                                  ufactor=int(round(1000 * float(epsilon))), seed=int(seed),
                                  objective="vol")  # fmt: skip
@@ -303,8 +302,6 @@ def hypergraph(
     >>> int(p.sizes.sum())  # doctest: +SKIP
     500
     """
-    from meshshard.partition.graphpart import check_refine, partition_on_graph
-
     check_options(preset, epsilon, threads, seed, rings, init, vcycles, deterministic)
     how = check_refine(refine, tries)
     if how is not None and int(rings) > 1:

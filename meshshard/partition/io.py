@@ -11,6 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.io.vtklog import capture_vtk_output
+from meshshard.partition.graph import dual_graph, knn_graph, mesh_connectivity
+
 __all__ = [
     "MESH_SUFFIXES",
     "Geometry",
@@ -65,8 +68,6 @@ def read_mesh(path: str | Path) -> Any:
     """
     import pyvista as pv
     from pyvista.core.utilities.observers import VtkErrorCatcher
-
-    from meshshard.io.vtklog import capture_vtk_output
 
     p = _check_file(path, MESH_SUFFIXES)
     if p.suffix.lower() == ".ply":
@@ -187,8 +188,6 @@ def cell_centers(mesh: Any) -> np.ndarray:
     """
     import pyvista as pv
 
-    from meshshard.partition.graph import mesh_connectivity
-
     if isinstance(mesh, pv.PolyData) and mesh.n_cells != mesh.GetNumberOfPolys():
         # lines, vertices or strips: the dual graph refuses them, but they have centres
         ug = mesh.cast_to_unstructured_grid()
@@ -282,8 +281,6 @@ class Geometry:
 
     def graph(self, kind: str | None = None, knn: int = 8) -> Any:
         """Adjacency: the dual graph of the cells (default on cells) or a kNN graph."""
-        from meshshard.partition.graph import dual_graph, knn_graph
-
         kind = kind or self.default_graph()
         if kind == "dual":
             if self.on != "cells":

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.partition.graphpart import check_refine, partition_on_graph
 from meshshard.partition.record import Partition
 
 __all__ = ["PRESETS", "WITH_KAMINPAR", "kaminpar", "kaminpar_assignment"]
@@ -228,8 +229,6 @@ def kaminpar(
     >>> int(p.sizes.sum())  # doctest: +SKIP
     500
     """
-    from meshshard.partition.graphpart import check_refine, partition_on_graph
-
     _check_options(preset, epsilon, threads, seed)
     base = ROW_PRESETS.get(preset, preset)
     if preset in ROW_PRESETS:

@@ -124,6 +124,7 @@ def metrics(
         out["most_overweight_part"] = wworst
     want = _depths(depths, plan, partition)
     if graph is not None:
+        # deferred: the allowed record <-> quality <-> halo cycle (test_house.ALLOWED_CYCLES)
         from meshshard.partition.halo import ghost_keys
 
         g = check_graph(graph, n)

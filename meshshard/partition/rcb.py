@@ -19,6 +19,7 @@ from meshshard.partition._validation import (
     check_weights,
 )
 from meshshard.partition.record import Partition
+from meshshard.partition.sfc import curve_order, group_by_shard, hilbert_codes
 
 __all__ = ["rcb"]
 
@@ -144,8 +145,6 @@ def rcb(
             nxt.append((r0, r0 + k, a, m))
             nxt.append((r0 + k, r1, m, b))
         nodes = nxt
-    from meshshard.partition.sfc import curve_order, group_by_shard, hilbert_codes
-
     stored = group_by_shard(assignment, parts, curve_order(hilbert_codes(pts)))
     sizes = np.bincount(assignment, minlength=parts)
     params = {"targets": t.tolist(), "weighted": w is not None}

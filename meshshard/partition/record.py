@@ -171,6 +171,7 @@ class Partition:
         """Quality numbers (imbalance, edge cut, communication volume, ghost rows per refresh
         depth, halos, neighbours, components, bounding boxes); see
         :func:`meshshard.partition.quality.metrics` (``depths``, ``plan``)."""
+        # deferred: the allowed record <-> quality <-> halo cycle (test_house.ALLOWED_CYCLES)
         from meshshard.partition.quality import metrics
 
         return metrics(self, graph=graph, points=points, weights=weights, **options)

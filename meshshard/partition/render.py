@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.io.vtklog import capture_vtk_output
+from meshshard.partition.graph import CELL_FACES
+from meshshard.partition.io import cell_centers
 from meshshard.partition.record import Partition
 
 __all__ = ["VIEW_BOXES", "render_png", "render_views", "shard_palette", "shown_shards"]
@@ -71,8 +74,6 @@ def _is_volume(mesh: Any) -> bool:
     types = np.asarray(mesh.celltypes)
     if types.size == 0:
         return False
-    from meshshard.partition.graph import CELL_FACES
-
     dims = [CELL_FACES.get(int(t), (2, ()))[0] for t in np.unique(types)]
     return max(dims) == 3
 
@@ -88,8 +89,6 @@ def _scene(
     """
     shard = partition.assignment.astype(np.int64)
     if mesh is not None and on == "cells" and mesh.n_cells <= _MAX_CELLS_AS_SURFACES:
-        from meshshard.partition.io import cell_centers
-
         geom = mesh.copy(deep=False)
         geom.clear_data()
         geom.cell_data["shard"] = shard
@@ -226,8 +225,6 @@ def render_views(
     captions : list of str
     """
     import pyvista as pv
-
-    from meshshard.io.vtklog import capture_vtk_output
 
     P = partition.nparts
     colours = [_hex(c) for c in shard_palette(P)]

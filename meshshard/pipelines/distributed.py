@@ -29,7 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.distributed import init
 from meshshard.errors import DistributedError
+from meshshard.partition.distributed import partition_distributed, redistribute_rows
+from meshshard.partition.distributed._comm import Comm
 from meshshard.pipelines.distributed_inputs import is_source, open_source, source_name
 from meshshard.store.atomic import publish
 from meshshard.store.format import STL_KEYS, _compressors, choose_chunk, store_status
@@ -182,8 +185,6 @@ def repartition_store(
     RuntimeError
         On every rank, when any rank failed (nothing is published).
     """
-    from meshshard.partition.distributed._comm import Comm
-
     comm = Comm(group, what="repartition_store")
     rank = comm.rank
     src = Path(src)
@@ -224,8 +225,6 @@ def _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group, 
            target_chunk, which, splits=None) -> str:  # fmt: skip
     """Partition, move and write; publish on rank 0 once every rank succeeded."""
     import zarr
-
-    from meshshard.partition.distributed import partition_distributed, redistribute_rows
 
     rank, W = comm.rank, comm.world
     dst_dir = out.parent
@@ -325,8 +324,6 @@ def run_cli(args: Any) -> int:
     :func:`meshshard.distributed.init`: a rank that never arrives ends every collective after
     ``MESHSHARD_TIMEOUT`` seconds, not torch's 30 minutes)."""
     import torch.distributed as dist
-
-    from meshshard.distributed import init
 
     unsupported = [flag for flag, on in (
         ("--halo-radius", args.halo_radius is not None),

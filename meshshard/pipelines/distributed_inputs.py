@@ -27,6 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.datasets.drivaerml import file_fingerprint, read_surface, read_volume
+from meshshard.io.stl import read_stl
+from meshshard.io.vtkxml import VtkXmlFile
+from meshshard.store.format import STORE_SCHEMA_VERSION, open_store
+
 __all__ = ["is_source", "open_source", "source_name"]
 
 FIELDS_SUFFIX = ".fields.npy"
@@ -79,12 +84,7 @@ def open_source(path: str | Path, part: str = "volume") -> tuple[Any, dict]:
     if path.suffix in MESH_PARTS:
         return _mesh_source(path)
     if not path.name.endswith(".npy"):
-        from meshshard.store.format import open_store
-
         return open_store(path)
-    from meshshard.datasets.drivaerml import file_fingerprint
-    from meshshard.store.format import STORE_SCHEMA_VERSION
-
     pts = np.load(path, mmap_mode="r", allow_pickle=False)
     if pts.ndim != 2 or pts.shape[1] not in (2, 3) or pts.dtype.kind not in "fiu":
         msg = (
@@ -186,8 +186,6 @@ class PieceArrays(dict):
 
 
 def _read_piece(path: Path, part: str, piece: int, length: float | None) -> Any:
-    from meshshard.datasets.drivaerml import read_surface, read_volume
-
     read = read_surface if part == "surface" else read_volume
     return read(path, piece=piece, length=length)
 
@@ -204,10 +202,6 @@ def _rows_of(part: str, data: Any, first: int) -> dict[str, np.ndarray]:
 
 
 def _mesh_source(path: Path) -> tuple[PieceArrays, dict]:
-    from meshshard.datasets.drivaerml import file_fingerprint
-    from meshshard.io.vtkxml import VtkXmlFile
-    from meshshard.store.format import STORE_SCHEMA_VERSION
-
     part = MESH_PARTS[path.suffix]
     with VtkXmlFile(path, threads=1, piece=0) as f:  # the XML only: piece sizes
         cells = list(f.piece_cells)
@@ -219,8 +213,6 @@ def _mesh_source(path: Path) -> tuple[PieceArrays, dict]:
     length = None
     stl = path.with_suffix(".stl")
     if stl.is_file():
-        from meshshard.io.stl import read_stl
-
         length = float(read_stl(stl).length)
         sources["stl"] = file_fingerprint(stl)
     sample = _read_piece(path, part, first, length)

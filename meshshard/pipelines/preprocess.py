@@ -39,9 +39,16 @@ from pathlib import Path
 from typing import Any
 
 from meshshard.datasets.drivaerml import file_fingerprint, read_run, run_index
+from meshshard.datasets.graphstore import surface_dual_adjacency, write_graph
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
+from meshshard.io.vtkxml import THREADS_ENV, usable_cpus
 from meshshard.launch import launch
+from meshshard.partition import halo_plan_radius, partition
+from meshshard.partition.hypergraph import require_mtkahypar
+from meshshard.pipelines._alloc import tune_allocator
+from meshshard.pipelines._memcap import MEMORY_ENV, apply_cap, worker_budget
 from meshshard.pipelines._runlock import RunBusy, run_lock
+from meshshard.pipelines._workers import TaskError, WorkerDied, WorkerPool
 from meshshard.store.atomic import publish
 from meshshard.store.format import store_status, write_store
 
@@ -148,8 +155,6 @@ def _options(
         msg = f"method={method!r} is not one of {METHODS}"
         raise ValueError(msg)
     if method == "hypergraph":  # before any run is read: say which extra is missing
-        from meshshard.partition.hypergraph import require_mtkahypar
-
         try:
             require_mtkahypar()
         except ImportError as exc:
@@ -290,8 +295,6 @@ def process_run(
         msg = f"{run_dir}: source files changed while being read; run again"
         raise RuntimeError(msg)
     timings["read"] = time.perf_counter() - t
-    from meshshard.partition import halo_plan_radius, partition
-
     partitions: dict[str, Any] = {}
     halos: dict[str, Any] = {}
     dual_edges = None
@@ -304,8 +307,6 @@ def process_run(
             # a GNN's ghost rows are the dual graph's communication volume: cut that graph,
             # for that objective (METIS on a kNN graph of the centres moves up to 1.6x more;
             # the hypergraph method minimises exactly those ghost rows)
-            from meshshard.datasets.graphstore import surface_dual_adjacency
-
             dual_edges, kw["graph"] = surface_dual_adjacency(run_dir, d.source_index, schema)
             if method == "metis":
                 kw["objective"] = "vol"
@@ -334,8 +335,6 @@ def process_run(
             compressor=compressor,
         )
         if graph is not None:
-            from meshshard.datasets.graphstore import write_graph
-
             write_graph(tmp, run_dir, partitions.get("surface"), data, graph, schema=schema,
                         edges=dual_edges)  # fmt: skip
     except BaseException:
@@ -372,8 +371,6 @@ _BUDGET: int | None = None
 def _run_in_worker(run_dir: str, dst: str, kwargs: dict) -> RunResult:
     """:func:`_safe_process` in a worker process (where the test hooks apply), under an
     address-space cap (:mod:`meshshard.pipelines._memcap`)."""
-    from meshshard.pipelines._memcap import apply_cap
-
     d = Path(run_dir)
     inputs = [p for p in d.iterdir() if p.is_file()] if d.is_dir() else []
     apply_cap(_BUDGET, inputs)
@@ -462,9 +459,6 @@ def _init_worker(
         logging.basicConfig(level=level, format=fmt)
     else:
         logging.getLogger().setLevel(level)
-    from meshshard.io.vtkxml import THREADS_ENV
-    from meshshard.pipelines._alloc import tune_allocator
-
     tune_allocator()
     os.environ[THREADS_ENV] = str(threads)
     try:  # numcodecs guards Blosc with a multiprocessing.Lock: a named semaphore that a crashed
@@ -593,10 +587,6 @@ def preprocess_runs(
                 results[d] = _safe_process(d, str(dst), kwargs)
                 bar.update(1)
         elif mine:
-            from meshshard.io.vtkxml import usable_cpus
-            from meshshard.pipelines._memcap import MEMORY_ENV, worker_budget
-            from meshshard.pipelines._workers import TaskError, WorkerDied, WorkerPool
-
             n = min(workers, len(mine))
             threads = max(1, usable_cpus() // n)
             budget = worker_budget(n)

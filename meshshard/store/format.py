@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from meshshard.errors import StoreError
+from meshshard.partition.record import Partition, shard_labels
 from meshshard.store.integrity import (
     STORE_SCHEMA_VERSION,
     array_record,
@@ -423,8 +424,6 @@ def store_partition(path: str | Path, part: str = "surface"):
     -------
     (Partition, ndarray of shape (N, 3))
     """
-    from meshshard.partition.record import Partition, shard_labels
-
     group, attrs = open_store(path)
     a = attrs.get(part)
     if a is None:

@@ -42,6 +42,9 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from meshshard.collective_check import set_debug
+from meshshard.distributed import _backend_env, _use_timeout_for_new_groups
+from meshshard.distributed import collective_timeout as _resolve_timeout
 from meshshard.errors import DistributedError
 
 __all__ = ["RankError", "run_ranks"]
@@ -139,9 +142,6 @@ def _worker(
     import torch
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
-
-    from meshshard.collective_check import set_debug
-    from meshshard.distributed import _backend_env, _use_timeout_for_new_groups
 
     set_debug(None)  # MESHSHARD_DEBUG_COLLECTIVES from ``env``
     torch.set_num_threads(threads)
@@ -244,8 +244,6 @@ def run_ranks(
         raise ValueError(msg)
     import torch
     import torch.distributed as dist
-
-    from meshshard.distributed import collective_timeout as _resolve_timeout
 
     env = {str(k): str(v) for k, v in (env or {}).items()}
     pg_timeout = min(

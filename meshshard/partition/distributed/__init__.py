@@ -27,8 +27,14 @@ from typing import Any
 import numpy as np
 
 from meshshard.partition._validation import as_points, check_parts, check_targets, check_weights
+from meshshard.partition.distributed import _sfc_device, halo
 from meshshard.partition.distributed._comm import Comm, ExchangeError
+from meshshard.partition.distributed._rcb import rcb_partition
 from meshshard.partition.distributed._record import DistributedPartition, part_owners
+from meshshard.partition.distributed._sfc import PACK_BITS, global_box, sfc_partition
+from meshshard.partition.distributed._sfc_device import device_check
+from meshshard.partition.distributed.redistribute import redistribute_rows
+from meshshard.partition.sfc import _check_bits, default_bits
 
 __all__ = [
     "DistributedPartition",
@@ -72,8 +78,6 @@ def _agree(
     try:
         dtype_crc = _crc(str(getattr(local_points, "dtype", type(local_points))))
         if on_device:
-            from meshshard.partition.distributed._sfc_device import device_check
-
             dim, text = device_check(local_points)
             if text:
                 raise ValueError(text)
@@ -179,8 +183,6 @@ def partition_distributed(
     """
     import torch
 
-    from meshshard.partition.sfc import _check_bits, default_bits
-
     device = None
     if isinstance(local_points, torch.Tensor) and local_points.device.type != "cpu":
         device = local_points.device
@@ -191,8 +193,6 @@ def partition_distributed(
     t_crc = None if targets is None else np.asarray(
         targets.detach().cpu() if isinstance(targets, torch.Tensor) else targets, dtype=float
     ).tobytes()  # fmt: skip
-    from meshshard.partition.distributed import _sfc_device
-
     # unweighted Hilbert / Morton of a device tensor: validation, box, keys, sorts and
     # exchanges stay on the device (see _sfc_device); RCB and weights take the host path
     on_device = method != "rcb" and weights is None and _sfc_device.use_device_path(local_points)
@@ -200,8 +200,6 @@ def partition_distributed(
     n_total = int(counts.sum())
     parts = check_parts(parts, n_total, allow_empty=allow_empty)
     t = check_targets(targets, parts)
-    from meshshard.partition.distributed._sfc import PACK_BITS, global_box, sfc_partition
-
     if on_device:
         dim = int(local_points.shape[1])
         bits = default_bits(n_total, dim) if bits is None else _check_bits(bits, dim)
@@ -219,8 +217,6 @@ def partition_distributed(
     tensor = local_points if isinstance(local_points, torch.Tensor) else None  # keys on its device
     _fault(comm, "exchange")
     if method == "rcb":
-        from meshshard.partition.distributed._rcb import rcb_partition
-
         out = rcb_partition(
             comm, pts, w, parts, t, counts, allow_empty=allow_empty, lo=lo, hi=hi, tensor=tensor
         )
@@ -236,12 +232,8 @@ def partition_distributed(
 
 def __getattr__(name: str) -> Any:
     if name == "redistribute_rows":
-        from meshshard.partition.distributed.redistribute import redistribute_rows
-
         return redistribute_rows
     if name in ("halo_plan_radius_distributed", "halo_plan_graph_distributed"):
-        from meshshard.partition.distributed import halo
-
         return getattr(halo, name)
     msg = f"module {__name__!r} has no attribute {name!r}"
     raise AttributeError(msg)

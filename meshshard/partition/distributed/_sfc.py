@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshshard.partition.distributed._comm import Comm
+from meshshard.partition.distributed._keys import torch_codes
 from meshshard.partition.distributed._mem import index_dtype, trim_heap
 from meshshard.partition.distributed._record import DistributedPartition, part_owners
 from meshshard.partition.sfc import _ENCODERS, _encode, _ensure_nonempty, bounding_box
@@ -43,8 +44,6 @@ def encode(pts, bits, method, lo, hi, tensor=None) -> np.ndarray:
     n = pts.shape[0]
     out = np.empty(n, dtype=np.int64)
     use_torch = tensor is not None and (tensor.device.type != "cpu" or TORCH_KEYS)
-    if use_torch:
-        from meshshard.partition.distributed._keys import torch_codes
     for s in range(0, n, ENCODE_CHUNK):
         e = min(n, s + ENCODE_CHUNK)
         if use_torch:

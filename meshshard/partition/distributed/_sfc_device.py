@@ -18,7 +18,10 @@ from typing import Any
 import numpy as np
 
 from meshshard.partition.distributed._comm import Comm
+from meshshard.partition.distributed._keys import torch_codes
 from meshshard.partition.distributed._record import DistributedPartition, part_owners
+from meshshard.partition.distributed._sfc import ENCODE_CHUNK, SAMPLES_PER_RANK, uniform_starts
+from meshshard.partition.sfc import _ensure_nonempty
 
 __all__ = ["device_box", "device_check", "packed_device"]
 
@@ -74,10 +77,6 @@ def packed_device(
 ) -> DistributedPartition:  # fmt: skip
     """See :func:`meshshard.partition.distributed._sfc._packed` (collective)."""
     import torch
-
-    from meshshard.partition.distributed._keys import torch_codes
-    from meshshard.partition.distributed._sfc import ENCODE_CHUNK, SAMPLES_PER_RANK, uniform_starts
-    from meshshard.partition.sfc import _ensure_nonempty
 
     W, rank = comm.world, comm.rank
     dev = t.device
