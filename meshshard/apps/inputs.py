@@ -111,6 +111,14 @@ def _rank_world(group: Any) -> tuple[int, int]:
     return 0, 1
 
 
+def read_by_kind(source: str | Path, group: Any, readers: dict[str, Any]) -> Any:
+    """``readers[source_kind(source)](path, group, rank, world)``: the one dispatch of a run
+    directory, a meshshard store or a curator store to its reader (surface or volume rows)."""
+    path = Path(source)
+    rank, world = _rank_world(group)
+    return readers[source_kind(path)](path, group, rank, world)
+
+
 def _curve_order(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """This rank's rows sorted along a Hilbert curve of its own centres: consecutive rows are
     then close in space, which is what keeps the streamed kNN's rounds small
@@ -214,11 +222,5 @@ def read_surface_rows(source: str | Path, group: Any = None) -> SurfaceRows:
     FileNotFoundError, ValueError
         No such source; not a run directory or store; damaged files (named).
     """
-    path = Path(source)
-    kind = source_kind(path)
-    rank, world = _rank_world(group)
-    if kind == "run":
-        return _from_run(path, group, rank, world)
-    if kind == "store":
-        return _from_store(path, group, rank, world)
-    return _from_curator(path, group, rank, world)
+    return read_by_kind(source, group, {"run": _from_run, "store": _from_store,
+                                        "curator": _from_curator})

@@ -164,6 +164,32 @@ def _truth(cols: dict, rows: SurfaceRows, pred: np.ndarray):
     return cols, true
 
 
+def gather_for_writing(rows: Any, pred: np.ndarray, group: Any, out: str | Path
+                       ) -> tuple[dict | None, Path | None]:
+    """Every rank's predictions (with permutation, and centres and fields where there is no
+    source VTK to copy) gathered to rank 0, and rank 0's output folder ``out/rows.name``
+    (made). Other ranks get ``(None, None)``. Collective."""
+    arrays = {"pred": pred.astype(np.float32), "perm": rows.perm}
+    if rows.vtk is None:
+        arrays.update(centers=rows.centers, fields=rows.fields)
+    full = gather_rows(arrays, group)
+    if full is None:
+        return None, None
+    out_dir = Path(out) / rows.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return full, out_dir
+
+
+def write_summary(summary: dict, files: dict, out_dir: Path, t0: float) -> None:
+    """Rank 0's ``out_dir/prediction.json``: ``summary`` with its ``files`` and total seconds
+    since ``t0`` (``files`` gains the JSON's own path)."""
+    summary["files"] = files
+    summary["seconds"]["total"] = time.perf_counter() - t0
+    js = out_dir / "prediction.json"
+    js.write_text(json.dumps(summary, indent=1))
+    files["json"] = str(js)
+
+
 def gather_rows(arrays: dict[str, np.ndarray], group: Any = None) -> dict[str, np.ndarray] | None:
     """Every rank's rows of ``arrays`` on rank 0 (rank order); None elsewhere. Collective when
     distributed."""
@@ -267,20 +293,11 @@ def predict_run(
         kw = {"reference_area": a_ref, "group": group}
         summary["forces_pred"] = force_coefficients(pred, cols, rows.normals, rows.areas, **kw)
         summary["forces_true"] = force_coefficients(true, cols, rows.normals, rows.areas, **kw)
-    arrays = {"pred": pred.astype(np.float32), "perm": rows.perm}
-    if rows.vtk is None:
-        arrays.update(centers=rows.centers, fields=rows.fields)
-    full = gather_rows(arrays, group)
+    full, out_dir = gather_for_writing(rows, pred, group, out)
     if full is not None:  # rank 0 writes
-        out_dir = Path(out) / rows.name
-        out_dir.mkdir(parents=True, exist_ok=True)
         files = {"vtk": str(_write_vtk(mf, rows, full, out_dir, truth))}
         if png:
             files["png"] = str(pressure_png(Path(files["vtk"]), out_dir / "pressure.png",
                                             truth=truth))
-        summary["files"] = files
-        summary["seconds"]["total"] = time.perf_counter() - t0
-        js = out_dir / "prediction.json"
-        js.write_text(json.dumps(summary, indent=1))
-        files["json"] = str(js)
+        write_summary(summary, files, out_dir, t0)
     return summary

@@ -16,7 +16,6 @@ chunked forward as the surface (:func:`~meshshard.apps.predict.run_model`); rank
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,14 @@ from torch import nn
 
 from meshshard.apps.forces import field_errors
 from meshshard.apps.model_file import save_model
-from meshshard.apps.predict import _truth, _write_vtk, check_fields, gather_rows, run_model
+from meshshard.apps.predict import (
+    _truth,
+    _write_vtk,
+    check_fields,
+    gather_for_writing,
+    run_model,
+    write_summary,
+)
 from meshshard.apps.volume_inputs import (
     VOLUME_FEATURES,
     VolumeRows,
@@ -127,19 +133,10 @@ def predict_volume_run(mf: Any, source: str | Path, out: str | Path, *, mesh: An
     if truth:
         cols, true = _truth(truth, rows, pred)
         summary["rel_l2"] = field_errors(pred, true, cols, group=group)
-    arrays = {"pred": pred.astype(np.float32), "perm": rows.perm}
-    if rows.vtk is None:
-        arrays.update(centers=rows.centers, fields=rows.fields)
-    full = gather_rows(arrays, group)
+    full, out_dir = gather_for_writing(rows, pred, group, out)
     if full is not None:  # rank 0 writes
-        out_dir = Path(out) / rows.name
-        out_dir.mkdir(parents=True, exist_ok=True)
         files = {"vtk": str(_write(mf, rows, full, out_dir, bool(truth)))}
-        summary["files"] = files
-        summary["seconds"]["total"] = time.perf_counter() - t0
-        js = out_dir / "prediction.json"
-        js.write_text(json.dumps(summary, indent=1))
-        files["json"] = str(js)
+        write_summary(summary, files, out_dir, t0)
     return summary
 
 

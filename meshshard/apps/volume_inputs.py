@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from meshshard.apps.features import _standardise_into
-from meshshard.apps.inputs import _rank_world, source_kind
+from meshshard.apps.inputs import read_by_kind
 from meshshard.datasets import load_shard
 from meshshard.datasets.curator import curator_info, load_curator_shard
 from meshshard.datasets.drivaerml import read_volume, run_index
@@ -203,14 +203,8 @@ def read_volume_rows(source: str | Path, group: Any = None) -> VolumeRows:
     FileNotFoundError, ValueError
         No such source, no volume (``.vtu``, volume part), no STL; damaged files (named).
     """
-    path = Path(source)
-    kind = source_kind(path)
-    rank, world = _rank_world(group)
-    if kind == "run":
-        return _from_run(path, group, rank, world)
-    if kind == "store":
-        return _from_store(path, group, rank, world)
-    return _from_curator(path, group, rank, world)
+    return read_by_kind(source, group, {"run": _from_run, "store": _from_store,
+                                        "curator": _from_curator})
 
 
 def _rounds(n: int, chunk: int, group: Any) -> int:
