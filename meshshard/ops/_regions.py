@@ -1,9 +1,10 @@
 """Bounding regions of shards and the pure "who sends what" planning of the neighbour ops.
 
 A rank's region is up to ``nboxes`` axis-aligned boxes: its rows, in stored (partition) order,
-split into that many contiguous runs, one box around each run. Stored order follows the
-partitioner's locality order (space-filling curve, RCB leaves, ...), so the runs are compact
-even when a whole shard is not (Morton chunks are often disconnected).
+split into that many contiguous runs, one box around each run, half of the cuts at the
+largest jumps between consecutive rows. Stored order follows the partitioner's locality order
+(space-filling curve, RCB leaves, ...), so the runs are compact even when a whole shard is not
+(Morton chunks are often disconnected).
 
 The functions here take plain tensors and never communicate; the distributed ops call them
 with the all-gathered boxes, and ``benchmarks/bench_ops.py`` calls the same functions on P
@@ -23,12 +24,18 @@ __all__ = [
     "box_mindist2",
     "knn_bound_from_boxes",
     "knn_forward_mask",
+    "near_ranks",
     "radius_send_mask",
     "shard_boxes",
 ]
 
 # (point, box, coordinate) triples processed at once when comparing points with all boxes
 _WORK = 1 << 22
+#: consecutive rows per run in the run-then-row reach test of :func:`near_ranks`
+_RUN = 1024
+# slack on squared reach tests between a run's box and a box (float64 rounding): a superset
+# of pairs is harmless, the row-by-box test decides
+_SLACK = 1e-9
 
 
 def _chunk(boxes: torch.Tensor) -> int:
@@ -39,11 +46,16 @@ def _chunk(boxes: torch.Tensor) -> int:
 def shard_boxes(x: torch.Tensor, nboxes: int) -> torch.Tensor:
     """Boxes around ``nboxes`` contiguous runs of ``x``'s rows.
 
+    Half the cuts (rounded down) fall at the largest jumps between consecutive rows, the rest
+    split the rows evenly. A space-filling curve leaves a patch and comes back elsewhere: a
+    run across such a jump would span the gap, one box reaching far into other ranks'
+    regions. Cutting at the jumps keeps every box around one patch.
+
     Parameters
     ----------
     x : Tensor of shape (n, d)
     nboxes : int
-        Number of runs (>= 1); runs are as even as possible; empty runs give empty boxes.
+        Number of runs (>= 1); empty runs give empty boxes.
 
     Returns
     -------
@@ -56,15 +68,31 @@ def shard_boxes(x: torch.Tensor, nboxes: int) -> torch.Tensor:
     out[:, :d] = float("inf")
     out[:, d : 2 * d] = float("-inf")
     out[:, 2 * d] = 0
-    bounds = [(i * n) // nboxes for i in range(nboxes + 1)]
-    for b in range(nboxes):
-        lo, hi = bounds[b], bounds[b + 1]
+    for b, (lo, hi) in enumerate(_runs(xd, nboxes)):
         if hi > lo:
             seg = xd[lo:hi]
             out[b, :d] = seg.amin(0).double()
             out[b, d : 2 * d] = seg.amax(0).double()
             out[b, 2 * d] = hi - lo
     return out
+
+
+def _runs(x: torch.Tensor, nboxes: int) -> list[tuple[int, int]]:
+    """``nboxes`` (start, stop) row runs covering ``x``: cuts at the ``nboxes // 2`` largest
+    steps between consecutive rows (ties by the lower row), the other cuts even."""
+    n = x.shape[0]
+    njump = min(nboxes // 2, max(0, n - 1))
+    cuts: set[int] = set()
+    if njump:
+        step = torch.linalg.vector_norm((x[1:] - x[:-1]).float(), dim=1)
+        order = torch.argsort(step, descending=True, stable=True)[:njump]
+        cuts.update((order + 1).tolist())
+    even = nboxes - len(cuts)
+    cuts.update((i * n) // even for i in range(1, even))
+    bounds = sorted(cuts | {0, n})
+    pairs = list(zip(bounds[:-1], bounds[1:], strict=True))
+    pairs += [(n, n)] * (nboxes - len(pairs))  # coinciding cuts: the rest stay empty
+    return pairs
 
 
 def _split(boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -166,13 +194,7 @@ def knn_forward_mask(
     inf_rows = torch.isinf(bound2)
     if inf_rows.any():
         bound2[inf_rows] = knn_bound_from_boxes(y[inf_rows], boxes.reshape(P * B, -1), k)
-    flat = boxes.reshape(P * B, -1)
-    step = _chunk(flat)
-    for s in range(0, m, step):
-        near = box_mindist2(y[s : s + step], flat).reshape(-1, P, B).amin(-1)
-        mask[s : s + step] = near <= bound2[s : s + step, None]
-    mask[:, rank] = False
-    return mask, bound2
+    return near_ranks(y, bound2, boxes, rank), bound2
 
 
 def radius_send_mask(x: torch.Tensor, r: float, boxes: torch.Tensor, rank: int) -> torch.Tensor:
@@ -192,14 +214,68 @@ def radius_send_mask(x: torch.Tensor, r: float, boxes: torch.Tensor, rank: int) 
     Tensor of shape (n, P), bool
         ``mask[j, q]``: point ``j`` lies within ``r`` of some query box of rank ``q``.
     """
-    P, B, _ = boxes.shape
-    n = x.shape[0]
-    mask = torch.zeros((n, P), dtype=torch.bool, device=x.device)
     lim = (float(r) * (1 + 1e-9)) ** 2
-    flat = boxes.reshape(P * B, -1)
-    step = _chunk(flat)
-    for s in range(0, n, step):
-        near = box_mindist2(x[s : s + step], flat).reshape(-1, P, B).amin(-1)
-        mask[s : s + step] = near <= lim
-    mask[:, rank] = False
+    reach2 = torch.full((x.shape[0],), lim, dtype=torch.float64, device=x.device)
+    return near_ranks(x, reach2, boxes, rank)
+
+
+def near_ranks(y: torch.Tensor, reach2: torch.Tensor, boxes: torch.Tensor, rank: int
+               ) -> torch.Tensor:
+    """``mask[i, q]``: some box of rank ``q != rank`` lies within ``reach2[i]`` (squared,
+    ``<=``) of row ``y[i]``; never ``q == rank``.
+
+    Rows are taken in runs of ``_RUN`` consecutive rows: a box farther from a run's bounding
+    box than the run's largest reach (with a float64 slack) is skipped for all its rows, and
+    only the (run, box) pairs left are tested row by row. The result is the plain row-by-box
+    test's, but its cost follows the rows near other ranks, not all rows times all boxes:
+    interior runs of a spatially ordered shard reach no other rank's box.
+
+    Parameters
+    ----------
+    y : Tensor of shape (m, d)
+    reach2 : Tensor of shape (m,), float64
+    boxes : Tensor of shape (P, B, 2 * d + 1)
+        Every rank's boxes (this rank's are ignored).
+    rank : int
+    """
+    P, B, _ = boxes.shape
+    m = y.shape[0]
+    mask = torch.zeros((m, P), dtype=torch.bool, device=y.device)
+    others = [q for q in range(P) if q != rank]
+    if m == 0 or not others:
+        return mask
+    flat = boxes[others].reshape(len(others) * B, -1)
+    owner = torch.tensor(others, device=y.device).repeat_interleave(B)
+    keep = flat[:, -1] > 0  # empty boxes reach nothing
+    flat, owner = flat[keep], owner[keep]
+    if flat.shape[0] == 0:
+        return mask
+    d = y.shape[1]
+    yd = y.detach().double()
+    r2 = reach2.detach().double()
+    runs = -(-m // _RUN)
+    starts = torch.arange(runs, device=y.device) * _RUN
+    idx = torch.arange(m, device=y.device)
+    run_of = idx // _RUN
+    # each run's box and largest reach (scatter-reduce over the runs; no padding copies)
+    rlo = torch.full((runs, d), float("inf"), dtype=torch.float64, device=y.device)
+    rhi = torch.full((runs, d), float("-inf"), dtype=torch.float64, device=y.device)
+    rlo.scatter_reduce_(0, run_of[:, None].expand(m, d), yd, "amin")
+    rhi.scatter_reduce_(0, run_of[:, None].expand(m, d), yd, "amax")
+    rr = torch.full((runs,), float("-inf"), dtype=torch.float64, device=y.device)
+    rr.scatter_reduce_(0, run_of, r2, "amax")
+    rr = rr * (1 + _SLACK)
+    lo, hi = flat[:, :d], flat[:, d : 2 * d]
+    step = max(1, _WORK // max(1, flat.shape[0] * d))
+    for s in range(0, runs, step):  # (run, box) pairs within reach: (step, nb, d) temps
+        gap = torch.maximum(lo[None] - rhi[s : s + step, None], rlo[s : s + step, None] - hi[None])
+        near = (gap.clamp_min(0).pow(2).sum(-1) <= rr[s : s + step, None])  # (step, nb)
+        for j in torch.nonzero(near.any(1)).flatten().tolist():
+            a = int(starts[s + j])
+            b = min(a + _RUN, m)
+            cand = torch.nonzero(near[j]).flatten()
+            hit = box_mindist2(yd[a:b], flat[cand]) <= r2[a:b, None]  # (rows, c)
+            got = torch.zeros((b - a, P), dtype=torch.float64, device=y.device)
+            got.index_add_(1, owner[cand], hit.double())
+            mask[a:b] = got > 0
     return mask
