@@ -7,13 +7,15 @@ build the model's inputs as ``predict`` does (exact distributed kNN-8 features, 
 standardisation; :func:`meshshard.apps.predict.model_inputs`) and run the Transolver chunk by
 chunk (:func:`meshshard.apps.chunked.chunked_forward`, a fixed ``--chunk`` budget per rank).
 
-Memory, per rank, from a sampler thread reading the resident set every 5 ms (the heap is
-trimmed before each phase): *working memory* of a phase = its peak resident set minus the
-resident set before it minus the arrays it returns (features: the model inputs; model: the
-predictions). The rank's own input arrays are in the baseline. Targets (issue 25): the working
-memory (the larger of the two phases') stays within 1.2x from 1M to 16M points at a fixed chunk
-budget; 2 ranks take <= 0.6x one process's time at 16M. The kNN of the feature phase is
-streamed (:func:`meshshard.ops.knn_chunks`), so it is bounded by the chunk budget too.
+Memory, per rank, from the kernel's peak resident set of the process, reset before each
+phase (``/proc/self/clear_refs``; a sampler thread reading the resident set every 5 ms where
+that is refused; the heap is trimmed before each phase): *working memory* of a phase = its
+peak resident set minus the resident set before it minus the arrays it returns (features:
+the model inputs; model: the predictions). The rank's own input arrays are in the baseline.
+Targets (issue 25): the working memory (the larger of the two phases') stays within 1.2x from
+1M to 16M points at a fixed chunk budget; 2 ranks take <= 0.6x one process's time at 16M.
+The kNN of the feature phase is streamed (:func:`meshshard.ops.knn_chunks`), so it is bounded
+by the chunk budget too.
 
     python benchmarks/bench_predict.py                         # 1M, 4M, 16M; 1 and 2 ranks
     python benchmarks/bench_predict.py --sizes 1e5,4e5 --ranks 1,2
@@ -38,13 +40,35 @@ def _rss() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _reset_hwm() -> bool:
+    """Reset the kernel's peak resident set of this process (Linux >= 4.0); False if refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _hwm() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 class Peak:
-    """Highest resident set seen while the block runs (5 ms samples), and the start value."""
+    """Highest resident set while the block runs, and the start value: the kernel's own peak
+    (``VmHWM``, reset at the start) where Linux allows the reset, else 5 ms samples. Samples
+    alone miss short peaks, more often in a short run (a 1M-point phase has 16 times fewer
+    chunk peaks to catch than a 16M one), which biases a ratio of the two."""
 
     def __enter__(self):
         from meshshard.partition.distributed._mem import trim_heap
 
         trim_heap()
+        self.exact = _reset_hwm()
         self.base = self.peak = _rss()
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -62,7 +86,7 @@ class Peak:
         self.cpu = time.process_time() - self.c0  # all threads of this rank
         self._stop.set()
         self._t.join()
-        self.peak = max(self.peak, _rss())
+        self.peak = max(self.peak, _rss(), _hwm() if self.exact else 0)
 
 
 def surface_slice(n: int, lo: int, hi: int) -> dict[str, np.ndarray]:

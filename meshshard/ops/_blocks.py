@@ -10,8 +10,6 @@ files and after a space-filling-curve sort.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from meshshard.ops import kernels
@@ -22,6 +20,10 @@ __all__ = ["RowBlocks", "box_gap2"]
 _SLACK = 1e-9
 #: consecutive query rows per box when finding the blocks a set of queries reaches
 _RUN = 1024
+#: a step between consecutive rows this many times its block's median step cuts the block
+_JUMP = 16.0
+#: at most this many such cuts per block (the longest steps)
+_MAX_CUTS = 7
 
 
 def box_gap2(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -38,7 +40,13 @@ def box_gap2(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tenso
 
 
 class RowBlocks:
-    """Blocks of ``size`` consecutive rows of ``x`` (n, d) with their float64 boxes.
+    """Pieces of at most ``size`` consecutive rows of ``x`` (n, d) with their float64 boxes.
+
+    The rows are cut every ``size`` rows, and inside each such block also at its jumps: steps
+    between consecutive rows longer than ``_JUMP`` times the block's median step (at most
+    ``_MAX_CUTS`` of them, the longest). A space-filling curve leaves a patch and comes back
+    elsewhere; a box across the jump would span the gap and be reached by queries on both
+    sides and in between.
 
     Parameters
     ----------
@@ -52,12 +60,17 @@ class RowBlocks:
     def __init__(self, x: torch.Tensor, size: int, *, backend: str) -> None:
         self.x, self.size, self.backend = x, size, backend
         n, d = x.shape
-        nb = math.ceil(n / size)
-        lo = torch.empty((nb, d), dtype=torch.float64, device=x.device)
-        hi = torch.empty((nb, d), dtype=torch.float64, device=x.device)
         xd = x.detach()
-        for j in range(nb):  # min / max are exact in x's dtype
-            seg = xd[j * size : (j + 1) * size]
+        starts: list[int] = []
+        for a in range(0, n, size):
+            starts.append(a)
+            starts.extend(a + c for c in _jumps(xd[a : a + size]))
+        self.start = starts
+        self.stop = [*starts[1:], n] if starts else []
+        lo = torch.empty((len(starts), d), dtype=torch.float64, device=x.device)
+        hi = torch.empty((len(starts), d), dtype=torch.float64, device=x.device)
+        for j, (a, b) in enumerate(zip(self.start, self.stop, strict=True)):
+            seg = xd[a:b]  # min / max are exact in x's dtype
             lo[j], hi[j] = seg.amin(0).double(), seg.amax(0).double()
         self.lo, self.hi = lo, hi
         self.searched = 0  # rows put into trees so far (a cost counter)
@@ -90,19 +103,10 @@ class RowBlocks:
         return near
 
     def _rows(self, blocks: torch.Tensor) -> torch.Tensor:
-        n, s, dev = self.x.shape[0], self.size, self.x.device
-        parts = [torch.arange(j * s, min((j + 1) * s, n), device=dev)
-                 for j in torch.nonzero(blocks).flatten().tolist()]
-        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=dev)
-
-    def rows_near(self, q: torch.Tensor, bound2: torch.Tensor) -> torch.Tensor:
-        """Sorted local rows of every block within ``max(bound2)`` of the box around ``q``.
-
-        Every row within ``bound2[i]`` (squared) of some query ``q[i]`` is among them.
-        """
-        if q.shape[0] == 0 or self.lo.shape[0] == 0:
-            return torch.empty(0, dtype=torch.int64, device=self.x.device)
-        return self._rows(self._blocks_near(q, bound2))
+        parts = [self._block_rows(j) for j in torch.nonzero(blocks).flatten().tolist()]
+        if parts:
+            return torch.cat(parts)
+        return torch.empty(0, dtype=torch.int64, device=self.x.device)
 
     def knn(self, q: torch.Tensor, k: int, rows: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,8 +120,7 @@ class RowBlocks:
         return d2, torch.where(ii >= 0, rows[ii.clamp_min(0)], -1)
 
     def _block_rows(self, j: int) -> torch.Tensor:
-        return torch.arange(j * self.size, min((j + 1) * self.size, self.x.shape[0]),
-                            device=self.x.device)
+        return torch.arange(self.start[j], self.stop[j], device=self.x.device)
 
     def _search_blocks(self, q: torch.Tensor, k: int, blocks: torch.Tensor,
                        bound2: torch.Tensor, d2: torch.Tensor, ii: torch.Tensor) -> None:
@@ -173,6 +176,18 @@ class RowBlocks:
         ok = (ri >= 0) & (rd2 <= queries[:, d:])  # <=: a tie with the bound may win by index
         jr, jc = torch.nonzero(ok, as_tuple=True)
         return jr, jc, rd2[jr, jc], ri[jr, jc]
+
+
+def _jumps(seg: torch.Tensor) -> list[int]:
+    """Sorted offsets in ``seg`` (rows of one block) that start a new piece: after steps longer
+    than ``_JUMP`` times the median step, the ``_MAX_CUTS`` longest of them."""
+    if seg.shape[0] < 3:
+        return []
+    step = torch.linalg.vector_norm((seg[1:] - seg[:-1]).float(), dim=1)
+    big = torch.nonzero(step > _JUMP * step.median()).flatten()
+    if big.numel() > _MAX_CUTS:
+        big = big[torch.topk(step[big], _MAX_CUTS).indices]
+    return sorted((big + 1).tolist())
 
 
 def _merge(d2a: torch.Tensor, ia: torch.Tensor, d2b: torch.Tensor, ib: torch.Tensor, k: int

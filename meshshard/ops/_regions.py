@@ -36,6 +36,8 @@ _RUN = 1024
 # slack on squared reach tests between a run's box and a box (float64 rounding): a superset
 # of pairs is harmless, the row-by-box test decides
 _SLACK = 1e-9
+#: rows per slice when looking for the longest steps between consecutive rows
+_STEP_ROWS = 1 << 18
 
 
 def _chunk(boxes: torch.Tensor) -> int:
@@ -79,14 +81,20 @@ def shard_boxes(x: torch.Tensor, nboxes: int) -> torch.Tensor:
 
 def _runs(x: torch.Tensor, nboxes: int) -> list[tuple[int, int]]:
     """``nboxes`` (start, stop) row runs covering ``x``: cuts at the ``nboxes // 2`` largest
-    steps between consecutive rows (ties by the lower row), the other cuts even."""
+    steps between consecutive rows, the other cuts even."""
     n = x.shape[0]
     njump = min(nboxes // 2, max(0, n - 1))
     cuts: set[int] = set()
-    if njump:
-        step = torch.linalg.vector_norm((x[1:] - x[:-1]).float(), dim=1)
-        order = torch.argsort(step, descending=True, stable=True)[:njump]
-        cuts.update((order + 1).tolist())
+    if njump:  # the longest steps, found in slices of rows (no temporaries of the shard's size)
+        vals, rows = [], []
+        for a in range(0, n - 1, _STEP_ROWS):
+            b = min(a + _STEP_ROWS, n - 1)
+            step = torch.linalg.vector_norm((x[a + 1 : b + 1] - x[a:b]).float(), dim=1)
+            v, i = torch.topk(step, min(njump, b - a))
+            vals.append(v)
+            rows.append(i + a)
+        v, i = torch.cat(vals), torch.cat(rows)
+        cuts.update((i[torch.topk(v, njump).indices] + 1).tolist())
     even = nboxes - len(cuts)
     cuts.update((i * n) // even for i in range(1, even))
     bounds = sorted(cuts | {0, n})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -91,3 +92,25 @@ def test_masks_of_the_ops_equal_brute_force():
     lim = torch.full((1500,), (0.05 * (1 + 1e-9)) ** 2, dtype=torch.float64)
     assert torch.equal(smask, _brute_near(pts[0], lim, boxes, 0))
     assert smask[:, 1].any() and not smask[:, 2].any()  # rank 2 lies beyond the radius
+
+
+def test_row_blocks_cut_at_jumps_and_stay_exact():
+    from scipy.spatial import cKDTree
+
+    from meshshard.ops._blocks import RowBlocks
+
+    # rows alternate between two far patches every 40 rows (a curve that leaves and returns)
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.rand(40, 3, generator=g) * 0.1 + (5.0 if i % 2 else 0.0)
+                   for i in range(10)])
+    rb = RowBlocks(x, 100, backend="kdtree")
+    assert len(rb.start) > 4  # 4 blocks of 100 rows, cut again at their jumps
+    assert rb.start[0] == 0 and rb.stop[-1] == 400
+    assert all(b - a <= 100 for a, b in zip(rb.start, rb.stop, strict=True))
+    ext = (rb.hi - rb.lo).amax(1)
+    assert float(ext.max()) < 1.0  # no piece spans the gap
+    q = x[:100]
+    d2, ii = rb.local_knn(q, 6)
+    want_d, want_i = cKDTree(x.double().numpy()).query(q.double().numpy(), 6)
+    assert np.allclose(np.sqrt(d2.numpy()), want_d, rtol=1e-6, atol=1e-7)
+    assert (ii.numpy() == want_i).mean() > 0.99  # equal up to float32-distance ties
