@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from meshshard.distributed import shutdown
+from meshshard.comm import shutdown
 from meshshard.models import PointTransformer
 from meshshard.shardtensor import Shard, from_local
 

@@ -8,7 +8,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from meshshard import ops
-from meshshard.distributed import init, shutdown
+from meshshard.comm import init, shutdown
 from meshshard.models import Transolver
 from meshshard.partition import knn_graph, partition
 from meshshard.shardtensor import Shard, from_local

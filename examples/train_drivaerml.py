@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from meshshard.apps.train import TrainConfig, load_sample, make_model, relative_l2
-from meshshard.distributed import check_collective, init, shutdown
+from meshshard.comm import check_collective, init, shutdown
 from meshshard.parallel import data_parallel, load_checkpoint, save_checkpoint
 from meshshard.parallel.plans import transolver_plan
 from meshshard.parallel.tensor import init_mesh_3d, parallelize_module

@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from meshshard.comm import shutdown
 from meshshard.datasets import load_shard, make_synthetic_run
 from meshshard.datasets.graphstore import load_graph_shard, surface_dual_edges
-from meshshard.distributed import shutdown
 from meshshard.graph import GraphPlug, build_graph, refresh_ghosts
 from meshshard.models import FullGraph, MeshGraphNet
 from meshshard.partition import Partition

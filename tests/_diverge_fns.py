@@ -59,7 +59,7 @@ def halo_conv(grid):
 
 
 def _caught(call):
-    from meshshard.distributed import CollectiveMismatchError
+    from meshshard.comm.process import CollectiveMismatchError
 
     try:
         call()
@@ -71,7 +71,7 @@ def _caught(call):
 def debug_cases(rank: int, world_size: int, core: bool = False) -> dict:
     """With MESHSHARD_DEBUG_COLLECTIVES=1: each case diverges (or not) and every rank returns
     what it saw; a mismatch leaves the ranks in step, so the next case runs on."""
-    from meshshard.distributed import check_collective, debug_enabled
+    from meshshard.comm.process import check_collective, debug_enabled
 
     out: dict = {"debug": debug_enabled()}
     x, loss = _sample(rank, world_size, core)
@@ -124,7 +124,7 @@ def debug_off_is_local(rank: int, world_size: int) -> float:
     import torch
     import torch.distributed as dist
 
-    from meshshard.distributed import check_collective, debug_enabled
+    from meshshard.comm.process import check_collective, debug_enabled
 
     assert not debug_enabled()
     if rank == 0:

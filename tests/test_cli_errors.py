@@ -261,13 +261,13 @@ def test_preprocess_into_an_unwritable_dst_is_one_line_and_exit_2(tmp_path, capf
 def _every_error_class():
     from meshshard.apps.model_file import ModelFileError
     from meshshard.cli import CLIError
-    from meshshard.collective_check import CollectiveMismatchError, CollectiveWaitError
+    from meshshard.comm.check import CollectiveMismatchError, CollectiveWaitError
+    from meshshard.comm.host import ExchangeError
     from meshshard.io import CorruptVtkXml, InputFileError, UnsupportedVtkXml
     from meshshard.io.vtkxml import SeveralPieces
     from meshshard.parallel._safe_dcp import UnsafeCheckpoint
     from meshshard.parallel.checkpoint import CheckpointError
     from meshshard.parallel.tensor import TensorParallelPlanError
-    from meshshard.partition.distributed._comm import ExchangeError
     from meshshard.pipelines._runlock import RunBusy
     from meshshard.pipelines._workers import TaskError
     from meshshard.store import StoreError

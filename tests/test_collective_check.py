@@ -3,7 +3,7 @@ timeout ends every rank with an error instead of a hang."""
 
 import pytest
 
-from meshshard.distributed import DEBUG_ENV, check_collective, debug_enabled, set_debug
+from meshshard.comm.process import DEBUG_ENV, check_collective, debug_enabled, set_debug
 from meshshard.testing import RankError, run_ranks
 from tests import _diverge_fns
 

@@ -1,4 +1,4 @@
-"""meshshard.distributed: the collective timeout (argument, MESHSHARD_TIMEOUT, default) and
+"""meshshard.comm.process: the collective timeout (argument, MESHSHARD_TIMEOUT, default) and
 init() under torchrun, where a stalled rank is shown by its stack."""
 
 import datetime as dt
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from meshshard.distributed import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, collective_timeout
+from meshshard.comm.process import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, collective_timeout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_torchrun_stall_ends_with_the_timeout_and_the_stuck_rank_stack(tmp_path)
         "import time\n"
         "import torch\n"
         "import torch.distributed as dist\n"
-        "from meshshard.distributed import init\n"
+        "from meshshard.comm.process import init\n"
         "rank, world = init()\n"
         "group = dist.new_group([0, 1])\n"
         "if rank == 1:\n"

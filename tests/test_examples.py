@@ -31,7 +31,7 @@ def test_shutdown_with_exit_code_ends_every_rank_there(tmp_path):
     script.write_text(
         "import torch.distributed as dist\n"
         "from torch.distributed.device_mesh import init_device_mesh\n"
-        "from meshshard.distributed import shutdown\n"
+        "from meshshard.comm.process import shutdown\n"
         "dist.init_process_group('gloo')\n"
         "mesh = init_device_mesh('cpu', (2,))\n"
         "print(f'rank {dist.get_rank()} before', flush=True)\n"

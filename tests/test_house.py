@@ -99,15 +99,9 @@ def _imports(mods: dict[str, Path]) -> dict[str, dict[str, bool]]:
     return graph
 
 
-#: modules that are one room together: the communication room (the launcher's variables,
-#: process groups and timeouts, the collective checker), not yet moved into one package
-ROOMS = {"distributed": "comm", "collective_check": "comm", "launch": "comm"}
-
-
 def _room(module: str) -> str:
     parts = module.split(".")
-    room = parts[1] if len(parts) > 1 else "meshshard"
-    return ROOMS.get(room, room)
+    return parts[1] if len(parts) > 1 else "meshshard"
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
@@ -241,3 +235,21 @@ def test_function_local_imports_are_few_and_say_why():
         if not any("deferred" in t for t in text[max(0, line - 3):line]):
             silent.append(f"{path}:{line}")
     assert silent == [], "a deferred import without a '# deferred: why' comment near it"
+
+
+def test_only_the_comm_room_creates_groups_and_reads_the_launcher():
+    """Process groups are created (with meshshard's timeout), the raw uneven all-to-all is
+    called and torchrun's variables are read in ``meshshard/comm/`` only."""
+    import re
+
+    pat = re.compile(r"init_process_group\(|dist\.all_to_all_single\(|"
+                     r"environ(?:\.get)?[\[(]\s*[\"'](?:RANK|WORLD_SIZE|LOCAL_RANK)[\"']")
+    bad = []
+    for f in sorted(PKG.rglob("*.py")):
+        if f.parent.name == "comm":
+            continue
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if pat.search(code) and not code.lstrip().startswith((">>>", "...")):
+                bad.append(f"{f.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not bad, "outside meshshard/comm/:\n" + "\n".join(bad)

@@ -1,11 +1,11 @@
-"""meshshard.launch: the one reader of torchrun's RANK / WORLD_SIZE / LOCAL_RANK."""
+"""meshshard.comm.launch: the one reader of torchrun's RANK / WORLD_SIZE / LOCAL_RANK."""
 
 from __future__ import annotations
 
 import pytest
 
+from meshshard.comm.launch import Launch, launch
 from meshshard.errors import InputError
-from meshshard.launch import Launch, launch
 
 
 def test_alone_is_a_world_of_one():

@@ -38,9 +38,9 @@ from meshshard.apps.inputs import SurfaceRows, read_surface_rows
 from meshshard.apps.model_file import ModelFile, ModelFileError, load_model
 from meshshard.apps.reference import reference_area_for
 from meshshard.apps.train import build_inputs
+from meshshard.comm.host import Comm
+from meshshard.comm.process import init
 from meshshard.datasets.schema import DRIVAERML
-from meshshard.distributed import init
-from meshshard.partition.distributed._comm import Comm
 from meshshard.shardtensor import Shard, from_local
 
 __all__ = ["PREDICT_CLASSES", "check_fields", "gather_rows", "model_inputs", "predict_rows",
@@ -55,7 +55,7 @@ DEFAULT_CHUNK = 1 << 18
 
 def ensure_world() -> None:
     """The kNN features need a process group: make a world of one when there is none
-    (:func:`meshshard.distributed.init`; under torchrun, join it)."""
+    (:func:`meshshard.comm.process.init`; under torchrun, join it)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from meshshard.comm.launch import launch
 from meshshard.errors import InputError
-from meshshard.launch import launch
 
 __all__ = ["Stages", "progress_enabled"]
 

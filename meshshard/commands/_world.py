@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshshard.distributed import init, shutdown
-from meshshard.launch import launch
+from meshshard.comm.launch import launch
+from meshshard.comm.process import init, shutdown
 
 _OWNED: list[bool] = []
 
 
 def leave_world(code: int) -> int:
     """After a command under torchrun that joined the group itself: tear the groups down and
-    leave at once (:func:`meshshard.distributed.shutdown`; gloo may abort in the interpreter's
+    leave at once (:func:`meshshard.comm.process.shutdown`; gloo may abort in the interpreter's
     teardown otherwise). Elsewhere (tests, a caller's own group) it returns ``code``."""
     if _OWNED:
         shutdown(exit_code=code)

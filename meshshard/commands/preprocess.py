@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from meshshard.comm.launch import launch
+from meshshard.comm.process import init
 from meshshard.commands._checks import check_out_dir
 from meshshard.commands.partition import METHOD_HELP, METHODS
 from meshshard.datasets import DRIVAERML
-from meshshard.distributed import init
-from meshshard.launch import launch
 from meshshard.pipelines import preprocess_runs
 from meshshard.pipelines._alloc import tune_allocator
 from meshshard.pipelines.distributed import run_cli

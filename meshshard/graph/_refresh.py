@@ -14,17 +14,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from meshshard.collective_check import check_collective
+from meshshard.comm.rows import a2a_into as _a2a_into
 
 __all__ = ["refresh_owned"]
-
-
-def _a2a_into(out: torch.Tensor, rows: torch.Tensor, send: list[int], recv: list[int],
-              group: Any) -> None:  # fmt: skip
-    check_collective("all_to_all_single", group, rows, varying_dim=0)
-    dist.all_to_all_single(out, rows, recv, send, group=group)
 
 
 def _forward(owned: torch.Tensor, send_idx: torch.Tensor, send: list[int], recv: list[int],

@@ -1,7 +1,7 @@
 """Build :class:`~meshshard.graph.ShardedGraph` pieces without any rank holding the whole graph.
 
 One algorithm (:func:`_build`) runs on every rank with a transport from
-:mod:`meshshard.graph._comm`:
+:mod:`meshshard.comm.transport`:
 
 1. every edge ``i -> j`` travels to the owner of its target ``j`` (the ownership rule);
 2. ghosts of ring 1 are the non-owned sources of the owned edges; for ``rings > 1`` each rank
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from meshshard.graph._comm import DistComm, run_threads
+from meshshard.comm.transport import DistComm, run_threads
 from meshshard.graph.record import ShardedGraph
 from meshshard.partition.record import HaloPlan, Partition
 

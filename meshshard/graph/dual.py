@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.graph._comm import DistComm
+from meshshard.comm.transport import DistComm
 from meshshard.graph.build import _build, _prepare, _split_by
 from meshshard.graph.record import ShardedGraph
 from meshshard.partition.graph import _connectivity_from_args, cell_faces, shared_face_pairs

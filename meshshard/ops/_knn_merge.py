@@ -14,8 +14,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from meshshard.comm.rows import all_to_all, exchange_counts
 from meshshard.ops import kernels
-from meshshard.ops._comm import all_to_all, exchange_counts
 
 __all__ = ["answer_knn_queries", "forward_and_merge"]
 

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from meshshard.collective_check import check_collective
-from meshshard.ops._comm import all_gather_rows
+from meshshard.comm.rows import all_gather_rows, collective_flag
 
 __all__ = ["PointsMeta", "check_points", "check_reduce", "collective_flag"]
 
@@ -242,24 +241,4 @@ def _raise_from_table(t: torch.Tensor, *, op: str, k, r, loop: bool) -> None:
 def check_reduce(reduce: str) -> None:
     if reduce not in ("sum", "mean", "max"):
         msg = f"reduce={reduce!r} must be one of 'sum', 'mean', 'max'"
-        raise ValueError(msg)
-
-
-def collective_flag(
-    problem: str | None, *, group: dist.ProcessGroup | None, device: torch.device, op: str
-) -> None:
-    """Raise on every rank if any rank found a problem (one small all_reduce).
-
-    Collective: every rank of ``group`` must call this.
-    """
-    flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64, device=device)
-    ranks = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
-    ranks[dist.get_rank(group)] = flag[0]
-    check_collective("all_reduce", group, ranks, detail=f"sum: {op} input check")
-    dist.all_reduce(ranks, group=group)
-    if problem is not None:
-        raise ValueError(problem)
-    if ranks.any():
-        bad = torch.nonzero(ranks.cpu()).flatten().tolist()
-        msg = f"{op}: invalid input on rank(s) {bad} (see the error raised there)"
         raise ValueError(msg)

@@ -32,9 +32,9 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
-from meshshard.collective_check import check_collective
+from meshshard.comm.check import check_collective
+from meshshard.comm.rows import all_gather_rows, all_to_all, exchange_counts
 from meshshard.ops import kernels
-from meshshard.ops._comm import all_gather_rows, all_to_all, exchange_counts
 from meshshard.ops._knn_merge import _drop_self, _lexsort3, answer_knn_queries, forward_and_merge
 from meshshard.ops._regions import knn_forward_mask, radius_send_mask, shard_boxes
 from meshshard.ops._validation import check_points

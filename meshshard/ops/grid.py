@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.distributed.tensor import Shard
 
-from meshshard.ops._comm import all_to_all, exchange_counts
+from meshshard.comm.rows import all_to_all, exchange_counts
 from meshshard.ops.gridsample import _GradSum
 from meshshard.shardtensor import ShardTensor, from_local
 

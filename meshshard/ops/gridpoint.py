@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from meshshard.comm.rows import all_gather_rows
 from meshshard.ops import functional as F
-from meshshard.ops._comm import all_gather_rows
 from meshshard.ops.api import _is_st, _layout, _wrap, _wrap_inferred
 from meshshard.shardtensor import Replicate
 

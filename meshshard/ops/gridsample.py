@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as tF
 
-from meshshard.collective_check import check_collective
-from meshshard.ops._comm import all_to_all, exchange_counts
+from meshshard.comm.check import check_collective
+from meshshard.comm.rows import all_to_all, exchange_counts
 from meshshard.ops.api import _is_st
 from meshshard.shardtensor import Replicate, Shard, from_local
 

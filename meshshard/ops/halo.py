@@ -1,7 +1,7 @@
 """Halo exchange and neighbour gather / scatter by global index.
 
 All three move rows with the one differentiable primitive
-(:func:`meshshard.ops._comm.all_to_all`): gradients of ghost rows travel back to their owners
+(:func:`meshshard.comm.rows.all_to_all`): gradients of ghost rows travel back to their owners
 and are summed there. All are collective (forward, and backward when gradients flow).
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from meshshard.ops._comm import all_gather_rows, all_to_all, exchange_counts
+from meshshard.comm.rows import all_gather_rows, all_to_all, exchange_counts
 from meshshard.ops._validation import check_reduce, collective_flag
 from meshshard.partition.record import HaloPlan
 

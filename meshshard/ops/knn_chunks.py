@@ -28,9 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from meshshard.comm.rows import all_gather_rows
 from meshshard.ops import kernels
 from meshshard.ops._blocks import RowBlocks
-from meshshard.ops._comm import all_gather_rows
 from meshshard.ops._knn_merge import _drop_self, forward_and_merge
 from meshshard.ops._regions import knn_forward_mask, shard_boxes
 from meshshard.ops._validation import check_points

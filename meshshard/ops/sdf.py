@@ -34,8 +34,8 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from meshshard.collective_check import check_collective
-from meshshard.ops._comm import all_gather_rows, all_to_all, exchange_counts
+from meshshard.comm.check import check_collective
+from meshshard.comm.rows import all_gather_rows, all_to_all, exchange_counts
 from meshshard.ops._regions import box_maxdist2, box_mindist2
 from meshshard.ops._triangles import FEATURE_EDGES, face_geometry, nearest_triangles
 from meshshard.ops.api import _is_st, _layout, _wrap

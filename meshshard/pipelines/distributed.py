@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.distributed import init
+from meshshard.comm.host import Comm
+from meshshard.comm.process import init
 from meshshard.errors import DistributedError
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
-from meshshard.partition.distributed._comm import Comm
 from meshshard.pipelines.distributed_inputs import is_source, open_source, source_name
 from meshshard.store.atomic import publish
 from meshshard.store.format import STL_KEYS, _compressors, choose_chunk, store_status
@@ -321,7 +321,7 @@ def run_cli(args: Any) -> int:
     """``meshshard preprocess ... --distributed``: every store under ``args.src`` (or the store
     ``args.src`` itself), repartitioned by all ranks together (collective over the default
     group, which this initialises from the torchrun environment when needed, through
-    :func:`meshshard.distributed.init`: a rank that never arrives ends every collective after
+    :func:`meshshard.comm.process.init`: a rank that never arrives ends every collective after
     ``MESHSHARD_TIMEOUT`` seconds, not torch's 30 minutes)."""
     import torch.distributed as dist
 

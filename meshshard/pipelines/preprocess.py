@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meshshard.comm.launch import launch
 from meshshard.datasets.drivaerml import file_fingerprint, read_run, run_index
 from meshshard.datasets.graphstore import surface_dual_adjacency, write_graph
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.io.vtkxml import THREADS_ENV, usable_cpus
-from meshshard.launch import launch
 from meshshard.partition import halo_plan_radius, partition
 from meshshard.partition.hypergraph import require_mtkahypar
 from meshshard.pipelines._alloc import tune_allocator

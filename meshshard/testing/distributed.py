@@ -42,9 +42,9 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from meshshard.collective_check import set_debug
-from meshshard.distributed import _backend_env, _use_timeout_for_new_groups
-from meshshard.distributed import collective_timeout as _resolve_timeout
+from meshshard.comm.check import set_debug
+from meshshard.comm.process import collective_timeout as _resolve_timeout
+from meshshard.comm.process import join_group
 from meshshard.errors import DistributedError
 
 __all__ = ["RankError", "run_ranks"]
@@ -55,7 +55,7 @@ _GRACE_S = 5.0
 _DUMP_WAIT_S = 3.0
 _STACK_SIGNAL = getattr(signal, "SIGUSR1", None)
 # a rank whose stack shows one of these is waiting inside a collective
-_COLLECTIVE_MARKERS = ("distributed_c10d.py", "collective_check.py")
+_COLLECTIVE_MARKERS = ("distributed_c10d.py", os.path.join("comm", "check.py"))
 
 
 class RankError(DistributedError):
@@ -140,8 +140,6 @@ def _worker(
     os.environ.update(env)
     _dump_stack_on_signal(stack_path)
     import torch
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
 
     set_debug(None)  # MESHSHARD_DEBUG_COLLECTIVES from ``env``
     torch.set_num_threads(threads)
@@ -149,24 +147,9 @@ def _worker(
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        start = _dt.timedelta(seconds=timeout_s)
-        pg_timeout = _dt.timedelta(seconds=pg_timeout_s)
-        _backend_env(backend)
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=start)
-        # join with the run's timeout (ranks start at different times on a loaded machine),
-        # then collectives get the collective timeout; groups made later get it too
-        set_later = hasattr(c10d, "_set_pg_timeout")
-        dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size,
-            timeout=start if set_later else pg_timeout,
-        )
-        # every rank fully connected before any can run ``fn`` and exit: once, on a loaded
-        # machine, a rank whose ``fn`` returned at once left while its peer was still in
-        # gloo's connectFullMesh ("Connection closed by peer")
-        dist.barrier()
-        if set_later:
-            c10d._set_pg_timeout(pg_timeout)
-        _use_timeout_for_new_groups(pg_timeout)
+        join_group(backend, "127.0.0.1", port, rank, world_size,
+                   join_timeout=_dt.timedelta(seconds=timeout_s),
+                   timeout=_dt.timedelta(seconds=pg_timeout_s))
         out = fn(rank, world_size, *args)
         try:
             payload = pickle.dumps(out)

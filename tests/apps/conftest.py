@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def world_of_one():
-    from meshshard.distributed import init
+    from meshshard.comm.process import init
 
     init()  # the kNN features need a process group; a world of one in pytest's process
 

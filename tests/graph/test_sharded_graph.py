@@ -249,8 +249,8 @@ def test_edge_attr_dtype_is_kept_or_refused() -> None:
     """Issue 26: float64 edge features were cast to float32 silently. They keep their dtype
     (and values, bit for bit); a non-numeric dtype, or ranks that disagree, are refused."""
     import meshshard.graph.build as gb
+    from meshshard.comm.transport import run_threads
     from meshshard.graph import build_all
-    from meshshard.graph._comm import run_threads
 
     prob = problem(CASES[2][0], 2)
     part, ei = prob["partition"], prob["edge_index"]

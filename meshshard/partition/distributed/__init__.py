@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.comm.host import Comm, ExchangeError
 from meshshard.partition._validation import as_points, check_parts, check_targets, check_weights
 from meshshard.partition.distributed import _sfc_device, halo
-from meshshard.partition.distributed._comm import Comm, ExchangeError
 from meshshard.partition.distributed._rcb import rcb_partition
 from meshshard.partition.distributed._record import DistributedPartition, part_owners
 from meshshard.partition.distributed._sfc import PACK_BITS, global_box, sfc_partition

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshshard.partition.distributed._comm import Comm
+from meshshard.comm.host import Comm
 
 __all__ = ["select"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshshard.partition.distributed._comm import Comm
+from meshshard.comm.host import Comm
 from meshshard.partition.distributed._keys import torch_codes
 from meshshard.partition.distributed._mem import index_dtype, trim_heap
 from meshshard.partition.distributed._record import DistributedPartition, part_owners

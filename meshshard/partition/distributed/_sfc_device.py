@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.partition.distributed._comm import Comm
+from meshshard.comm.host import Comm
 from meshshard.partition.distributed._keys import torch_codes
 from meshshard.partition.distributed._record import DistributedPartition, part_owners
 from meshshard.partition.distributed._sfc import ENCODE_CHUNK, SAMPLES_PER_RANK, uniform_starts

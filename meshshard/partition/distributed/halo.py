@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.comm.host import Comm
 from meshshard.partition._validation import as_points
-from meshshard.partition.distributed._comm import Comm
 from meshshard.partition.distributed._record import DistributedPartition
 
 __all__ = [

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.partition.distributed._comm import Comm
+from meshshard.comm.host import Comm
 from meshshard.partition.distributed._record import DistributedPartition
 
 __all__ = ["redistribute_rows"]

@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
-from meshshard.collective_check import check_collective
+from meshshard.comm.check import check_collective
 from meshshard.errors import LayoutError
 
 __all__ = ["comm_device", "even_sizes", "normalize_placements", "resolve_layout"]

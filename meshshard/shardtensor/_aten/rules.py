@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-from meshshard.collective_check import check_collective, debug_enabled
+from meshshard.comm.check import check_collective, debug_enabled
 from meshshard.errors import NoShardingRuleError
 from meshshard.shardtensor._aten import rules_respec as _respec
 from meshshard.shardtensor._aten.collective_ops import fc as _fc

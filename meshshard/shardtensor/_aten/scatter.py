@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Replicate, Shard
 
-from meshshard.collective_check import check_collective
+from meshshard.comm.check import check_collective
 from meshshard.errors import LayoutError
 from meshshard.shardtensor._aten.layout_args import comm_device
 from meshshard.shardtensor._aten.rules import _coord, _fc, check

@@ -11,7 +11,7 @@ with the timed-out op in its log (and in debug mode sets ``TORCH_NCCL_BLOCKING_W
 error is raised in the caller instead).
 
 Debug mode: ``MESHSHARD_DEBUG_COLLECTIVES=1`` makes meshshard's collectives agree on each call
-first (see :mod:`meshshard.collective_check`).
+first (see :mod:`meshshard.comm.check`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 import torch.distributed as dist
 
-from meshshard.collective_check import (
+from meshshard.comm.check import (
     DEBUG_ENV,
     CollectiveMismatchError,
     CollectiveWaitError,
@@ -33,7 +33,7 @@ from meshshard.collective_check import (
     debug_enabled,
     set_debug,
 )
-from meshshard.launch import launch
+from meshshard.comm.launch import launch
 
 __all__ = [
     "DEBUG_ENV",
@@ -170,7 +170,7 @@ def init(
 
     td = collective_timeout(timeout)
     if dist.is_initialized():
-        log.debug("meshshard.distributed.init: already initialised; only the timeout is set")
+        log.debug("meshshard.comm.process.init: already initialised; only the timeout is set")
         _use_timeout_for_new_groups(td)
         return dist.get_rank(), dist.get_world_size()
     if backend is None:
@@ -188,6 +188,30 @@ def init(
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=td)
     _dump_stack_on_sigterm()
     return dist.get_rank(), dist.get_world_size()
+
+
+def join_group(backend: str, host: str, port: int, rank: int, world_size: int, *,
+               join_timeout: _dt.timedelta, timeout: _dt.timedelta) -> None:
+    """Join a default process group through the TCP store at ``host:port`` (rank 0's side
+    created by the caller), as :func:`meshshard.testing.run_ranks` starts its ranks.
+
+    Ranks wait up to ``join_timeout`` for each other (on a loaded machine they start at
+    different times); collectives then get ``timeout``, as do groups created later. A barrier
+    ends the join, so every rank is fully connected before any can run and exit: once, on a
+    loaded machine, a rank that returned at once left while its peer was still in gloo's
+    ``connectFullMesh`` ("Connection closed by peer").
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    _backend_env(backend)
+    store = dist.TCPStore(host, port, world_size, is_master=False, timeout=join_timeout)
+    set_later = hasattr(c10d, "_set_pg_timeout")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=join_timeout if set_later else timeout)
+    dist.barrier()
+    if set_later:
+        c10d._set_pg_timeout(timeout)
+    _use_timeout_for_new_groups(timeout)
 
 
 def shutdown(exit_code: int | None = None) -> None:
@@ -214,7 +238,7 @@ def shutdown(exit_code: int | None = None) -> None:
 
 
 def _destroy_groups() -> None:
-    check_collective("barrier", None, detail="meshshard.distributed.shutdown")
+    check_collective("barrier", None, detail="meshshard.comm.process.shutdown")
     dist.barrier()
     from torch.distributed import distributed_c10d as c10d
 

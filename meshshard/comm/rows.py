@@ -1,10 +1,12 @@
-"""The one communication primitive of :mod:`meshshard.ops`: uneven ``all_to_all_single``.
+"""Rows between ranks: the uneven ``all_to_all_single`` every row exchange ends in
+(:func:`a2a_into`), its differentiable form (:func:`all_to_all`), counts, small gathers and the
+agreement flag.
 
-Every op here moves rows with :func:`all_to_all`, an autograd Function whose backward is the
-reverse all-to-all (gradients of received rows travel back to the rank that sent them, where
-autograd's indexing backward sums them into the owning rows). Counts always travel first
-(:func:`exchange_counts`), so every call uses explicit split sizes and uneven layouts, empty
-shards included, work on gloo and NCCL alike.
+Every op of :mod:`meshshard.ops` moves rows with :func:`all_to_all`, an autograd Function
+whose backward is the reverse all-to-all (gradients of received rows travel back to the rank
+that sent them, where autograd's indexing backward sums them into the owning rows). Counts
+always travel first (:func:`exchange_counts`), so every call uses explicit split sizes and
+uneven layouts, empty shards included, work on gloo and NCCL alike.
 """
 
 from __future__ import annotations
@@ -14,12 +16,20 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from meshshard.collective_check import check_collective
+from meshshard.comm.check import check_collective
 
 # torch >= 2.12 renamed all_gather_into_tensor (which now warns) to all_gather_single
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
-__all__ = ["all_gather_rows", "all_to_all", "exchange_counts", "group_rank", "group_size"]
+__all__ = [
+    "a2a_into",
+    "all_gather_rows",
+    "all_to_all",
+    "collective_flag",
+    "exchange_counts",
+    "group_rank",
+    "group_size",
+]
 
 
 def group_size(group: dist.ProcessGroup | None) -> int:
@@ -61,13 +71,21 @@ def exchange_counts(
     return [int(v) for v in recv.tolist()]
 
 
+def a2a_into(out: torch.Tensor, rows: torch.Tensor, send: list[int], recv: list[int],
+             group: dist.ProcessGroup | None) -> None:
+    """The raw uneven all-to-all every row exchange of meshshard ends in: ``rows`` (contiguous,
+    ``sum(send)`` rows, grouped by destination) go out, ``out`` (``sum(recv)`` rows, a
+    contiguous buffer or slice) receives by source rank. Not differentiable; collective."""
+    check_collective("all_to_all_single", group, rows, varying_dim=0)
+    dist.all_to_all_single(out, rows, recv, send, group=group)
+
+
 def _a2a(
     x: torch.Tensor, send: list[int], recv: list[int], group: dist.ProcessGroup | None
 ) -> torch.Tensor:
     x = x.contiguous()
     out = x.new_empty((sum(recv), *x.shape[1:]))
-    check_collective("all_to_all_single", group, x, varying_dim=0)
-    dist.all_to_all_single(out, x, recv, send, group=group)
+    a2a_into(out, x, send, recv, group)
     return out
 
 
@@ -132,3 +150,23 @@ def all_gather_rows(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.T
     check_collective("all_gather_into_tensor", group, x)
     _all_gather_single(out, x, group=group)
     return out.reshape(P, *shape)
+
+
+def collective_flag(
+    problem: str | None, *, group: dist.ProcessGroup | None, device: torch.device, op: str
+) -> None:
+    """Raise on every rank if any rank found a problem (one small all_reduce).
+
+    Collective: every rank of ``group`` must call this.
+    """
+    flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64, device=device)
+    ranks = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+    ranks[dist.get_rank(group)] = flag[0]
+    check_collective("all_reduce", group, ranks, detail=f"sum: {op} input check")
+    dist.all_reduce(ranks, group=group)
+    if problem is not None:
+        raise ValueError(problem)
+    if ranks.any():
+        bad = torch.nonzero(ranks.cpu()).flatten().tolist()
+        msg = f"{op}: invalid input on rank(s) {bad} (see the error raised there)"
+        raise ValueError(msg)

@@ -172,13 +172,13 @@ def _describe(op: str, tensor: Any, varying_dim: int | None, detail: str) -> str
 def _internal_dirs() -> tuple[str, ...]:
     import torch
 
-    here = os.path.dirname(os.path.abspath(__file__))
+    comm = os.path.dirname(os.path.abspath(__file__))
+    pkg = os.path.dirname(comm)
     return (
         os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-        os.path.join(here, "shardtensor") + os.sep,
-        os.path.join(here, "ops") + os.sep,
-        os.path.join(here, "collective_check.py"),
-        os.path.join(here, "distributed.py"),
+        os.path.join(pkg, "shardtensor") + os.sep,
+        os.path.join(pkg, "ops") + os.sep,
+        comm + os.sep,
     )
 
 
@@ -241,7 +241,7 @@ def _check(op: str, group: Any, tensor: Any, varying_dim: int | None, detail: st
             f"rank {ranks[me]}: the ranks of process group {ranks} did not all arrive to "
             f"agree on the next collective, {text} ({type(exc).__name__}: {exc}). A rank "
             "that stalled, skipped this collective or exited is the cause; "
-            "meshshard.testing.run_ranks and torchrun (after meshshard.distributed.init) show "
+            "meshshard.testing.run_ranks and torchrun (after meshshard.comm.process.init) show "
             "each rank's stack. MESHSHARD_TIMEOUT sets how long ranks wait."
         )
         raise CollectiveWaitError(msg) from exc

@@ -1,8 +1,8 @@
 """What the launcher (torchrun, or SLURM through it) told this process: the one reader of
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``.
 
-Part of the communication room with :mod:`meshshard.distributed` (which makes the process
-groups) and :mod:`meshshard.collective_check`; it imports nothing heavy, so the CLI can ask
+Part of the communication room with :mod:`meshshard.comm.process` (which makes the process
+groups) and :mod:`meshshard.comm.check`; it imports nothing heavy, so the CLI can ask
 "which rank am I?" before torch is loaded. No collective.
 """
 

@@ -1,7 +1,7 @@
 """Two transports for building sharded graphs with one algorithm.
 
 :class:`DistComm` moves numpy arrays between ``torch.distributed`` ranks (one uneven
-``all_to_all_single`` per exchange, counts first, through :mod:`meshshard.ops._comm`).
+``all_to_all_single`` per exchange, counts first, through :mod:`meshshard.comm.rows`).
 :class:`ThreadComm` runs the same per-rank code for all P parts inside one process (one thread
 per part, a barrier per exchange): the preprocessing path uses it to write every rank's graph
 shard, so a stored shard and a shard built on live ranks come from the same code.
@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.ops._comm import all_gather_rows, all_to_all, exchange_counts
-from meshshard.ops._validation import collective_flag
+from meshshard.comm.rows import all_gather_rows, all_to_all, collective_flag, exchange_counts
 
 __all__ = ["DistComm", "ThreadComm", "run_threads"]
 

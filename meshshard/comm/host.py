@@ -1,6 +1,6 @@
 """Small numpy-in, numpy-out wrappers over ``torch.distributed`` collectives for the
-distributed partitioner (the only partition code allowed to communicate, with
-:mod:`meshshard.partition.distributed`).
+distributed partitioner (:mod:`meshshard.partition.distributed` communicates only through
+them).
 
 Every wrapper is a collective: every rank of ``group`` must call it in the same order. Buffers
 travel on ``device`` (CPU for gloo, the CUDA device for NCCL); arrays come back on the host.
