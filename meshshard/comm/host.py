@@ -17,12 +17,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from meshshard.comm.rows import _all_gather_single, a2a_into, exchange_counts
 from meshshard.errors import DistributedError
 
 __all__ = ["Comm", "ExchangeError"]
 
-# torch 2.13 renamed all_gather_into_tensor (now deprecated) to all_gather_single
-_ALLGATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class ExchangeError(DistributedError):
@@ -118,7 +117,7 @@ class Comm:
         out = torch.empty(self.world * t.numel(), dtype=t.dtype, device=t.device)
         t0 = time.perf_counter()
         try:
-            _ALLGATHER(out, t, group=self.group)
+            _all_gather_single(out, t, group=self.group)
         except (RuntimeError, ValueError) as exc:
             raise self._fail(exc) from exc
         self._count(t.nbytes, out.nbytes, t0)
@@ -156,13 +155,7 @@ class Comm:
         out = torch.empty((int(recv_counts.sum()), *t.shape[1:]), dtype=t.dtype, device=t.device)
         t0 = time.perf_counter()
         try:
-            dist.all_to_all_single(
-                out,
-                t,
-                output_split_sizes=recv_counts.tolist(),
-                input_split_sizes=send_counts.tolist(),
-                group=self.group,
-            )
+            a2a_into(out, t, send_counts.tolist(), recv_counts.tolist(), self.group)
         except (RuntimeError, ValueError) as exc:
             raise self._fail(exc) from exc
         self._count(t.nbytes, out.nbytes, t0)
@@ -170,10 +163,9 @@ class Comm:
 
     def alltoall_counts(self, send_counts: np.ndarray) -> np.ndarray:
         """How many rows every rank sends to this one (collective)."""
-        t = self._t(np.asarray(send_counts, dtype=np.int64))
-        out = torch.empty_like(t)
         try:
-            dist.all_to_all_single(out, t, group=self.group)
+            got = exchange_counts(np.asarray(send_counts, dtype=np.int64), self.group,
+                                  self.device)
         except (RuntimeError, ValueError) as exc:
             raise self._fail(exc) from exc
-        return self._np(out).astype(np.int64)
+        return np.asarray(got, dtype=np.int64)

@@ -1,7 +1,7 @@
 """Two transports for building sharded graphs with one algorithm.
 
 :class:`DistComm` moves numpy arrays between ``torch.distributed`` ranks (one uneven
-``all_to_all_single`` per exchange, counts first, through :mod:`meshshard.comm.rows`).
+``all_to_all_single`` per exchange, counts first; :class:`meshshard.comm.host.Comm` underneath).
 :class:`ThreadComm` runs the same per-rank code for all P parts inside one process (one thread
 per part, a barrier per exchange): the preprocessing path uses it to write every rank's graph
 shard, so a stored shard and a shard built on live ranks come from the same code.
@@ -15,24 +15,20 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.comm.rows import all_gather_rows, all_to_all, collective_flag, exchange_counts
+from meshshard.comm.host import Comm
+from meshshard.comm.rows import collective_flag
 
 __all__ = ["DistComm", "ThreadComm", "run_threads"]
 
 
-class DistComm:
-    """Exchange numpy arrays between the ranks of a process group (collective methods)."""
+class DistComm(Comm):
+    """Exchange numpy arrays between the ranks of a process group (collective methods): the
+    graph builder's face of :class:`~meshshard.comm.host.Comm` (same buffers, failures
+    named by phase), with the three methods :class:`ThreadComm` also has."""
 
     def __init__(self, group: Any = None):
-        import torch
-        import torch.distributed as dist
-
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.size = dist.get_world_size(group)
-        # NCCL moves CUDA tensors only; the builder's arrays are staged there and back
-        nccl = str(dist.get_backend(group)).lower() == "nccl"
-        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
+        super().__init__(group, what="sharded graph build")
+        self.size = self.world
 
     def exchange(self, parts: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``parts[q]`` goes to rank ``q``; returns what every rank sent here, by source.
@@ -40,29 +36,18 @@ class DistComm:
         Collective: every rank of the group must call this with arrays of one dtype and the
         same trailing shape.
         """
-        import torch
-
-        send = [int(p.shape[0]) for p in parts]
-        dev = self.device or torch.device("cpu")
-        recv = exchange_counts(send, self.group, dev)
-        flat = torch.from_numpy(np.ascontiguousarray(np.concatenate(parts))).to(dev)
-        got = all_to_all(flat, send, recv, self.group).cpu().numpy()
+        send = np.array([int(p.shape[0]) for p in parts], dtype=np.int64)
+        got, recv = self.alltoallv(np.concatenate(parts), send)
         bounds = np.concatenate([[0], np.cumsum(recv)])
         return [got[bounds[q] : bounds[q + 1]] for q in range(self.size)]
 
     def flag(self, problem: str | None, op: str) -> None:
         """Raise on every rank when any rank found a problem. Collective."""
-        import torch
-
-        dev = self.device or torch.device("cpu")
-        collective_flag(problem, group=self.group, device=dev, op=op)
+        collective_flag(problem, group=self.group, device=self.device, op=op)
 
     def allgather_int(self, value: int) -> list[int]:
         """Every rank's integer, in rank order. Collective."""
-        import torch
-
-        t = torch.tensor([int(value)], dtype=torch.int64, device=self.device or "cpu")
-        return [int(v) for v in all_gather_rows(t, self.group).flatten().tolist()]
+        return [int(v) for v in self.allgather(np.array([int(value)], dtype=np.int64))[:, 0]]
 
 
 class _Secondary(ValueError):
