@@ -8,6 +8,8 @@ along the point dimension; they are uneven by design and may contain zeros.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,12 +214,19 @@ class Partition:
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> Path:
         """Write ``partition.npz`` (arrays) and ``partition.json`` (metadata) into directory
-        ``path`` (created). No pickle. Returns the directory."""
+        ``path`` (created). No pickle. Returns the directory.
+
+        Each file is written under a temporary name and renamed, and the JSON records the
+        SHA-256 of the arrays file: a save interrupted between the two renames (new arrays,
+        old metadata) makes :meth:`load` refuse the pair instead of mixing two saves.
+        """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        np.savez(buf, assignment=self.assignment, order=self.order, sizes=self.sizes)
+        blob = buf.getvalue()
         tmp = path / "partition.npz.tmp"
-        with open(tmp, "wb") as fh:
-            np.savez(fh, assignment=self.assignment, order=self.order, sizes=self.sizes)
+        tmp.write_bytes(blob)
         tmp.replace(path / "partition.npz")
         meta = {
             "schema_version": SCHEMA_VERSION,
@@ -226,6 +235,7 @@ class Partition:
             "nparts": self.nparts,
             "num_points": self.num_points,
             "sizes": self.sizes.tolist(),
+            "npz_sha256": hashlib.sha256(blob).hexdigest(),
         }
         tmpj = path / "partition.json.tmp"
         tmpj.write_text(json.dumps(meta, indent=2, sort_keys=True))
@@ -253,8 +263,17 @@ class Partition:
                 f"({SCHEMA_VERSION}); upgrade meshshard"
             )
             raise ValueError(msg)
+        blob = npz.read_bytes()
+        want = meta.get("npz_sha256")  # absent in saves before it was recorded
+        if want is not None and hashlib.sha256(blob).hexdigest() != want:
+            msg = (
+                f"{path}: partition.npz does not match partition.json (checksum differs): "
+                "the files come from different saves (an interrupted save?) or one was "
+                "changed; save the partition again"
+            )
+            raise ValueError(msg)
         try:
-            with np.load(npz, allow_pickle=False) as data:
+            with np.load(io.BytesIO(blob), allow_pickle=False) as data:
                 arrays = {k: data[k] for k in ("assignment", "order", "sizes")}
         except Exception as exc:  # zipfile/ValueError/KeyError/EOFError on truncation
             msg = f"{npz}: unreadable or truncated ({exc})"
