@@ -12,7 +12,7 @@ Reported per configuration:
 - ``peak MiB``: per-rank peak RSS growth during the step over the RSS just before it (inputs
   are allocated before), the largest over the ranks; and ``rss MiB``: the largest total peak RSS;
 - ``sent MiB``: bytes each rank sent through the ring (measured by
-  ``meshshard.shardtensor._aten.ring``);
+  ``meshshard.comm.ring``);
 - with ``--live``, ``live MiB``: peak bytes of tensor storages allocated during a second, identical
   step and alive at once, tracked exactly by a dispatch mode (storages an op output does not share
   with its inputs count from their creation until they are freed). It does not see buffers that a
@@ -96,8 +96,8 @@ def step(rank, world_size, n, threads, live=False):
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
+    from meshshard.comm.ring import bytes_sent, reset_bytes_sent
     from meshshard.shardtensor import Shard, even_sizes, from_local
-    from meshshard.shardtensor._aten.ring import bytes_sent, reset_bytes_sent
 
     mesh = None
     if world_size > 1:

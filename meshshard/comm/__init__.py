@@ -7,6 +7,7 @@ groups or calls the raw uneven all-to-all. Every other room communicates through
 - :mod:`~meshshard.comm.check`: the collective checker (``MESHSHARD_DEBUG_COLLECTIVES``).
 - :mod:`~meshshard.comm.rows`: rows between ranks, plain and differentiable; counts; small
   gathers; the agreement flag that raises on every rank.
+- :mod:`~meshshard.comm.ring`: point-to-point ring shifts (the transport of ring attention).
 - :mod:`~meshshard.comm.host` and :mod:`~meshshard.comm.transport`: numpy in, numpy out, for
   the distributed partitioner and the graph builder (which also runs its ranks as threads).
 

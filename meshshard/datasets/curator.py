@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from meshshard.datasets.drivaerml import read_run
+from meshshard.datasets.loader import _device, wrap_rows
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.partition import partition
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
@@ -173,9 +174,6 @@ def load_curator_shard(
 
     g, info = curator_info(store)
     if part == "stl":  # not sharded: every rank reads the body whole
-        # deferred: the allowed loader <-> curator cycle (test_house.ALLOWED_CYCLES)
-        from meshshard.datasets.loader import _device
-
         dev = _device(mesh, device)
         out = {}
         for k in tuple(keys) if keys is not None else STL_KEYS:
@@ -216,9 +214,6 @@ def load_curator_shard(
         dp = partition_distributed(rows[f"{part}_mesh_centers"], world_size, grp, method)
         moved = redistribute_rows(rows, dp, grp)
         sizes = dp.sizes.tolist()
-    # deferred: the allowed loader <-> curator cycle (test_house.ALLOWED_CYCLES)
-    from meshshard.datasets.loader import _device, wrap_rows
-
     return wrap_rows({k: moved[k] for k in keys}, mesh, sizes, _device(mesh, device))
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from meshshard.partition._validation import as_points, check_graph, check_weights, unique_int
+from meshshard.partition.halo import ghost_keys
 from meshshard.partition.record import Partition
 
 __all__ = ["metrics"]
@@ -124,9 +125,6 @@ def metrics(
         out["most_overweight_part"] = wworst
     want = _depths(depths, plan, partition)
     if graph is not None:
-        # deferred: the allowed record <-> quality <-> halo cycle (test_house.ALLOWED_CYCLES)
-        from meshshard.partition.halo import ghost_keys
-
         g = check_graph(graph, n)
         out.update(_graph_metrics(g, a, P))
         if want:

@@ -13,6 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from meshshard.shardtensor._aten.layout import from_local
+from meshshard.shardtensor._aten.tensor import ShardTensor
+
 __all__ = ["mha_decomposed", "mha_replicated"]
 
 _NAME = "multi_head_attention_forward"
@@ -30,8 +33,6 @@ def mha_replicated(mesh, args: tuple, kwargs: dict) -> tuple:
     (differentiable through ``to_local``/``from_local``), outputs replicated. No collective."""
     from torch.distributed.tensor import Replicate
 
-    from meshshard.shardtensor._aten.layout import from_local
-    from meshshard.shardtensor._aten.tensor import ShardTensor
 
     def local(a):
         return a.to_local() if isinstance(a, ShardTensor) else a

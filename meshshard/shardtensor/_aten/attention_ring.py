@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from meshshard.comm.ring import DoubleBuffer, Ring
 from meshshard.shardtensor._aten.attention_block import (
     _acc_dtype,
     _block_bwd,
@@ -45,7 +46,6 @@ from meshshard.shardtensor._aten.attention_block import (
     _fold,
     _merge_,
 )
-from meshshard.shardtensor._aten.ring import DoubleBuffer, Ring
 
 __all__ = ["KV_CHUNK_ROWS", "Q_TILE_ROWS", "AttnPlan", "backward", "forward"]
 

@@ -27,7 +27,14 @@ from meshshard.shardtensor._aten.rules import (
     check,
     rule,
 )
-from meshshard.shardtensor._aten.tensor import SHARDED, ASpec, ShardTensor, make_spec
+from meshshard.shardtensor._aten.tensor import (
+    SHARDED,
+    ASpec,
+    Blocked,
+    ShardTensor,
+    _FromLocal,
+    make_spec,
+)
 
 __all__ = ["from_local", "redistribute"]
 
@@ -59,7 +66,6 @@ def from_local(
                                               validate=validate)
     sizes = tuple(None if s is None else tuple(int(v) for v in s) for s in sizes)
     spec = make_spec(mesh, tuple(placements), sizes, tuple(shape))
-    from meshshard.shardtensor._aten.tensor import _FromLocal
 
     return _FromLocal.apply(local, spec)
 
@@ -239,8 +245,6 @@ def _encode(placements: tuple | None, sizes: Any) -> tuple[list, list, list, lis
 
 
 def _decode(spec: ASpec, kinds, dims, blocks, flat, counts) -> tuple[tuple | None, list]:
-    from meshshard.shardtensor._aten.tensor import Blocked
-
     mesh = spec.mesh
     placements = None
     if kinds:

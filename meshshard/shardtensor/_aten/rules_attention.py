@@ -32,14 +32,18 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from meshshard.comm.ring import Ring
 from meshshard.errors import LayoutError
 from meshshard.shardtensor._aten.attention_mask import mask_local
+from meshshard.shardtensor._aten.attention_mha import mha_decomposed, mha_replicated
+from meshshard.shardtensor._aten.attention_ring import AttnPlan, backward, forward
 from meshshard.shardtensor._aten.layout import redistribute_local
 from meshshard.shardtensor._aten.rules import _DIRECT, _coord, rule
 from meshshard.shardtensor._aten.tensor import (
     FUNCTION_RULES,
     SHARDED,
     ShardTensor,
+    _lift_plain,
     make_spec,
 )
 
@@ -62,9 +66,6 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 
 def _plan(mask, mode, group, kv_sizes, q_offset, causal, scale, gqa, mask_col0):
-    from meshshard.shardtensor._aten.attention_ring import AttnPlan
-    from meshshard.shardtensor._aten.ring import Ring
-
     return AttnPlan(mode=mode, ring=Ring(_group(group)), kv_sizes=tuple(int(s) for s in kv_sizes),
                     q_offset=int(q_offset), mask=mask, causal=causal, scale=scale,
                     gqa_groups=gqa, mask_col0=int(mask_col0))
@@ -75,7 +76,6 @@ def _plan(mask, mode, group, kv_sizes, q_offset, causal, scale, gqa, mask_col0):
 def _ring_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               mode: str, group: str, kv_sizes: list[int], q_offset: int, causal: bool,
               scale: float, gqa: int, mask_col0: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from meshshard.shardtensor._aten.attention_ring import forward
 
     with torch.no_grad():
         out, lse = forward(q, k, v, _plan(mask, mode, group, kv_sizes, q_offset, causal,
@@ -94,7 +94,6 @@ def _ring_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
               out: torch.Tensor, lse: torch.Tensor, mask: torch.Tensor | None, mode: str,
               group: str, kv_sizes: list[int], q_offset: int, causal: bool, scale: float,
               gqa: int, mask_col0: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from meshshard.shardtensor._aten.attention_ring import backward
 
     with torch.no_grad():
         dq, dk, dv = backward(do.contiguous(), q, k, v, out, lse,
@@ -169,7 +168,6 @@ def sdpa_function(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
         msg = f"{_NAME}: gradients with respect to attn_mask are not supported on ShardTensors"
         raise NotImplementedError(msg)
     if torch.is_grad_enabled():  # plain q/k/v that need a gradient meet the wrappers lifted
-        from meshshard.shardtensor._aten.tensor import _lift_plain
 
         (query, key, value), _ = _lift_plain((query, key, value), {})
     out, _ = torch.ops.meshshard.sdpa(query, key, value, attn_mask, bool(is_causal),
@@ -373,7 +371,6 @@ def mha_function(*args, **kwargs):
     """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``) on ShardTensors: run as
     its parts, so its attention is the ring above (``need_weights=False`` required), or, when
     every ShardTensor argument is replicated, by torch on the local tensors (any options)."""
-    from meshshard.shardtensor._aten.attention_mha import mha_decomposed, mha_replicated
 
     sts = [a for a in (*args, *kwargs.values()) if isinstance(a, ShardTensor)]
     if all(isinstance(p, Replicate) for t in sts for p in t._spec.placements):

@@ -13,7 +13,7 @@ from meshshard.comm.check import check_collective
 from meshshard.errors import LayoutError
 from meshshard.shardtensor._aten.layout_args import comm_device
 from meshshard.shardtensor._aten.rules import _coord, _fc, check
-from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
+from meshshard.shardtensor._aten.tensor import ShardTensor, _FromLocal, make_spec
 
 __all__ = ["scatter"]
 
@@ -86,7 +86,6 @@ def scatter(
     spec_sizes: list = [None] * mesh.ndim
     spec_sizes[mesh_dim] = sizes
     spec = make_spec(mesh, tuple(placements), tuple(spec_sizes), tuple(shape))
-    from meshshard.shardtensor._aten.tensor import _FromLocal
 
     return _FromLocal.apply(local, spec)
 

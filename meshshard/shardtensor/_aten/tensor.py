@@ -26,7 +26,13 @@ from typing import Any
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-from meshshard.shardtensor._aten._torch_private import definitely_less, is_contiguous_or_false
+from meshshard.shardtensor._aten._torch_private import (
+    definitely_less,
+    is_contiguous_or_false,
+    run_backward,
+    run_grad,
+    skip_dynamo_frame,
+)
 from meshshard.shardtensor._aten.no_rule import NoRuleError
 
 __all__ = ["ASpec", "AtenShardTensor", "Blocked", "ShardTensor", "from_local_aten"]
@@ -365,7 +371,6 @@ def _lift_plain(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
     """``Tensor.backward`` without going through torch-function handling again."""
-    from meshshard.shardtensor._aten._torch_private import run_backward
 
     out = run_backward(self, gradient, retain_graph, create_graph, inputs=inputs)
     _complete_plain_leaf_grads((self,))
@@ -373,8 +378,6 @@ def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False,
 
 
 def _backward(tensors, *args, **kwargs):
-    from meshshard.shardtensor._aten._torch_private import run_backward
-
     out = run_backward(tensors, *args, **kwargs)
     _complete_plain_leaf_grads((tensors,) if isinstance(tensors, torch.Tensor) else tensors)
     return out
@@ -405,8 +408,6 @@ def _complete_plain_leaf_grads(roots) -> None:
 
 
 def _grad(*args, **kwargs):
-    from meshshard.shardtensor._aten._torch_private import run_grad
-
     return run_grad(*args, **kwargs)
 
 
@@ -430,8 +431,6 @@ AtenShardTensor = ShardTensor
 
 
 def _skip_new_in_dynamo() -> None:
-    from meshshard.shardtensor._aten._torch_private import skip_dynamo_frame
-
     skip_dynamo_frame(ShardTensor.__new__)
 
 
