@@ -13,13 +13,10 @@ from __future__ import annotations
 import torch
 
 from meshshard.ops import kernels
+from meshshard.ops._regions import _SLACK, run_boxes
 
 __all__ = ["RowBlocks", "box_gap2"]
 
-# slack on squared reach tests between boxes (float64 rounding): a superset is harmless
-_SLACK = 1e-9
-#: consecutive query rows per box when finding the blocks a set of queries reaches
-_RUN = 1024
 #: a step between consecutive rows this many times its block's median step cuts the block
 _JUMP = 16.0
 #: at most this many such cuts per block (the longest steps)
@@ -83,17 +80,8 @@ class RowBlocks:
         around all of it would span the gap and reach every block in between, more of them
         the more blocks the shard has. The runs' boxes follow the patches."""
         qd = q.detach().double()
-        m = qd.shape[0]
-        runs = -(-m // _RUN)
-        pad = runs * _RUN - m
-        b2 = bound2.detach().double().expand(m) if bound2.numel() == 1 else bound2.detach()
-        b2 = b2.double()
-        if pad:  # repeat the last row: the boxes and the bounds do not change
-            qd = torch.cat([qd, qd[-1:].expand(pad, -1)])
-            b2 = torch.cat([b2, b2[-1:].expand(pad)])
-        qr = qd.reshape(runs, _RUN, -1)
-        qlo, qhi = qr.amin(1), qr.amax(1)  # (runs, d)
-        reach = b2.reshape(runs, _RUN).amax(1) * (1 + _SLACK)  # (runs,)
+        qlo, qhi, reach = run_boxes(qd, bound2.detach().double())
+        runs = qlo.shape[0]
         near = torch.zeros(self.lo.shape[0], dtype=torch.bool, device=q.device)
         step = max(1, (1 << 20) // max(1, runs * qd.shape[1]))
         for j in range(0, self.lo.shape[0], step):  # blocks in steps: (step, runs, d) temps

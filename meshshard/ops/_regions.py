@@ -26,6 +26,7 @@ __all__ = [
     "knn_forward_mask",
     "near_ranks",
     "radius_send_mask",
+    "run_boxes",
     "shard_boxes",
 ]
 
@@ -261,25 +262,15 @@ def near_ranks(y: torch.Tensor, reach2: torch.Tensor, boxes: torch.Tensor, rank:
     d = y.shape[1]
     yd = y.detach().double()
     r2 = reach2.detach().double()
-    runs = -(-m // _RUN)
-    starts = torch.arange(runs, device=y.device) * _RUN
-    idx = torch.arange(m, device=y.device)
-    run_of = idx // _RUN
-    # each run's box and largest reach (scatter-reduce over the runs; no padding copies)
-    rlo = torch.full((runs, d), float("inf"), dtype=torch.float64, device=y.device)
-    rhi = torch.full((runs, d), float("-inf"), dtype=torch.float64, device=y.device)
-    rlo.scatter_reduce_(0, run_of[:, None].expand(m, d), yd, "amin")
-    rhi.scatter_reduce_(0, run_of[:, None].expand(m, d), yd, "amax")
-    rr = torch.full((runs,), float("-inf"), dtype=torch.float64, device=y.device)
-    rr.scatter_reduce_(0, run_of, r2, "amax")
-    rr = rr * (1 + _SLACK)
+    rlo, rhi, rr = run_boxes(yd, r2)
+    runs = rlo.shape[0]
     lo, hi = flat[:, :d], flat[:, d : 2 * d]
     step = max(1, _WORK // max(1, flat.shape[0] * d))
     for s in range(0, runs, step):  # (run, box) pairs within reach: (step, nb, d) temps
         gap = torch.maximum(lo[None] - rhi[s : s + step, None], rlo[s : s + step, None] - hi[None])
         near = (gap.clamp_min(0).pow(2).sum(-1) <= rr[s : s + step, None])  # (step, nb)
         for j in torch.nonzero(near.any(1)).flatten().tolist():
-            a = int(starts[s + j])
+            a = (s + j) * _RUN
             b = min(a + _RUN, m)
             cand = torch.nonzero(near[j]).flatten()
             hit = box_mindist2(yd[a:b], flat[cand]) <= r2[a:b, None]  # (rows, c)
@@ -287,3 +278,19 @@ def near_ranks(y: torch.Tensor, reach2: torch.Tensor, boxes: torch.Tensor, rank:
             got.index_add_(1, owner[cand], hit.double())
             mask[a:b] = got > 0
     return mask
+
+
+def run_boxes(q: torch.Tensor, reach2: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Box (lo, hi) and largest reach (times ``1 + _SLACK``) of every run of ``_RUN``
+    consecutive rows of ``q`` (m >= 1 rows, float64; ``reach2`` of shape (m,) or (1,)).
+    The last run is padded with its last row, which changes neither its box nor its reach."""
+    m = q.shape[0]
+    b2 = reach2.expand(m) if reach2.numel() == 1 else reach2
+    runs = -(-m // _RUN)
+    pad = runs * _RUN - m
+    if pad:
+        q = torch.cat([q, q[-1:].expand(pad, -1)])
+        b2 = torch.cat([b2, b2[-1:].expand(pad)])
+    qr = q.reshape(runs, _RUN, -1)
+    return qr.amin(1), qr.amax(1), b2.reshape(runs, _RUN).amax(1) * (1 + _SLACK)
