@@ -3,10 +3,7 @@
 - :func:`closest_points`: the closest point of each (query, triangle) pair and which feature of
   the triangle it lies on (face interior, one of the three vertices, one of the three edges),
   Ericson's region test ("Real-Time Collision Detection", 5.1.5), vectorised.
-- :func:`nearest_triangles`: per query, the nearest of a set of triangles, exactly, with a
-  spatial prune (kd-tree on centroids: a bound from the 8 nearest centroids' triangles, then
-  every triangle whose centroid lies within bound + largest centroid-vertex radius, of which
-  only those whose bounding box lies within the bound get the exact kernel).
+- :func:`face_geometry`: unit normals, corner angles and areas.
 - :func:`winding_number`: the generalised winding number by brute force (the single-process
   oracle of the sign; O(queries x triangles)).
 """
@@ -15,16 +12,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
-__all__ = ["FEATURE_EDGES", "closest_points", "face_geometry", "nearest_triangles",
-           "winding_number"]
+__all__ = ["FEATURE_EDGES", "closest_points", "face_geometry", "winding_number"]
 
 # feature codes: 0 face, 1..3 vertices a, b, c, 4..6 edges ab, bc, ca
 FEATURE_EDGES = ((0, 1), (1, 2), (2, 0))
-
-_CHUNK_PAIRS = 1 << 20
 
 
 def _dot(u, v):
@@ -109,78 +102,3 @@ def winding_number(q: torch.Tensor, tri: torch.Tensor, chunk: int = 4096) -> tor
         den = la * lb * lc + _dot(A, B) * lc + _dot(A, Cv) * lb + _dot(B, Cv) * la
         out[s : s + chunk] = (2 * torch.atan2(num, den)).sum(1) / (4 * math.pi)
     return out
-
-
-def _pairs_best(q, tri, qi, ti, m):
-    """For pairs (qi, ti): per query the (d2, triangle, point, feature) of the nearest."""
-    point, feat = closest_points(q[qi], tri[ti])
-    d2 = ((q[qi] - point) ** 2).sum(-1)
-    # order by (query, d2, triangle): the first of each query wins (ties by lower index)
-    o = torch.argsort(ti, stable=True)
-    o = o[torch.argsort(d2[o], stable=True)]
-    o = o[torch.argsort(qi[o], stable=True)]
-    qs = qi[o]
-    first = torch.ones_like(qs, dtype=torch.bool)
-    first[1:] = qs[1:] != qs[:-1]
-    w = o[first]
-    return qi[w], d2[w], ti[w], point[w], feat[w]
-
-
-def nearest_triangles(q: torch.Tensor, tri: torch.Tensor, ub2: torch.Tensor | None = None):
-    """Exact nearest triangle of every query (ties by the lower triangle index).
-
-    Parameters
-    ----------
-    q : Tensor (m, 3);  tri : Tensor (t, 3, 3), same dtype, ``t >= 1``
-    ub2 : Tensor (m,), optional
-        A known upper bound of each query's squared distance to the surface (from triangles
-        elsewhere). Triangles farther than it are skipped; a query with none within it gets
-        ``d2 = inf`` and triangle ``-1``.
-
-    Returns
-    -------
-    d2 (m,), triangle (m,) int64, point (m, 3), feature (m,) int64 — all detached.
-    """
-    from scipy.spatial import cKDTree
-
-    q, tri = q.detach(), tri.detach()
-    m, t = q.shape[0], tri.shape[0]
-    dev = q.device
-    d2 = torch.full((m,), float("inf"), dtype=q.dtype, device=dev)
-    tid = torch.full((m,), -1, dtype=torch.int64, device=dev)
-    pt = torch.zeros((m, 3), dtype=q.dtype, device=dev)
-    ft = torch.zeros((m,), dtype=torch.int64, device=dev)
-    if m == 0:
-        return d2, tid, pt, ft
-    cen = tri.mean(1)
-    rad = float(torch.linalg.vector_norm(tri - cen[:, None], dim=-1).max())
-    tree = cKDTree(cen.cpu().double().numpy())
-    qn = q.cpu().double().numpy()
-    kk = min(8, t)
-    _, near = tree.query(qn, k=kk)
-    near = torch.as_tensor(np.asarray(near).reshape(m, kk), device=dev)
-    qi = torch.arange(m, device=dev).repeat_interleave(kk)
-    _, bd2, _, _, _ = _pairs_best(q, tri, qi, near.reshape(-1), m)
-    if ub2 is not None:
-        bd2 = torch.minimum(bd2, ub2.to(bd2.dtype))
-    lo, hi = tri.min(1).values, tri.max(1).values
-    bound = bd2.sqrt().cpu().double().numpy() * (1 + 1e-9) + rad * (1 + 1e-9) + 1e-300
-    step = max(1, _CHUNK_PAIRS // max(1, 4 * kk))
-    for s in range(0, m, step):
-        hits = tree.query_ball_point(qn[s : s + step], bound[s : s + step])
-        counts = np.fromiter((len(h) for h in hits), dtype=np.int64, count=len(hits))
-        ti = torch.as_tensor(np.concatenate([np.asarray(h, dtype=np.int64) for h in hits]),
-                             device=dev)
-        qi = torch.arange(s, s + len(hits), device=dev).repeat_interleave(
-            torch.as_tensor(counts, device=dev))
-        # exact prune: a triangle's box distance is a lower bound of its distance, the best of
-        # the 8 nearest centroids' triangles an upper bound; only the survivors get the kernel
-        qq = q[qi]
-        gap = torch.clamp(torch.maximum(lo[ti] - qq, qq - hi[ti]), min=0)
-        keep = (gap * gap).sum(-1) <= bd2[qi] * (1 + 1e-9)
-        qi, ti = qi[keep], ti[keep]
-        if qi.numel() == 0:
-            continue
-        w, dd, tt, pp, ff = _pairs_best(q, tri, qi, ti, m)
-        d2[w], tid[w], pt[w], ft[w] = dd, tt, pp, ff
-    return d2, tid, pt, ft

@@ -14,10 +14,11 @@ Algorithm (all collectives over one process group):
    shares every rank's triangle boxes (``nboxes`` runs of its rows).
 2. **Query.** Each query's distance to the surface is at most its distance to the far corner of
    any box; it travels only to ranks with a box nearer than that bound. Those ranks find their
-   nearest triangle exactly (kd-tree prune, :mod:`._triangles`) and answer with the squared
-   distance, the closest point, the sign of ``(q - c) . n`` with ``n`` the pseudo-normal of the
-   feature ``c`` lies on, and the triangle's global index; the querier keeps the nearest (ties
-   by the lower triangle index).
+   nearest triangle exactly (a branch and bound over a tree of disc-bounded triangle nodes,
+   :mod:`._trisearch`, built once per surface) and answer with the squared distance, the
+   closest point, the sign of ``(q - c) . n`` with ``n`` the pseudo-normal of the feature
+   ``c`` lies on, and the triangle's global index; the querier keeps the nearest (ties by the
+   lower triangle index).
 
 The sign is exact for a closed, consistently oriented, non-self-intersecting surface: negative
 inside, positive outside, 0 on the surface. With open edges (or non-manifold / inconsistently
@@ -37,7 +38,8 @@ import torch.distributed as dist
 from meshshard.comm.check import check_collective
 from meshshard.comm.rows import all_gather_rows, all_to_all, exchange_counts
 from meshshard.ops._regions import box_maxdist2, box_mindist2
-from meshshard.ops._triangles import FEATURE_EDGES, face_geometry, nearest_triangles
+from meshshard.ops._triangles import FEATURE_EDGES, face_geometry
+from meshshard.ops._trisearch import TriangleTree
 from meshshard.ops.api import _is_st, _layout, _wrap
 
 __all__ = ["ShardedSurface", "grid_sdf", "signed_distance"]
@@ -179,13 +181,14 @@ class ShardedSurface:
         # pseudo-normals per triangle feature: [face, vertex a, b, c, edge ab, bc, ca]
         self.pn = torch.cat([normal[:, None], vsum, esum[..., :3]], 1) * self.orientation
         self.boxes = all_gather_rows(_boxes(tri, nboxes), group)  # (P, nboxes, 7)
+        self.tree = TriangleTree(tri) if t else None
 
     def _answer(self, q: torch.Tensor, ub2: torch.Tensor) -> torch.Tensor:
         """Rows ``[d2, cx, cy, cz, sign, global triangle]`` of this rank's nearest triangle."""
         out = torch.full((q.shape[0], 6), float("inf"), dtype=torch.float64, device=q.device)
         if q.shape[0] == 0 or self.tri.shape[0] == 0:
             return out
-        d2, tid, pt, ft = nearest_triangles(q, self.tri, ub2)
+        d2, tid, pt, ft = self.tree.nearest(q, ub2)
         n = self.pn[tid.clamp(min=0), ft]
         s = torch.sign(((q - pt) * n).sum(-1))
         return torch.cat([d2[:, None], pt, s[:, None], (tid + self.offset)[:, None].double()], 1)
