@@ -169,7 +169,13 @@ def vtk_sdf(tri, shape):
     t0 = time.perf_counter()
     f = vtk.vtkImplicitPolyDataDistance()
     f.SetInput(mesh)
-    out = np.array([f.EvaluateFunction(p) for p in nodes])
+    # the whole array in one call (vtkImplicitFunction.FunctionValue): no per-point Python
+    from vtk.util.numpy_support import numpy_to_vtk, vtk_to_numpy
+
+    src = numpy_to_vtk(np.ascontiguousarray(nodes), deep=True)
+    dst = vtk.vtkDoubleArray()
+    f.FunctionValue(src, dst)
+    out = vtk_to_numpy(dst).copy()
     return time.perf_counter() - t0, torch.from_numpy(out)
 
 
