@@ -12,13 +12,14 @@ Algorithm (all collectives over one process group):
    by three or more, or twice in the same direction (inconsistent orientation) is found. One
    all-reduce of the signed volume tells whether the triangles face outwards. One all-gather
    shares every rank's triangle boxes (``nboxes`` runs of its rows).
-2. **Query.** Each query's distance to the surface is at most its distance to the far corner of
-   any box; it travels only to ranks with a box nearer than that bound. Those ranks find their
-   nearest triangle exactly (a branch and bound over a tree of disc-bounded triangle nodes,
-   :mod:`._trisearch`, built once per surface) and answer with the squared distance, the
+2. **Query**, in two rounds. First every query goes to the rank of its nearest box, which
+   answers with its exact nearest triangle (a branch and bound over a tree of disc-bounded
+   triangle nodes, :mod:`._trisearch`, built once per surface): the squared distance, the
    closest point, the sign of ``(q - c) . n`` with ``n`` the pseudo-normal of the feature
-   ``c`` lies on, and the triangle's global index; the querier keeps the nearest (ties by the
-   lower triangle index).
+   ``c`` lies on, and the triangle's global index. That distance bounds the answer: the query
+   then goes only to the other ranks with a box within it, which search with it as their
+   bound (a rank whose triangles all lie beyond it prunes at its tree's root). The querier
+   keeps the nearest (ties by the lower triangle index).
 
 The sign is exact for a closed, consistently oriented, non-self-intersecting surface: negative
 inside, positive outside, 0 on the surface. With open edges (or non-manifold / inconsistently
@@ -37,7 +38,7 @@ import torch.distributed as dist
 
 from meshshard.comm.check import check_collective
 from meshshard.comm.rows import all_gather_rows, all_to_all, exchange_counts
-from meshshard.ops._regions import box_maxdist2, box_mindist2
+from meshshard.ops._regions import box_mindist2
 from meshshard.ops._triangles import FEATURE_EDGES, face_geometry
 from meshshard.ops._trisearch import TriangleTree
 from meshshard.ops.api import _is_st, _layout, _wrap
@@ -55,11 +56,32 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
     return (x.detach().double() + 0.0).contiguous().view(torch.int64)
 
 
-def _owner(keys: torch.Tensor, P: int) -> torch.Tensor:
+def _hash(keys: torch.Tensor) -> torch.Tensor:
     h = torch.zeros(keys.shape[0], dtype=torch.int64, device=keys.device)
     for j in range(keys.shape[1]):
         h = (h ^ (keys[:, j] * _PRIMES[j % len(_PRIMES)])) * 31 + (h >> 29)
-    return h.remainder(P)
+    return h
+
+
+def _owner(keys: torch.Tensor, P: int) -> torch.Tensor:
+    return _hash(keys).remainder(P)
+
+
+def _groups(keys: torch.Tensor) -> torch.Tensor:
+    """Group index of every row of the int64 keys (n, c): equal rows, and only they, share one.
+
+    One sort by a 64-bit hash, then a check that every run of equal hashes holds equal rows
+    (``torch.unique(dim=0)`` is 10x slower); a hash collision falls back to it."""
+    h = _hash(keys)
+    o = torch.argsort(h)
+    hs, ks = h[o], keys[o]
+    new = torch.ones(keys.shape[0], dtype=torch.bool, device=keys.device)
+    new[1:] = hs[1:] != hs[:-1]
+    if bool((~new[1:] & (ks[1:] != ks[:-1]).any(1)).any()):
+        return torch.unique(keys, dim=0, return_inverse=True)[1]
+    inv = torch.empty_like(h)
+    inv[o] = torch.cumsum(new, 0) - 1
+    return inv
 
 
 def _keyed_sum(keys: torch.Tensor, vals: torch.Tensor, group) -> torch.Tensor:
@@ -74,7 +96,7 @@ def _keyed_sum(keys: torch.Tensor, vals: torch.Tensor, group) -> torch.Tensor:
     rk = all_to_all(keys[o], send, recv, group)
     rv = all_to_all(vals[o], send, recv, group)
     if rk.shape[0]:
-        _, inv = torch.unique(rk, dim=0, return_inverse=True)
+        inv = _groups(rk)
         sums = rv.new_zeros((int(inv.max()) + 1, rv.shape[1])).index_add(0, inv, rv)
         back_vals = sums[inv]
     else:
@@ -193,6 +215,20 @@ class ShardedSurface:
         s = torch.sign(((q - pt) * n).sum(-1))
         return torch.cat([d2[:, None], pt, s[:, None], (tid + self.offset)[:, None].double()], 1)
 
+    def _ask(self, q: torch.Tensor, qi: torch.Tensor, dest: torch.Tensor,
+             ub2: torch.Tensor) -> torch.Tensor:
+        """Rows ``q[qi]`` to ranks ``dest`` with their bounds ``ub2``; the answers
+        (:meth:`_answer`), aligned with ``qi``. Collective."""
+        P, _ = _world(self.group)
+        o = torch.argsort(dest, stable=True)
+        send = torch.bincount(dest, minlength=P).tolist()
+        recv = exchange_counts(send, self.group, q.device)
+        rq = all_to_all(torch.cat([q[qi[o]], ub2[o, None]], 1), send, recv, self.group)
+        back = all_to_all(self._answer(rq[:, :3], rq[:, 3]), recv, send, self.group)
+        out = torch.empty_like(back)
+        out[o] = back
+        return out
+
     def signed_distance(self, queries: torch.Tensor, *, signed: bool = True) -> torch.Tensor:
         """Signed (or unsigned) distance of this rank's ``queries`` (m, 3) to the surface.
 
@@ -202,25 +238,26 @@ class ShardedSurface:
         if queries.ndim != 2 or queries.shape[1] != 3:
             msg = f"signed_distance: queries must be (m, 3), got {tuple(queries.shape)}"
             raise ValueError(msg)
-        P, rank = _world(self.group)
+        P, _ = _world(self.group)
         q = queries.detach().double()
-        boxes = self.boxes.reshape(-1, 7)
-        nb = self.boxes.shape[1]
-        m = q.shape[0]
+        m, nb = q.shape[0], self.boxes.shape[1]
+        inf = torch.full((m,), float("inf"), dtype=torch.float64, device=q.device)
+        # round 1: every query to the rank of its nearest box, for an exact upper bound
         if m:
-            far = torch.where(boxes[:, 6][None] > 0, box_maxdist2(q, boxes), float("inf"))
-            bound = far.min(1).values * (1 + 1e-9)
-            near = (box_mindist2(q, boxes) <= bound[:, None]).reshape(m, P, nb).any(2)
+            mind = box_mindist2(q, self.boxes.reshape(-1, 7)).reshape(m, P, nb).amin(2)
+            first = mind.argmin(1)
         else:
-            bound = torch.zeros(0, dtype=torch.float64)
-            near = torch.zeros((0, P), dtype=torch.bool)
+            mind = torch.zeros((0, P), dtype=torch.float64, device=q.device)
+            first = torch.zeros(0, dtype=torch.int64, device=q.device)
+        every = torch.arange(m, device=q.device)
+        one = self._ask(q, every, first, inf)
+        # round 2: only to the other ranks with a box within that bound, which then search
+        # with it (a far rank's tree prunes at its root)
+        near = mind <= one[:, 0:1] * (1 + 1e-9)
+        near[every, first] = False
         dest, qi = torch.nonzero(near.t(), as_tuple=True)
-        send = torch.bincount(dest, minlength=P).tolist()
-        recv = exchange_counts(send, self.group, q.device)
-        # each query travels with its upper bound (some box's farthest corner): a rank skips
-        # its triangles beyond it instead of searching from its own, possibly far, nearest
-        rq = all_to_all(torch.cat([q[qi], bound[qi, None]], 1), send, recv, self.group)
-        back = all_to_all(self._answer(rq[:, :3], rq[:, 3]), recv, send, self.group)
+        two = self._ask(q, qi, dest, one[qi, 0])
+        back, qi = torch.cat([one, two]), torch.cat([every, qi])
         # keep per query the smallest d2, ties by lower triangle index
         o = torch.argsort(back[:, 5], stable=True)
         o = o[torch.argsort(back[o, 0], stable=True)]

@@ -84,3 +84,18 @@ def test_closest_points_match_dense_sampling():
     samples = torch.einsum("sk,tkd->tsd", w, tri)  # (5, S, 3)
     dense = torch.cdist(q, samples.reshape(-1, 3)).reshape(7, 5, -1).min(-1).values.reshape(-1)
     assert (d <= dense + 1e-12).all() and (dense - d).max() < 0.02
+
+
+@pytest.mark.parametrize("collide", [False, True])
+def test_groups_are_exactly_the_equal_rows(monkeypatch, collide):
+    from meshshard.ops import sdf
+
+    g = torch.Generator().manual_seed(3)
+    keys = torch.randint(-3, 3, (500, 4), generator=g)
+    keys[::7] = keys[1::7][: keys[::7].shape[0]]  # many duplicates
+    if collide:  # every row hashes alike: the check must see it and fall back
+        monkeypatch.setattr(sdf, "_hash", lambda k: torch.zeros(k.shape[0], dtype=torch.int64))
+    inv = sdf._groups(keys)
+    _, want = torch.unique(keys, dim=0, return_inverse=True)
+    same = inv[:, None] == inv[None]
+    assert torch.equal(same, want[:, None] == want[None])
