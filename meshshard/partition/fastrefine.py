@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.partition.volrefine import _check_int, check_refine_args
+from meshshard.partition._validation import check_int
+from meshshard.partition.volrefine import check_refine_args
 
 __all__ = ["ROUNDS", "refine_volume_fast"]
 
@@ -120,7 +121,7 @@ def refine_volume_fast(
     ...     path, refine_volume_fast(path, a, 2, ufactor=400), 2)
     (4, 2)
     """
-    rounds = _check_int("rounds", rounds, 1)
+    rounds = check_int("rounds", rounds, 1)
     g, a, parts, w, t, ufactor, seed = check_refine_args(graph_csr, assignment, parts, weights,
                                                          targets, ufactor, seed)
     return _refine_fast(g, a, parts, w, t, ufactor, rounds, seed, bool(plateau))
