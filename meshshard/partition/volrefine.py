@@ -184,28 +184,6 @@ def check_refine_args(graph_csr: Any, assignment: Any, parts: Any, weights: Any,
 
 def _refine(
     g: Any,
-    a: np.ndarray,
-    parts: int,
-    w: np.ndarray | None,
-    t: np.ndarray,
-    ufactor: float,
-    passes: int,
-    window: int,
-    seed: int,
-) -> np.ndarray:
-    """:func:`refine_volume` on inputs already checked (a canonical CSR graph)."""
-    n = a.size
-    if parts == 1 or n == 0:
-        return a.copy()
-    start = communication_volume(g, a, parts)
-    out = _fm(g, a, parts, w, t, ufactor, passes, window, seed)
-    if communication_volume(g, out, parts) > start:  # cannot happen; never return worse
-        return a.copy()
-    return out
-
-
-def _fm(
-    g: Any,
     a0: np.ndarray,
     parts: int,
     w: np.ndarray | None,
@@ -215,8 +193,13 @@ def _fm(
     window: int,
     seed: int,
 ) -> np.ndarray:
-    indptr, indices = g.indptr, g.indices
+    """:func:`refine_volume` on inputs already checked (a canonical CSR graph): the FM passes,
+    never returning a worse volume than ``a0``'s."""
     n = a0.size
+    if parts == 1 or n == 0:
+        return a0.copy()
+    start = communication_volume(g, a0, parts)
+    indptr, indices = g.indptr, g.indices
     lab: list[int] = a0.tolist()
     wt = [] if w is None else w.tolist()
     load = (np.bincount(a0, minlength=parts) if w is None
@@ -330,4 +313,7 @@ def _fm(
                   len(boundary), len(moves), best_len, best)  # fmt: skip
         if best <= 0:
             break
-    return np.asarray(lab, dtype=np.int64)
+    out = np.asarray(lab, dtype=np.int64)
+    if communication_volume(g, out, parts) > start:  # cannot happen; never return worse
+        return a0.copy()
+    return out
