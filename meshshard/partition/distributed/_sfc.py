@@ -18,7 +18,7 @@ import numpy as np
 from meshshard.comm.host import Comm
 from meshshard.partition.distributed._keys import torch_codes
 from meshshard.partition.distributed._mem import index_dtype, trim_heap
-from meshshard.partition.distributed._record import DistributedPartition, part_owners
+from meshshard.partition.distributed._record import DistributedPartition, owner_counts
 from meshshard.partition.sfc import _ENCODERS, _encode, _ensure_nonempty, bounding_box
 
 __all__ = ["sfc_partition", "global_box"]
@@ -188,14 +188,8 @@ def sfc_partition(
     if not allow_empty and N >= int((targets > 0).sum()):
         ptr = _ensure_nonempty(ptr, targets > 0)
     sizes = np.diff(ptr)
-    owners = part_owners(parts, W)
-    # stored rows owned by each rank: [rank_start[o], rank_start[o + 1])
-    first = np.searchsorted(owners, np.arange(W + 1))
-    rank_start = ptr[np.minimum(first, parts)]
-    rank_start[-1] = N
-    cut = np.clip(rank_start, bo, bo + m) - bo
     comm.phase = "order exchange"
-    order, _ = comm.alltoallv(g, np.diff(cut))
+    order, _ = comm.alltoallv(g, owner_counts(ptr, parts, W, bo, m))
     del g
     comm.phase = "group replies"
     reply = np.empty(m, dtype=idt)
@@ -280,14 +274,8 @@ def _packed(comm, keys, idx_bits, parts, targets, counts, method, bits, allow_em
     comm.phase = "position exchange"
     back, _ = comm.alltoallv(reply, back_counts, send_counts)
     del reply
-    owners = part_owners(parts, W)
-    first = np.searchsorted(owners, np.arange(W + 1))
-    rank_start = ptr[np.minimum(first, parts)]
-    rank_start[-1] = N
-    bo = int(block_start[rank])
-    cut = np.clip(rank_start, bo, bo + m) - bo
     comm.phase = "order exchange"
-    order, _ = comm.alltoallv(rows, np.diff(cut))
+    order, _ = comm.alltoallv(rows, owner_counts(ptr, parts, W, int(block_start[rank]), m))
     del rows
     comm.phase = "positions"
     gpos = np.empty(n, dtype=idt)  # global stored position of each local row
