@@ -81,18 +81,8 @@ def refine_volume_fast(
 
     Parameters
     ----------
-    graph_csr : scipy.sparse matrix of shape (N, N)
-        Symmetric adjacency without self loops (edge weights ignored).
-    assignment : int array of shape (N,)
-        Part of every vertex, in ``[0, parts)``.
-    parts : int
-        Number of parts P >= 1.
-    weights : array of shape (N,), optional
-        Non-negative vertex weights to balance (default: 1 each).
-    targets : array of shape (P,), optional
-        Target fraction of the total weight per part (sums to 1; zeros stay empty).
-    ufactor : float
-        Allowed imbalance in thousandths, as METIS' ``-ufactor`` (30 = 3 %).
+    graph_csr, assignment, parts, weights, targets, ufactor
+        As :func:`meshshard.partition.volrefine.refine_volume`.
     rounds : int
         Most rounds of batched moves.
     seed : int
