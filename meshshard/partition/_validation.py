@@ -12,7 +12,9 @@ import numpy as np
 
 __all__ = [
     "as_points",
+    "check_epsilon",
     "check_graph",
+    "check_int",
     "check_parts",
     "check_targets",
     "check_weights",
@@ -66,6 +68,25 @@ def as_points(points: Any, name: str = "points", *, keep_float: bool = False) ->
         )
         raise ValueError(msg)
     return arr
+
+
+def check_int(name: str, val: Any, low: int) -> int:
+    """Validate an integer option ``name`` (not a bool) that must be ``>= low``."""
+    if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < low:
+        msg = f"{name}={val!r} must be an integer >= {low}"
+        raise ValueError(msg)
+    return int(val)
+
+
+def check_epsilon(epsilon: Any) -> None:
+    """Validate a partitioner's allowed imbalance ``epsilon``: a float in (0, 1)."""
+    if (
+        isinstance(epsilon, bool)
+        or not isinstance(epsilon, (int, float, np.floating))
+        or not (0 < float(epsilon) < 1)
+    ):
+        msg = f"epsilon={epsilon!r} must be a float in (0, 1), the allowed imbalance (0.03 = 3 %)"
+        raise ValueError(msg)
 
 
 def check_parts(parts: Any, n: int, *, allow_empty: bool) -> int:

@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.partition.volrefine import _check_int, check_refine_args
+from meshshard.partition._validation import check_int
+from meshshard.partition.volrefine import check_refine_args
 
 __all__ = ["ROUNDS", "refine_volume_fast"]
 
@@ -80,18 +81,8 @@ def refine_volume_fast(
 
     Parameters
     ----------
-    graph_csr : scipy.sparse matrix of shape (N, N)
-        Symmetric adjacency without self loops (edge weights ignored).
-    assignment : int array of shape (N,)
-        Part of every vertex, in ``[0, parts)``.
-    parts : int
-        Number of parts P >= 1.
-    weights : array of shape (N,), optional
-        Non-negative vertex weights to balance (default: 1 each).
-    targets : array of shape (P,), optional
-        Target fraction of the total weight per part (sums to 1; zeros stay empty).
-    ufactor : float
-        Allowed imbalance in thousandths, as METIS' ``-ufactor`` (30 = 3 %).
+    graph_csr, assignment, parts, weights, targets, ufactor
+        As :func:`meshshard.partition.volrefine.refine_volume`.
     rounds : int
         Most rounds of batched moves.
     seed : int
@@ -120,7 +111,7 @@ def refine_volume_fast(
     ...     path, refine_volume_fast(path, a, 2, ufactor=400), 2)
     (4, 2)
     """
-    rounds = _check_int("rounds", rounds, 1)
+    rounds = check_int("rounds", rounds, 1)
     g, a, parts, w, t, ufactor, seed = check_refine_args(graph_csr, assignment, parts, weights,
                                                          targets, ufactor, seed)
     return _refine_fast(g, a, parts, w, t, ufactor, rounds, seed, bool(plateau))

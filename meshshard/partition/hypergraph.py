@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.partition._validation import check_epsilon, check_int
 from meshshard.partition.graphpart import check_refine, metis_assignment, partition_on_graph
 from meshshard.partition.record import Partition
 
@@ -86,13 +87,6 @@ def _initializer(threads: int) -> Any:
     return _STATE["init"]
 
 
-def _check_int(name: str, val: Any, low: int) -> int:
-    if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < low:
-        msg = f"{name}={val!r} must be an integer >= {low}"
-        raise ValueError(msg)
-    return int(val)
-
-
 def check_options(preset: Any, epsilon: Any, threads: Any, seed: Any, rings: Any, init: Any,
                   vcycles: Any, deterministic: Any = True) -> None:  # fmt: skip
     """One place for the option checks, before Mt-KaHyPar sees them."""
@@ -106,17 +100,11 @@ def check_options(preset: Any, epsilon: Any, threads: Any, seed: Any, rings: Any
             "'deterministic' or 'deterministic_quality'"
         )
         raise ValueError(msg)
-    if (
-        isinstance(epsilon, bool)
-        or not isinstance(epsilon, (int, float, np.floating))
-        or not (0 < float(epsilon) < 1)
-    ):
-        msg = f"epsilon={epsilon!r} must be a float in (0, 1), the allowed imbalance (0.03 = 3 %)"
-        raise ValueError(msg)
-    _check_int("threads", threads, 1)
-    _check_int("seed", seed, 0)
-    _check_int("rings", rings, 1)
-    _check_int("vcycles", vcycles, 0)
+    check_epsilon(epsilon)
+    check_int("threads", threads, 1)
+    check_int("seed", seed, 0)
+    check_int("rings", rings, 1)
+    check_int("vcycles", vcycles, 0)
     if init not in INITS:
         msg = f"init={init!r} is not one of {INITS}: use None or 'metis'"
         raise ValueError(msg)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.partition._validation import check_epsilon, check_int
 from meshshard.partition.graphpart import check_refine, partition_on_graph
 from meshshard.partition.record import Partition
 
@@ -66,18 +67,9 @@ def _check_options(preset: Any, epsilon: Any, threads: Any, seed: Any) -> None:
         msg = (f"preset={preset!r} is not one of {PRESETS}: use 'default', 'strong', 'eco', "
                "'fast' or 'strong_rows'")
         raise ValueError(msg)
-    if (
-        isinstance(epsilon, bool)
-        or not isinstance(epsilon, (int, float, np.floating))
-        or not (0 < float(epsilon) < 1)
-    ):
-        msg = f"epsilon={epsilon!r} must be a float in (0, 1), the allowed imbalance (0.03 = 3 %)"
-        raise ValueError(msg)
-    for name, val in (("threads", threads), ("seed", seed)):
-        low = 1 if name == "threads" else 0
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < low:
-            msg = f"{name}={val!r} must be an integer >= {low}"
-            raise ValueError(msg)
+    check_epsilon(epsilon)
+    check_int("threads", threads, 1)
+    check_int("seed", seed, 0)
 
 
 def _write_parhip(path: str, graph: Any, vweights: np.ndarray | None) -> None:

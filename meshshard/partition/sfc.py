@@ -124,16 +124,8 @@ def morton_codes(points: Any, bits: int | None = None) -> np.ndarray:
 def hilbert_codes(points: Any, bits: int | None = None) -> np.ndarray:
     """Hilbert code of every point (Skilling's transpose algorithm, vectorised over points).
 
-    Parameters
-    ----------
-    points : array of shape (N, 3) or (N, 2)
-    bits : int, optional
-        Grid resolution per axis (default: from N; at most 21 in 3-D, 31 in 2-D).
-
-    Returns
-    -------
-    ndarray of shape (N,), uint64
-        Consecutive codes are face-adjacent grid cells.
+    Same parameters and return type as :func:`morton_codes`; consecutive codes are
+    face-adjacent grid cells.
     """
     return _codes(points, bits, _ENCODERS["hilbert"])
 

@@ -47,6 +47,7 @@ import numpy as np
 from meshshard.partition._validation import (
     _to_numpy,
     check_graph,
+    check_int,
     check_targets,
     check_weights,
     unique_int,
@@ -73,13 +74,6 @@ def communication_volume(graph: Any, assignment: np.ndarray, parts: int) -> int:
     pc = a[graph.indices]
     cut = a[rows] != pc
     return int(unique_int(rows[cut] * int(parts) + pc[cut]).size)
-
-
-def _check_int(name: str, val: Any, low: int) -> int:
-    if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < low:
-        msg = f"{name}={val!r} must be an integer >= {low}"
-        raise ValueError(msg)
-    return int(val)
 
 
 def _check_ufactor(ufactor: Any) -> float:
@@ -167,8 +161,8 @@ def refine_volume(
     ...     path, refine_volume(path, a, 2, ufactor=400), 2)
     (4, 2)
     """
-    passes = _check_int("passes", passes, 1)
-    window = _check_int("window", window, 1)
+    passes = check_int("passes", passes, 1)
+    window = check_int("window", window, 1)
     g, a, parts, w, t, ufactor, seed = check_refine_args(graph_csr, assignment, parts, weights,
                                                          targets, ufactor, seed)
     return _refine(g, a, parts, w, t, float(ufactor), passes, window, seed)
@@ -178,8 +172,8 @@ def check_refine_args(graph_csr: Any, assignment: Any, parts: Any, weights: Any,
                       ufactor: Any, seed: Any) -> tuple:
     """The validated ``(graph, assignment, parts, weights, targets, ufactor, seed)`` of a
     ghost-row refinement (shared by the FM here and :mod:`.fastrefine`)."""
-    parts = _check_int("parts", parts, 1)
-    seed = _check_int("seed", seed, 0)
+    parts = check_int("parts", parts, 1)
+    seed = check_int("seed", seed, 0)
     ufactor = _check_ufactor(ufactor)
     g = check_graph(graph_csr)
     n = g.shape[0]
@@ -190,28 +184,6 @@ def check_refine_args(graph_csr: Any, assignment: Any, parts: Any, weights: Any,
 
 def _refine(
     g: Any,
-    a: np.ndarray,
-    parts: int,
-    w: np.ndarray | None,
-    t: np.ndarray,
-    ufactor: float,
-    passes: int,
-    window: int,
-    seed: int,
-) -> np.ndarray:
-    """:func:`refine_volume` on inputs already checked (a canonical CSR graph)."""
-    n = a.size
-    if parts == 1 or n == 0:
-        return a.copy()
-    start = communication_volume(g, a, parts)
-    out = _fm(g, a, parts, w, t, ufactor, passes, window, seed)
-    if communication_volume(g, out, parts) > start:  # cannot happen; never return worse
-        return a.copy()
-    return out
-
-
-def _fm(
-    g: Any,
     a0: np.ndarray,
     parts: int,
     w: np.ndarray | None,
@@ -221,8 +193,13 @@ def _fm(
     window: int,
     seed: int,
 ) -> np.ndarray:
-    indptr, indices = g.indptr, g.indices
+    """:func:`refine_volume` on inputs already checked (a canonical CSR graph): the FM passes,
+    never returning a worse volume than ``a0``'s."""
     n = a0.size
+    if parts == 1 or n == 0:
+        return a0.copy()
+    start = communication_volume(g, a0, parts)
+    indptr, indices = g.indptr, g.indices
     lab: list[int] = a0.tolist()
     wt = [] if w is None else w.tolist()
     load = (np.bincount(a0, minlength=parts) if w is None
@@ -336,4 +313,7 @@ def _fm(
                   len(boundary), len(moves), best_len, best)  # fmt: skip
         if best <= 0:
             break
-    return np.asarray(lab, dtype=np.int64)
+    out = np.asarray(lab, dtype=np.int64)
+    if communication_volume(g, out, parts) > start:  # cannot happen; never return worse
+        return a0.copy()
+    return out

@@ -18,7 +18,7 @@ from meshshard.comm.host import Comm
 from meshshard.partition.distributed._mem import index_dtype, trim_heap
 from meshshard.partition.distributed._record import DistributedPartition, part_owners
 from meshshard.partition.distributed._select import select
-from meshshard.partition.distributed._sfc import encode
+from meshshard.partition.distributed._sfc import encode, reply_positions
 from meshshard.partition.sfc import default_bits
 
 __all__ = ["rcb_partition"]
@@ -186,21 +186,11 @@ def _to_owners(
     del recv
     order = rows[rperm]
     del rows
-    m = order.size
     first = int(np.searchsorted(owners, rank))
     base = int(ptr[min(first, parts)])
-    reply = np.empty(m, dtype=idt)
-    for c in range(0, m, _STEP):
-        reply[rperm[c : c + _STEP]] = np.arange(base + c, base + min(m, c + _STEP), dtype=idt)
-    del rperm
-    trim_heap()
-    comm.phase = "rcb position exchange"
-    back, _ = comm.alltoallv(reply, recv_counts, send_counts)
-    del reply
-    comm.phase = "rcb positions"
-    position = np.empty(n, dtype=idt)
-    position[sperm] = back
-    del back, sperm
+    perms = [sperm, rperm]  # handed over: each is freed as soon as it is spent
+    del sperm, rperm
+    position = reply_positions(comm, perms, base, recv_counts, send_counts, idt, "rcb ")
     for c in range(0, n, _STEP):  # chunked: no int64 temporary of all rows
         position[c : c + _STEP] -= ptr[dest[c : c + _STEP]].astype(idt)
     params = {"targets": np.asarray(targets).tolist(), "weighted": bool(weighted)}

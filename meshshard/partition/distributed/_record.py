@@ -6,13 +6,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["DistributedPartition", "part_owners"]
+__all__ = ["DistributedPartition", "owner_counts", "part_owners"]
 
 
 def part_owners(parts: int, world: int) -> np.ndarray:
     """Rank that owns (stores) each part: contiguous blocks, ``owner[p] = p * world // parts``
     (the identity when ``parts == world``)."""
     return (np.arange(parts, dtype=np.int64) * world) // parts
+
+
+def owner_counts(ptr: np.ndarray, parts: int, world: int, start: int, m: int) -> np.ndarray:
+    """Rows of the stored block ``[start, start + m)`` bound for each rank: part ``p`` is stored
+    rows ``ptr[p]:ptr[p + 1]`` (``ptr[-1]`` = N) and lives on rank :func:`part_owners` ``[p]``."""
+    first = np.searchsorted(part_owners(parts, world), np.arange(world + 1))
+    # stored rows owned by each rank: [rank_start[o], rank_start[o + 1])
+    rank_start = ptr[np.minimum(first, parts)]
+    rank_start[-1] = ptr[-1]
+    return np.diff(np.clip(rank_start, start, start + m) - start)
 
 
 @dataclass(frozen=True, eq=False)

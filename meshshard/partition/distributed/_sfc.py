@@ -18,7 +18,7 @@ import numpy as np
 from meshshard.comm.host import Comm
 from meshshard.partition.distributed._keys import torch_codes
 from meshshard.partition.distributed._mem import index_dtype, trim_heap
-from meshshard.partition.distributed._record import DistributedPartition, part_owners
+from meshshard.partition.distributed._record import DistributedPartition, owner_counts
 from meshshard.partition.sfc import _ENCODERS, _encode, _ensure_nonempty, bounding_box
 
 __all__ = ["sfc_partition", "global_box"]
@@ -188,34 +188,44 @@ def sfc_partition(
     if not allow_empty and N >= int((targets > 0).sum()):
         ptr = _ensure_nonempty(ptr, targets > 0)
     sizes = np.diff(ptr)
-    owners = part_owners(parts, W)
-    # stored rows owned by each rank: [rank_start[o], rank_start[o + 1])
-    first = np.searchsorted(owners, np.arange(W + 1))
-    rank_start = ptr[np.minimum(first, parts)]
-    rank_start[-1] = N
-    cut = np.clip(rank_start, bo, bo + m) - bo
     comm.phase = "order exchange"
-    order, _ = comm.alltoallv(g, np.diff(cut))
+    order, _ = comm.alltoallv(g, owner_counts(ptr, parts, W, bo, m))
     del g
     comm.phase = "group replies"
-    reply = np.empty(m, dtype=idt)
-    for c in range(0, m, STEP):
-        reply[rperm[c : c + STEP]] = np.arange(bo + c, bo + min(m, c + STEP), dtype=idt)
-    del rperm
-    trim_heap()
-    comm.phase = "position exchange"
-    back, _ = comm.alltoallv(reply, recv_counts, send_counts)
-    del reply
-    comm.phase = "positions"
-    position = np.empty(n, dtype=idt)
-    position[lperm] = back
-    del back, lperm
+    perms = [lperm, rperm]  # handed over: each is freed as soon as it is spent
+    del lperm, rperm
+    position = reply_positions(comm, perms, bo, recv_counts, send_counts, idt)
     dest = _to_part_rows(ptr, position)
     params = {"bits": int(bits), "targets": targets.tolist(), "weighted": w is not None}
     return DistributedPartition(
         method=method, rank=rank, world=W, counts=counts, sizes=sizes, dest=dest,
         position=position, order=order, params=params,
     )  # fmt: skip
+
+
+def reply_positions(comm: Comm, perms: list[np.ndarray], base: int, recv_counts: np.ndarray,
+                    send_counts: np.ndarray, idt: type, prefix: str = "") -> np.ndarray:
+    """Stored position of every local row (collective), after an exchange that sent the local
+    rows in the order ``lperm`` (``send_counts`` per rank) and received ``recv_counts``: the
+    received rows, taken in the order ``rperm``, are stored positions ``base, base + 1, ...``;
+    those go back to the senders, which put them at the rows ``lperm`` names. ``perms`` is
+    ``[lperm, rperm]``, handed over (no frame keeps them alive once spent); ``prefix`` starts
+    the phase names."""
+    rperm = perms.pop()
+    m = rperm.size
+    reply = np.empty(m, dtype=idt)
+    for c in range(0, m, STEP):
+        reply[rperm[c : c + STEP]] = np.arange(base + c, base + min(m, c + STEP), dtype=idt)
+    del rperm
+    trim_heap()
+    comm.phase = prefix + "position exchange"
+    back, _ = comm.alltoallv(reply, recv_counts, send_counts)
+    del reply
+    comm.phase = prefix + "positions"
+    lperm = perms.pop()
+    position = np.empty(lperm.size, dtype=idt)
+    position[lperm] = back
+    return position
 
 
 def _to_part_rows(ptr: np.ndarray, gpos: np.ndarray) -> np.ndarray:
@@ -280,14 +290,8 @@ def _packed(comm, keys, idx_bits, parts, targets, counts, method, bits, allow_em
     comm.phase = "position exchange"
     back, _ = comm.alltoallv(reply, back_counts, send_counts)
     del reply
-    owners = part_owners(parts, W)
-    first = np.searchsorted(owners, np.arange(W + 1))
-    rank_start = ptr[np.minimum(first, parts)]
-    rank_start[-1] = N
-    bo = int(block_start[rank])
-    cut = np.clip(rank_start, bo, bo + m) - bo
     comm.phase = "order exchange"
-    order, _ = comm.alltoallv(rows, np.diff(cut))
+    order, _ = comm.alltoallv(rows, owner_counts(ptr, parts, W, int(block_start[rank]), m))
     del rows
     comm.phase = "positions"
     gpos = np.empty(n, dtype=idt)  # global stored position of each local row

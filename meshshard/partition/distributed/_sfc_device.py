@@ -19,7 +19,7 @@ import numpy as np
 
 from meshshard.comm.host import Comm
 from meshshard.partition.distributed._keys import torch_codes
-from meshshard.partition.distributed._record import DistributedPartition, part_owners
+from meshshard.partition.distributed._record import DistributedPartition, owner_counts
 from meshshard.partition.distributed._sfc import ENCODE_CHUNK, SAMPLES_PER_RANK, uniform_starts
 from meshshard.partition.sfc import _ensure_nonempty
 
@@ -128,14 +128,8 @@ def packed_device(
     comm.phase = "position exchange"
     back = _exchange(comm, reply, back_counts, send_counts)
     del reply
-    owners = part_owners(parts, W)
-    first = np.searchsorted(owners, np.arange(W + 1))
-    rank_start = ptr[np.minimum(first, parts)]
-    rank_start[-1] = N
-    bo = int(block_start[rank])
-    cut = np.clip(rank_start, bo, bo + m) - bo
     comm.phase = "order exchange"
-    order = _exchange(comm, rows, np.diff(cut))
+    order = _exchange(comm, rows, owner_counts(ptr, parts, W, int(block_start[rank]), m))
     del rows
     # global stored position of each local row: back piece r holds offsets into block r
     shift = torch.repeat_interleave(

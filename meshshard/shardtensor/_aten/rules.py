@@ -538,15 +538,17 @@ def _reshape(loc, shape, *_a, **_k):
     return loc.reshape(shape)
 
 
-@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-def _view(func, args, kwargs) -> Plan:
-    x = args[0]
+def view_plan(x: ShardTensor, shape: Any, place: Callable) -> Plan | None:
+    """The plan of a view of ``x`` as ``shape`` that moves nothing: every sharded mesh dim
+    ``i`` (placement ``p``, flat stride ``sigma`` of its dim) lands where ``place(in_shape,
+    out_shape, i, p, sigma)`` says, ``(out dim, blocks, per-rank sizes)``; None when ``place``
+    returns None for one of them."""
     spec = x._spec
     in_shape = list(x.shape)
     numel = 1
     for s in in_shape:
         numel = numel * s
-    out_shape = _infer(args[1], numel)
+    out_shape = _infer(shape, numel)
     placements, sizes = [], []
     local_out = list(out_shape)
     for i, p in enumerate(spec.placements):
@@ -557,6 +559,22 @@ def _view(func, args, kwargs) -> Plan:
         sigma = 1
         for t in in_shape[p.dim + 1:]:
             sigma = sigma * t
+        found = place(in_shape, out_shape, i, p, sigma)
+        if found is None:
+            return None
+        od, blocks, s = found
+        placements.append(shard_like(p, od, blocks))
+        sizes.append(s)
+        local_out[od] = s[_coord(spec.mesh)[1][i]] * blocks
+    return Plan((), ((1, local_out),), _reshape,
+                _spec_with(spec, placements, sizes, out_shape))
+
+
+@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def _view(func, args, kwargs) -> Plan:
+    spec = args[0]._spec
+
+    def place(in_shape, out_shape, i, p, sigma):
         found = _map_view_dim(out_shape, sigma, extent(spec, i))
         if found is None:
             msg = (
@@ -565,12 +583,9 @@ def _view(func, args, kwargs) -> Plan:
             )
             raise NotImplementedError(msg)
         od, blocks, q = found
-        placements.append(shard_like(p, od, blocks))
-        s = spec.sizes[i] if q == 1 else tuple(v * q for v in spec.sizes[i])
-        sizes.append(s)
-        local_out[od] = s[_coord(spec.mesh)[1][i]] * blocks
-    return Plan((), ((1, local_out),), _reshape,
-                _spec_with(spec, placements, sizes, out_shape))
+        return od, blocks, spec.sizes[i] if q == 1 else tuple(v * q for v in spec.sizes[i])
+
+    return view_plan(args[0], args[1], place)
 
 
 def extent(spec, i: int):

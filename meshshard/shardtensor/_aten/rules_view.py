@@ -18,8 +18,7 @@ from __future__ import annotations
 import torch
 
 from meshshard.shardtensor._aten import rules as _R
-from meshshard.shardtensor._aten.rules import Plan, _coord, _map_view_dim, _spec_with, rule
-from meshshard.shardtensor._aten.tensor import SHARDED, shard_like
+from meshshard.shardtensor._aten.rules import Plan, _map_view_dim, rule
 
 aten = torch.ops.aten
 _EARLIER = _R._RULES[aten.view.default]  # rules_shape's (imported before this module)
@@ -65,30 +64,15 @@ def _map(outs: list, sigma, n, sizes: tuple):
 
 @rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def _view(func, args, kwargs) -> Plan:
-    x = args[0]
-    spec = x._spec
-    in_shape = list(x.shape)
-    numel = 1
-    for s in in_shape:
-        numel = numel * s
-    out_shape = _R._infer(args[1], numel)
-    placements, sizes, used = [], [], set()
-    local_out = list(out_shape)
-    for i, p in enumerate(spec.placements):
-        if not isinstance(p, SHARDED):
-            placements.append(p)
-            sizes.append(None)
-            continue
-        sigma = 1
-        for t in in_shape[p.dim + 1:]:
-            sigma = sigma * t
+    spec = args[0]._spec
+    used = set()
+
+    def place(in_shape, out_shape, i, p, sigma):
         found = _map(out_shape, sigma, _R.extent(spec, i), spec.sizes[i])
         if found is None or found[0] in used:
-            return _EARLIER(func, args, kwargs)
-        od, blocks, s = found
-        used.add(od)
-        placements.append(shard_like(p, od, blocks))
-        sizes.append(s)
-        local_out[od] = s[_coord(spec.mesh)[1][i]] * blocks
-    return Plan((), ((1, local_out),), _R._reshape,
-                _spec_with(spec, placements, sizes, out_shape))
+            return None
+        used.add(found[0])
+        return found
+
+    plan = _R.view_plan(args[0], args[1], place)
+    return _EARLIER(func, args, kwargs) if plan is None else plan
