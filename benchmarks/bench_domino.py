@@ -1,8 +1,9 @@
 """DoMINO, one training step (forward + backward) on 1, 2 and 4 gloo ranks (1 thread each),
 and the sharded SDF against VTK's single-process implicit distance.
 
-Step: STL points (uniform on an ellipsoid, sharded evenly), sampled surface points (sharded
-evenly), the latent grid cut in slabs along D (``--layout slab``) or replicated. Per rank:
+Step: STL points (uniform on an ellipsoid) and sampled surface points, sharded evenly in z
+order (``--points-layout z``, the slab axis) or in generation order (``interleaved``: spatially
+at random), the latent grid cut in slabs along D (``--layout slab``) or replicated. Per rank:
 median step time (wall), bytes saved for backward (exact, ``saved_tensors_hooks``: the
 activation memory) and peak RSS growth over the step. Ratios are against the 1-rank run of the
 same script (the plain-torch path: LocalOps when ranks = 1).
@@ -89,6 +90,15 @@ def _split(n, r, p):
     return slice(n * r // p, n * (r + 1) // p)
 
 
+def _shard(x, rank, world, layout):
+    """This rank's rows: ``z`` cuts the points in z order (the slab axis: what a coordinate
+    bisection or a slab-aligned partition gives); ``interleaved`` cuts them in generation
+    order, i.e. spatially at random, so every query needs every rank."""
+    if layout == "z":
+        x = x[torch.argsort(x[:, 2], stable=True)]
+    return x[_split(x.shape[0], rank, world)]
+
+
 def step_rank(rank, world, args):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -104,8 +114,8 @@ def step_rank(rank, world, args):
     D = shape[0]
     sizes = [len(range(D)[_split(D, r, world)]) for r in range(world)]
     lay = GridLayout(shape, lo, spacing, sizes=sizes if args["layout"] == "slab" else None)
-    stl = _ellipsoid_points(args["stl"], 0)[_split(args["stl"], rank, world)]
-    pts = _ellipsoid_points(args["points"], 1)[_split(args["points"], rank, world)]
+    stl = _shard(_ellipsoid_points(args["stl"], 0), rank, world, args["points_layout"])
+    pts = _shard(_ellipsoid_points(args["points"], 1), rank, world, args["points_layout"])
     nrm = pts / pts.norm(dim=1, keepdim=True)
     tgt = torch.randn(pts.shape[0], 4, generator=torch.Generator().manual_seed(rank))
     sdf = torch.randn(lay.local_shape(rank))
@@ -188,6 +198,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--layout", choices=("slab", "replicated"), default="slab")
+    ap.add_argument("--points-layout", choices=("z", "interleaved"), default="z",
+                    help="how the STL and sampled points are cut over ranks")
     ap.add_argument("--triangles", type=int, default=50000, help="SDF mesh size (0: skip)")
     ap.add_argument("--local-ref", action="store_true",
                     help="P=1 with the brute-force LocalOps (small sizes only) instead of the "
@@ -195,8 +207,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sdf-grid", type=int, nargs=3, default=(32, 16, 16))
     args = ap.parse_args(argv)
     cfg = dict(grid=args.grid, stl=args.stl, points=args.points, hidden=args.hidden,
-               steps=args.steps, layout=args.layout, local_ref=args.local_ref)
-    print(f"DoMINO step: grid {tuple(args.grid)} ({args.layout}), {args.stl} STL points, "
+               steps=args.steps, layout=args.layout, local_ref=args.local_ref,
+               points_layout=args.points_layout)
+    print(f"DoMINO step: grid {tuple(args.grid)} ({args.layout}), {args.stl} STL points "
+          f"({args.points_layout}), "
           f"{args.points} surface points, hidden {args.hidden}, 1 thread per rank")
     base = None
     for p in (int(x) for x in args.ranks.split(",") if x):  # --ranks "": SDF only

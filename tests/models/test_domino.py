@@ -54,3 +54,21 @@ def test_domino_rejects_bad_radii():
         DoMINO(radii=(0.0, 0.2))
     with pytest.raises(ValueError, match="pair up"):
         DoMINO(radii=(0.1,), neighbors=(4, 8))
+
+
+def test_cpu_conv_as_2d_rows_equals_conv3d():
+    """The processor's CPU path (three batched 2-D convs) is the 3-D conv, forward and
+    backward, on slabs from one row to many (float64: the rounding floor is ~1e-16)."""
+    from meshshard.models.domino import _conv
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv3d(3, 5, 3, padding=(0, 1, 1)).double()
+    for d in (1, 2, 7):
+        x = torch.randn(3, d + 2, 4, 6, dtype=torch.float64, requires_grad=True)
+        want = conv(x)
+        gw = torch.autograd.grad(want.square().sum(), [x, conv.weight, conv.bias])
+        got = _conv(conv, x)
+        gg = torch.autograd.grad(got.square().sum(), [x, conv.weight, conv.bias])
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        for a, b in zip(gg, gw):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
