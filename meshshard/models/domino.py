@@ -17,7 +17,8 @@ Everything that needs the whole domain (ball queries, kNN, neighbour gathers, th
 grid sampling) goes through a small pluggable ``ops`` object (:class:`LocalOps` here). The
 model imports nothing from meshshard: with ``meshshard.ops.domino_ops.ShardedDominoOps`` the
 same module runs domain-parallel on this rank's rows of every input (points sharded, the grid
-replicated or cut in slabs along ``D``), and each rank's loss and parameter gradients are its
+replicated, cut in slabs along ``D``, or in blocks along ``D`` and ``H`` on a 2-D mesh), and
+each rank's loss and parameter gradients are its
 share: sum them over ranks (one all-reduce) to get one process's.
 """
 
@@ -66,8 +67,9 @@ class LocalOps:
         return pool[torch.where(index < 0, features.shape[0], index)]
 
     def halo(self, grid, width: int) -> torch.Tensor:
-        """Pad (C, D, H, W) with ``width`` rows of zeros on both sides of ``D``."""
-        return F.pad(grid, (0, 0, 0, 0, width, width))
+        """Pad (C, D, H, W) with ``width`` zeros on both sides of every spatial dim (a sharded
+        ops object fills the sides its neighbours own with their rows)."""
+        return F.pad(grid, (width,) * 6)
 
     def sample(self, grid, points, origin, spacing, shape) -> torch.Tensor:
         """Trilinear values (m, C) of the grid at physical points (border padding)."""
@@ -97,42 +99,40 @@ def _pool(mlp: nn.Module, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tenso
 class _ResBlock(nn.Module):
     def __init__(self, c: int):
         super().__init__()
-        self.conv1 = nn.Conv3d(c, c, 3, padding=(0, 1, 1))
-        self.conv2 = nn.Conv3d(c, c, 3, padding=(0, 1, 1))
+        self.conv1 = nn.Conv3d(c, c, 3)  # ops.halo pads every side
+        self.conv2 = nn.Conv3d(c, c, 3)
 
     def forward(self, x, ops):
-        h = _conv(self.conv1, ops.halo(x, 1)) if x.shape[1] else _empty_conv(self.conv1,
-                                                                             ops.halo(x, 1))
-        h = F.gelu(h)
-        h = _conv(self.conv2, ops.halo(h, 1)) if h.shape[1] else _empty_conv(self.conv2,
-                                                                             ops.halo(h, 1))
-        return F.gelu(x + h)
+        h = F.gelu(_conv(self.conv1, ops.halo(x, 1)))
+        return F.gelu(x + _conv(self.conv2, ops.halo(h, 1)))
 
 
 def _conv(conv: nn.Conv3d, padded: torch.Tensor) -> torch.Tensor:
-    """``conv`` (3x3x3, padding (0, 1, 1)) of an unbatched slab ``padded`` (C, D + 2, H, W).
+    """``conv`` (3x3x3, no padding) of an unbatched block ``padded`` (C, D + 2, H + 2, W + 2).
 
     On the CPU, as three 2-D convs over the ``D`` rows (one per kernel row, the rows as the
     batch): torch runs a single-sample 3-D conv with its native ``slow_conv3d`` unless
     ``C * D * H > 20480`` (``use_mkldnn`` in ATen's Convolution.cpp), ~7x slower than oneDNN
     on a thin slab (16 x 34 x 32 x 32: 0.145 s against 0.020 s, forward and backward, 1
-    thread). The batched 2-D convs always take oneDNN. Elsewhere (cuDNN), the 3-D conv."""
+    thread). The batched 2-D convs always take oneDNN. Elsewhere (cuDNN), the 3-D conv.
+    An empty block gives no rows but stays on the autograd graph (the halos are collective)."""
+    if min(padded.shape[1:]) <= 2:
+        return _empty_conv(conv, padded)
     if padded.device.type != "cpu":
         return conv(padded)
     D = padded.shape[1] - 2
     out = None
     for kd in range(3):
-        y = F.conv2d(padded[:, kd : kd + D].transpose(0, 1), conv.weight[:, :, kd], None,
-                     padding=1)
+        y = F.conv2d(padded[:, kd : kd + D].transpose(0, 1), conv.weight[:, :, kd], None)
         out = y if out is None else out + y
     return (out + conv.bias[None, :, None, None]).transpose(0, 1)
 
 
 def _empty_conv(conv: nn.Conv3d, padded: torch.Tensor) -> torch.Tensor:
-    """A conv over an empty slab: no rows out, but on the autograd graph (collective halos)."""
-    c, _, h, w = padded.shape
+    """A conv over an empty block: no rows out, but on the autograd graph (collective halos)."""
+    shape = [max(n - 2, 0) for n in padded.shape[1:]]
     zero = 0 * (padded.sum() + sum(p.sum() for p in conv.parameters()))
-    return padded.new_zeros((conv.out_channels, 0, h, w)) + zero
+    return padded.new_zeros((conv.out_channels, *shape)) + zero
 
 
 class DoMINO(nn.Module):
@@ -187,7 +187,7 @@ class DoMINO(nn.Module):
         self.basis = _mlp(3 + hidden, hidden, out_channels)
 
     def encode_grid(self, stl_points: torch.Tensor, sdf_grid: torch.Tensor) -> torch.Tensor:
-        """Geometry encoding + processor: (hidden, D_local, H, W) for this rank's slab."""
+        """Geometry encoding + processor: (hidden, D_local, H_local, W) for this rank's block."""
         ops = self.ops
         nodes = ops.grid_nodes(self.grid_shape, self.origin, self.spacing, stl_points.dtype)
         feats = []
@@ -197,7 +197,7 @@ class DoMINO(nn.Module):
             feats.append(_pool(mlp, rel / r, idx >= 0))
         g = torch.cat([*feats, sdf_grid.reshape(-1, 1).to(stl_points.dtype)], 1)
         x = self.lift(g)
-        x = x.T.reshape(x.shape[1], sdf_grid.shape[0], *self.grid_shape[1:])
+        x = x.T.reshape(x.shape[1], *sdf_grid.shape)
         for blk in self.blocks:
             x = blk(x, ops)
         return x
@@ -209,7 +209,7 @@ class DoMINO(nn.Module):
         Parameters
         ----------
         stl_points : (N, 3) STL points (this rank's rows when sharded)
-        sdf_grid : (D_local, H, W) the grid's signed distance field (this rank's slab)
+        sdf_grid : (D_local, H_local, W) the grid's signed distance field (this rank's block)
         points : (M, 3) sampled surface / volume points
         point_features : (M, point_features), optional
 

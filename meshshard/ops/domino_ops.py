@@ -3,9 +3,10 @@
 The model is plain torch and calls six ops (``grid_nodes``, ``ball_query``, ``knn``,
 ``gather``, ``halo``, ``sample``); :class:`ShardedDominoOps` answers them on this rank's rows
 with meshshard's exact distributed kernels: the STL points and the sampled points are sharded
-(uneven, empty shards allowed), the latent grid is either replicated or cut in slabs along
-``D`` (uneven, one-row and empty slabs allowed; halos reach across several ranks when a slab is
-thinner than the conv).
+(uneven, empty shards allowed), the latent grid is either replicated, cut in slabs along ``D``
+on a 1-D mesh, or cut in blocks along ``D`` (mesh dim 0) and ``H`` (mesh dim 1) on a 2-D mesh
+(uneven, one-row and empty slabs allowed; halos reach across several ranks when a slab is
+thinner than the conv). On a 2-D mesh the points are cut over all its ranks (rank order).
 
 Gradient convention: each rank's loss is its share of the global loss (its rows' sum divided
 by the global count); after ``backward`` sum every parameter's gradient over the ranks (one
@@ -16,7 +17,7 @@ Every method is collective over the group (forward and backward).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
 
 import torch
 import torch.distributed as dist
@@ -37,31 +38,74 @@ class ShardedDominoOps:
     Parameters
     ----------
     mesh : DeviceMesh
-        1-D mesh of the ranks sharing one sample.
-    grid_sizes : sequence of int, optional
-        Rows of the latent grid's ``D`` per rank (sum ``D``; zeros allowed). ``None``: every rank
-        holds the whole grid (replicated; no grid communication, redundant grid compute).
+        The ranks sharing one sample: 1-D, or 2-D (spanning the whole default group) for a grid
+        cut along two axes.
+    grid_sizes : optional
+        1-D mesh: rows of the latent grid's ``D`` per rank (sum ``D``; zeros allowed), or
+        ``None``: every rank holds the whole grid (replicated; no grid communication, redundant
+        grid compute). 2-D mesh: ``(d_sizes, h_sizes)``, the rows of ``D`` per coordinate of
+        mesh dim 0 and of ``H`` per coordinate of mesh dim 1; rank ``(a, b)`` holds rows
+        ``d_sizes[a]`` x ``h_sizes[b]`` x all of ``W``.
     backend : str
         Local neighbour kernel (see :mod:`meshshard.ops.kernels`).
     """
 
-    def __init__(self, mesh, grid_sizes: Sequence[int] | None = None, *, backend: str = "auto"):
+    def __init__(self, mesh, grid_sizes=None, *, backend: str = "auto"):
         self.mesh = mesh
-        self.group = mesh.get_group(0)
+        self.backend = backend
+        if mesh.ndim == 1:
+            self.group = mesh.get_group(0)
+            self.grid_sizes = None if grid_sizes is None else tuple(int(s) for s in grid_sizes)
+            cuts = [] if grid_sizes is None else [self.grid_sizes]
+        elif mesh.ndim == 2:
+            if mesh.size() != dist.get_world_size():
+                msg = (f"ShardedDominoOps: a 2-D mesh must span the default group "
+                       f"({mesh.size()} of {dist.get_world_size()} ranks)")
+                raise ValueError(msg)
+            if grid_sizes is None or len(grid_sizes) != 2:
+                msg = ("ShardedDominoOps: on a 2-D mesh grid_sizes must be (d_sizes, h_sizes), "
+                       f"got {grid_sizes!r}")
+                raise ValueError(msg)
+            self.group = None  # the points are cut over every rank
+            self.grid_sizes = tuple(tuple(int(s) for s in g) for g in grid_sizes)
+            cuts = list(self.grid_sizes)
+        else:
+            msg = f"ShardedDominoOps: the mesh must be 1-D or 2-D, got {mesh.ndim}-D"
+            raise ValueError(msg)
         self.rank = dist.get_rank(self.group)
         self.world = dist.get_world_size(self.group)
-        self.grid_sizes = None if grid_sizes is None else tuple(int(s) for s in grid_sizes)
-        if self.grid_sizes is not None and len(self.grid_sizes) != self.world:
-            msg = (f"ShardedDominoOps: grid_sizes has {len(self.grid_sizes)} entries for "
-                   f"{self.world} ranks")
-            raise ValueError(msg)
-        self.backend = backend
+        for dim, sizes in enumerate(cuts):
+            if len(sizes) != mesh.size(dim) or any(s < 0 for s in sizes):
+                msg = (f"ShardedDominoOps: grid sizes {list(sizes)} for mesh dim {dim} must be "
+                       f"{mesh.size(dim)} counts >= 0")
+                raise ValueError(msg)
+        self.coord = mesh.get_coordinate()
+
+    def _block(self, shape) -> list[tuple[int, int]]:
+        """``(first row, rows)`` of this rank's block along D, H and W."""
+        out = [(0, int(n)) for n in shape]
+        cuts = [] if self.grid_sizes is None else (
+            [self.grid_sizes] if self.mesh.ndim == 1 else list(self.grid_sizes))
+        for axis, sizes in enumerate(cuts):
+            if sum(sizes) != shape[axis]:
+                msg = (f"ShardedDominoOps: grid sizes {list(sizes)} do not sum to the grid's "
+                       f"{'DHW'[axis]}={shape[axis]}")
+                raise ValueError(msg)
+            c = self.coord[axis]
+            out[axis] = (sum(sizes[:c]), sizes[c])
+        return out
 
     def layout(self, shape, origin, spacing) -> GridLayout:
+        if self.mesh.ndim == 2:
+            msg = "ShardedDominoOps.layout: a GridLayout cuts one axis; use grid_nodes"
+            raise ValueError(msg)
         return GridLayout(shape, origin, spacing, sizes=self.grid_sizes, axis=0)
 
     def grid_nodes(self, shape, origin, spacing, dtype) -> torch.Tensor:
-        return self.layout(shape, origin, spacing).local_nodes(self.rank, dtype)
+        """This rank's nodes (C order of its block) as (n, 3) coordinates."""
+        axes = [torch.arange(r0, r0 + n) for r0, n in self._block(shape)]
+        idx = torch.stack([m.reshape(-1) for m in torch.meshgrid(*axes, indexing="ij")], 1)
+        return GridLayout(shape, origin, spacing).coords(idx, dtype)
 
     def ball_query(self, points, queries, r: float, k: int) -> torch.Tensor:
         """The nearest ``<= k`` points within ``r``: the ``k`` nearest, those beyond ``r``
@@ -88,15 +132,18 @@ class ShardedDominoOps:
         return H.gather_neighbors(features, index, group=self.group)
 
     def halo(self, grid, width: int) -> torch.Tensor:
+        """Pad (C, D, H, W) by ``width`` on every side: the neighbours' rows across a cut
+        (several ranks deep when their blocks are thin), zeros at the domain's boundary."""
         if self.grid_sizes is None:
-            return tF.pad(grid, (0, 0, 0, 0, width, width))
-        c, d, h, w = grid.shape
-        row0 = sum(self.grid_sizes[: self.rank])
-        rows = torch.arange(row0 - width, row0 + d + width, device=grid.device)
-        rows = torch.where((rows >= 0) & (rows < sum(self.grid_sizes)), rows, -1)
-        flat = grid.permute(1, 0, 2, 3).reshape(d, c * h * w)
-        out = H.gather_neighbors(flat, rows, group=self.group, sizes=self.grid_sizes)
-        return out.reshape(-1, c, h, w).permute(1, 0, 2, 3)
+            return tF.pad(grid, (width,) * 6)
+        if self.mesh.ndim == 1:
+            out = _halo_rows(grid, 1, width, self.grid_sizes, self.coord[0], self.group)
+            return tF.pad(out, (width, width, width, width))
+        out = _halo_rows(grid, 1, width, self.grid_sizes[0], self.coord[0],
+                         self.mesh.get_group(0))
+        out = _halo_rows(out, 2, width, self.grid_sizes[1], self.coord[1],
+                         self.mesh.get_group(1))
+        return tF.pad(out, (width, width))
 
     def sample(self, grid, points, origin, spacing, shape) -> torch.Tensor:
         lay = GridLayout(shape, origin, spacing)
@@ -104,16 +151,71 @@ class ShardedDominoOps:
         if self.grid_sizes is None:  # whole grid here: purely local (partial gradients)
             return grid_sample(grid[None], c[None], align_corners=True,
                                padding_mode="border")[0]
+        if self.mesh.ndim == 2:
+            return self._sample_blocks(grid, c, shape)
         G = from_local(grid[None], self.mesh, [Shard(2)], [list(self.grid_sizes)],
                        validate=False)
         Cc = from_local(c[None], self.mesh, [Shard(1)], None)
         out = grid_sample(G, Cc, align_corners=True, padding_mode="border")
         return out.to_local()[0]
 
+    def _sample_blocks(self, grid, c, shape) -> torch.Tensor:
+        """Trilinear sampling (``align_corners=True``, border) of a grid cut in 2-D blocks:
+        each point fetches its cell's 8 corner nodes from their owners (one gather)."""
+        ds, hs = self.grid_sizes
+        W = int(shape[2])
+        size = torch.tensor([W, shape[1], shape[0]], dtype=c.dtype)
+        u = ((c + 1) / 2 * (size - 1)).clamp(min=0)
+        u = torch.minimum(u, size - 1)  # (x, y, z) = (w, h, d) node coordinates
+        i0 = torch.minimum(u.detach().floor(), (size - 2).clamp(min=0)).long()
+        frac = u - i0.to(u.dtype)
+        i1 = torch.minimum(i0 + 1, (size - 1).long())
+        dcut = torch.tensor(ds).cumsum(0)
+        hcut = torch.tensor(hs).cumsum(0)
+        ranks = self.mesh.mesh  # (len(ds), len(hs)) global ranks
+        counts = torch.zeros(self.world, dtype=torch.int64)
+        counts[ranks.reshape(-1)] = (torch.tensor(ds)[:, None] * torch.tensor(hs)[None]
+                                     * W).reshape(-1)
+        offset = counts.cumsum(0) - counts
+        rows, wts = [], []
+        for corner in range(8):
+            pick = [(corner >> bit) & 1 for bit in range(3)]  # x, y, z
+            idx = [i1[:, a] if pick[a] else i0[:, a] for a in range(3)]
+            wgt = 1
+            for a in range(3):
+                wgt = wgt * (frac[:, a] if pick[a] else 1 - frac[:, a])
+            w_, h_, d_ = (i.contiguous() for i in idx)
+            a_ = torch.bucketize(d_, dcut, right=True)
+            b_ = torch.bucketize(h_, hcut, right=True)
+            local = ((d_ - (dcut - torch.tensor(ds))[a_]) * torch.tensor(hs)[b_]
+                     + (h_ - (hcut - torch.tensor(hs))[b_])) * W + w_
+            rows.append(offset[ranks[a_, b_]] + local)
+            wts.append(wgt)
+        C = grid.shape[0]
+        flat = grid.permute(1, 2, 3, 0).reshape(-1, C)
+        vals = H.gather_neighbors(flat, torch.stack(rows, 1), group=self.group,
+                                  sizes=counts.tolist())  # (m, 8, C)
+        return (vals * torch.stack(wts, 1)[..., None]).sum(1)
+
     def reduce_mean_count(self, n: int) -> int:
         t = torch.tensor([n], dtype=torch.int64)
         dist.all_reduce(t, group=self.group)
         return int(t)
+
+
+def _halo_rows(grid: torch.Tensor, dim: int, width: int, sizes, coord: int,
+               group) -> torch.Tensor:
+    """``grid`` with ``width`` rows of spatial ``dim`` (1 = D, 2 = H) added on both sides from
+    the ranks of ``group`` (which hold ``sizes`` rows each); -1 rows beyond the domain: zeros."""
+    x = grid.movedim(dim, 0)
+    n = x.shape[0]
+    rest = x.shape[1:]
+    row0 = sum(sizes[:coord])
+    rows = torch.arange(row0 - width, row0 + n + width, device=grid.device)
+    rows = torch.where((rows >= 0) & (rows < sum(sizes)), rows, -1)
+    width_of_row = math.prod(rest)
+    out = H.gather_neighbors(x.reshape(n, width_of_row), rows, group=group, sizes=list(sizes))
+    return out.reshape(n + 2 * width, *rest).movedim(0, dim)
 
 
 def allreduce_grads(module: torch.nn.Module, group: dist.ProcessGroup | None = None) -> None:

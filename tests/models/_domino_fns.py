@@ -45,16 +45,27 @@ def sharded(rank, world_size, cases):
 
     from meshshard.ops.domino_ops import ShardedDominoOps, allreduce_grads
 
-    mesh = init_device_mesh("cpu", (world_size,))
+    meshes = {}
     res = []
     for case in cases:
+        shape = tuple(case.get("mesh", (world_size,)))
+        if shape not in meshes:
+            meshes[shape] = init_device_mesh("cpu", shape)
+        mesh = meshes[shape]
         dtype = case.get("dtype", torch.float64)
         stl, pts, sdf, feat, target = data(sum(case["stl"]), sum(case["points"]), dtype)
         so, po = sum(case["stl"][:rank]), sum(case["points"][:rank])
         sl = slice(so, so + case["stl"][rank])
         pl = slice(po, po + case["points"][rank])
         gs = case["grid"]
-        sdf_l = sdf if gs is None else sdf[sum(gs[:rank]) : sum(gs[:rank]) + gs[rank]]
+        if gs is None:
+            sdf_l = sdf
+        elif len(shape) == 1:
+            sdf_l = sdf[sum(gs[:rank]) : sum(gs[:rank]) + gs[rank]]
+        else:  # rank (a, b) of the 2-D mesh: D rows ds[a], H rows hs[b]
+            a, b = mesh.get_coordinate()
+            (ds, hs) = gs
+            sdf_l = sdf[sum(ds[:a]) : sum(ds[: a + 1]), sum(hs[:b]) : sum(hs[: b + 1])]
         ops = ShardedDominoOps(mesh, gs)
         m = model(dtype, ops, n_neighbors=case.get("k", 7))
         out = m(stl[sl], sdf_l, pts[pl], feat[pl])

@@ -1,6 +1,7 @@
-"""DoMINO on 2-3 gloo ranks (points sharded uneven with an empty shard; the grid replicated or
-cut in slabs along D, one-row and empty slabs) equals one process: outputs, loss and every
-parameter gradient (float64 to 1e-9, float32 to 1e-4)."""
+"""DoMINO on 2-4 gloo ranks (points sharded uneven with an empty shard; the grid replicated,
+cut in slabs along D, or in blocks along D and H on a 2x2 mesh, one-row and empty slabs)
+equals one process: outputs, loss and every parameter gradient (float64 to 1e-9, float32 to
+1e-4)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,16 @@ CASES = {
     3: [
         {"stl": [10, 0, 80], "points": [10, 0, 30], "grid": [2, 0, 4]},
         {"stl": [30, 30, 30], "points": [5, 20, 15], "grid": [1, 1, 4], "k": 10},
+    ],
+    # a 2x2 mesh: the grid in blocks along D (mesh dim 0) and H (mesh dim 1), the points over
+    # all four ranks; one-row blocks, an empty H column, an empty point shard
+    4: [
+        {"mesh": (2, 2), "stl": [30, 0, 40, 20], "points": [12, 0, 20, 8],
+         "grid": ([1, 5], [3, 1])},
+        {"mesh": (2, 2), "stl": [20, 25, 25, 20], "points": [10, 10, 0, 20],
+         "grid": ([4, 2], [4, 0]), "k": 10},
+        {"mesh": (2, 2), "stl": [25, 25, 25, 25], "points": [10, 10, 10, 10],
+         "grid": ([3, 3], [1, 3]), "dtype": torch.float32},
     ],
 }
 _RES: dict = {}
@@ -62,7 +73,7 @@ def test_cpu_conv_as_2d_rows_equals_conv3d():
     from meshshard.models.domino import _conv
 
     torch.manual_seed(0)
-    conv = torch.nn.Conv3d(3, 5, 3, padding=(0, 1, 1)).double()
+    conv = torch.nn.Conv3d(3, 5, 3).double()
     for d in (1, 2, 7):
         x = torch.randn(3, d + 2, 4, 6, dtype=torch.float64, requires_grad=True)
         want = conv(x)
