@@ -216,8 +216,19 @@ class DoMINO(nn.Module):
         Returns
         -------
         Tensor (M, out_channels)
+
+        With ``ShardedDominoOps`` on a 1-D mesh the inputs may also be ShardTensors (points and
+        STL points ``[Shard(0)]``, the grid ``[Shard(0)]`` in the ops' slabs or
+        ``[Replicate()]``); the output is then a ShardTensor laid out like ``points``.
         """
         ops = self.ops
+        like = points
+        if hasattr(ops, "enter"):  # ShardTensor inputs: the ops object takes their pieces
+            stl_points = ops.enter(stl_points, "stl_points")
+            sdf_grid = ops.enter(sdf_grid, "sdf_grid", grid=True)
+            points = ops.enter(points, "points")
+            if point_features is not None:
+                point_features = ops.enter(point_features, "point_features")
         grid = self.encode_grid(stl_points, sdf_grid)
         at = ops.sample(grid, points, self.origin, self.spacing, self.grid_shape)
         feats = [at]
@@ -234,4 +245,5 @@ class DoMINO(nn.Module):
         pred = self.basis(torch.cat([rel, hn], -1))  # (M, K, out)
         w = 1.0 / (torch.linalg.vector_norm(rel, dim=-1) + 1e-6 * self.spacing[0])
         w = torch.where(nb >= 0, w, 0)
-        return (pred * w[..., None]).sum(1) / w.sum(1, keepdim=True)
+        out = (pred * w[..., None]).sum(1) / w.sum(1, keepdim=True)
+        return ops.leave(out, like) if hasattr(ops, "leave") else out

@@ -25,9 +25,10 @@ import torch.nn.functional as tF
 
 from meshshard.ops import functional as Fn
 from meshshard.ops import halo as H
+from meshshard.ops.api import _is_st, _layout, _wrap
 from meshshard.ops.gridpoint import GridLayout
 from meshshard.ops.gridsample import grid_sample
-from meshshard.shardtensor import Shard, from_local
+from meshshard.shardtensor import Replicate, Shard, from_local
 
 __all__ = ["ShardedDominoOps", "allreduce_grads"]
 
@@ -80,6 +81,40 @@ class ShardedDominoOps:
                        f"{mesh.size(dim)} counts >= 0")
                 raise ValueError(msg)
         self.coord = mesh.get_coordinate()
+
+    def enter(self, x, name: str, grid: bool = False):
+        """This rank's piece of a model input: ``x`` itself, or a ShardTensor's local piece
+        after checking its layout: points ``[Shard(0)]``; the grid ``[Shard(0)]`` with this
+        ops' slab sizes, or ``[Replicate()]`` when it is replicated (1-D mesh only)."""
+        if not _is_st(x):
+            return x
+        if self.mesh.ndim != 1:
+            msg = (f"DoMINO: {name} is a ShardTensor, but on a 2-D mesh pass this rank's local "
+                   "tensors (the grid blocks and points are cut over the mesh's two dims)")
+            raise ValueError(msg)
+        if x.device_mesh.mesh.tolist() != self.mesh.mesh.tolist():
+            msg = f"DoMINO: {name} lives on mesh {x.device_mesh}, the ops on {self.mesh}"
+            raise ValueError(msg)
+        pl = tuple(x.placements)
+        if grid and self.grid_sizes is None:
+            if not isinstance(pl[0], Replicate):
+                msg = f"DoMINO: the grid is replicated here, but {name} has placements {pl}"
+                raise ValueError(msg)
+            return x.to_local()
+        local, _, _, _, sizes, _ = _layout(x, name, "DoMINO")
+        if grid and tuple(sizes) != self.grid_sizes:
+            msg = (f"DoMINO: {name} is cut {list(sizes)} along D, the ops' grid_sizes are "
+                   f"{list(self.grid_sizes)}")
+            raise ValueError(msg)
+        return local
+
+    def leave(self, out: torch.Tensor, like):
+        """The output rows, as a ShardTensor laid out like ``like`` (the points) when that is
+        one."""
+        if not _is_st(like):
+            return out
+        _, mesh, pl, _, sizes, _ = _layout(like, "points", "DoMINO")
+        return _wrap(out, mesh, pl, sizes)
 
     def _block(self, shape) -> list[tuple[int, int]]:
         """``(first row, rows)`` of this rank's block along D, H and W."""

@@ -68,7 +68,22 @@ def sharded(rank, world_size, cases):
             sdf_l = sdf[sum(ds[:a]) : sum(ds[: a + 1]), sum(hs[:b]) : sum(hs[: b + 1])]
         ops = ShardedDominoOps(mesh, gs)
         m = model(dtype, ops, n_neighbors=case.get("k", 7))
-        out = m(stl[sl], sdf_l, pts[pl], feat[pl])
+        args = (stl[sl], sdf_l, pts[pl], feat[pl])
+        if case.get("st"):  # the same pieces as ShardTensors: the model runs on them as is
+            from meshshard.shardtensor import Replicate, Shard, from_local
+
+            def st(x, sizes):
+                if sizes is None:
+                    return from_local(x, mesh, [Replicate()])
+                return from_local(x, mesh, [Shard(0)], [list(sizes)])
+
+            args = (st(args[0], case["stl"]), st(args[1], gs), st(args[2], case["points"]),
+                    st(args[3], case["points"]))
+        out = m(*args)
+        if case.get("st"):
+            assert type(out) is type(args[2]), type(out)
+            assert tuple(out.sharding_sizes(0)) == tuple(case["points"])
+            out = out.to_local()
         total = ops.reduce_mean_count(out.numel())
         loss = ((out - target[pl]) ** 2).sum() / total
         loss.backward()
@@ -78,3 +93,23 @@ def sharded(rank, world_size, cases):
         res.append({"out": out.detach(), "loss": lt,
                     "grads": {n: p.grad.clone() for n, p in m.named_parameters()}})
     return res
+
+
+def mismatched(rank, world_size):
+    """The grid as a ShardTensor whose cut disagrees with the ops' (two one-line errors)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.ops.domino_ops import ShardedDominoOps
+    from meshshard.shardtensor import Shard, from_local
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    stl, pts, sdf, feat, _ = data(20, 10, torch.float64)
+    rows = sdf[3 * rank : 3 * rank + 3]
+    g = from_local(rows, mesh, [Shard(0)], [[3, 3]])
+    msgs = []
+    for sizes in ([1, 5], None):
+        try:
+            model(torch.float64, ShardedDominoOps(mesh, sizes))(stl, g, pts, feat)
+        except ValueError as exc:
+            msgs.append(str(exc))
+    return msgs

@@ -10,13 +10,15 @@ import torch
 
 from meshshard.models.domino import DoMINO
 from meshshard.testing.distributed import run_ranks
-from tests.models._domino_fns import reference, sharded
+from tests.models._domino_fns import mismatched, reference, sharded
 
 CASES = {
     2: [
         {"stl": [50, 70], "points": [0, 40], "grid": [1, 5]},
         {"stl": [0, 90], "points": [22, 18], "grid": None, "k": 10},
         {"stl": [60, 60], "points": [25, 15], "grid": [4, 2], "dtype": torch.float32},
+        {"stl": [50, 70], "points": [0, 40], "grid": [1, 5], "st": True},
+        {"stl": [40, 80], "points": [30, 10], "grid": None, "st": True},
     ],
     3: [
         {"stl": [10, 0, 80], "points": [10, 0, 30], "grid": [2, 0, 4]},
@@ -58,6 +60,12 @@ def test_domino_sharded_equals_one_process(world, i):
             assert g.abs().max() > 0, f"{name}: zero gradient in the reference"
             torch.testing.assert_close(rep["grads"][name], g, **tol,
                                        msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_domino_rejects_mismatched_shardtensor_inputs():
+    for msg in run_ranks(mismatched, 2, timeout=120):
+        assert "is cut [3, 3] along D, the ops' grid_sizes are [1, 5]" in msg[0]
+        assert "the grid is replicated here" in msg[1]
 
 
 def test_domino_rejects_bad_radii():
