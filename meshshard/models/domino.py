@@ -72,10 +72,18 @@ class LocalOps:
         return F.pad(grid, (width,) * 6)
 
     def sample(self, grid, points, origin, spacing, shape) -> torch.Tensor:
-        """Trilinear values (m, C) of the grid at physical points (border padding)."""
+        """Trilinear values (m, C) of the grid at physical points (border padding); points
+        outside the grid's box raise ``ValueError``."""
         o = torch.tensor(origin, dtype=points.dtype)
         s = torch.tensor(spacing, dtype=points.dtype)
         size = torch.tensor(shape[::-1], dtype=points.dtype)
+        hi = o + (size - 1) * s
+        tol = 1e-9 * float(s.max())
+        out_of = ((points.detach() < o - tol) | (points.detach() > hi + tol)).any(1)
+        if bool(out_of.any()):
+            msg = (f"DoMINO: the grid (box {o.tolist()} .. {hi.tolist()}) does not cover the "
+                   f"sampled points: {int(out_of.sum())} lie outside; enlarge the grid or crop")
+            raise ValueError(msg)
         c = (points - o) / s / (size - 1).clamp(min=1) * 2 - 1
         out = F.grid_sample(grid[None], c[None, None, None], mode="bilinear",
                             padding_mode="border", align_corners=True)

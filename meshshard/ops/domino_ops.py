@@ -181,7 +181,10 @@ class ShardedDominoOps:
         return tF.pad(out, (width, width))
 
     def sample(self, grid, points, origin, spacing, shape) -> torch.Tensor:
+        """Trilinear values of the sharded grid at this rank's points (border padding).
+        Raises ``ValueError`` on every rank when any rank's point lies outside the grid."""
         lay = GridLayout(shape, origin, spacing)
+        lay.check_covers(points, self.group, what="sampled points")
         c = lay.normalize(points, align_corners=True)
         if self.grid_sizes is None:  # whole grid here: purely local (partial gradients)
             return grid_sample(grid[None], c[None], align_corners=True,

@@ -72,7 +72,7 @@ def sharded(rank, world_size, cases):
         if case.get("st"):  # the same pieces as ShardTensors: the model runs on them as is
             from meshshard.shardtensor import Replicate, Shard, from_local
 
-            def st(x, sizes):
+            def st(x, sizes, mesh=mesh):
                 if sizes is None:
                     return from_local(x, mesh, [Replicate()])
                 return from_local(x, mesh, [Shard(0)], [list(sizes)])
@@ -113,3 +113,22 @@ def mismatched(rank, world_size):
         except ValueError as exc:
             msgs.append(str(exc))
     return msgs
+
+
+def uncovered(rank, world_size):
+    """A sampled point outside the grid on rank 1 only: every rank raises."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.ops.domino_ops import ShardedDominoOps
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    stl, pts, sdf, feat, _ = data(20, 10, torch.float64)
+    pts = pts.clone()
+    if rank == 1:
+        pts[0, 0] = 50.0
+    try:
+        model(torch.float64, ShardedDominoOps(mesh, [3, 3]))(stl, sdf[3 * rank : 3 * rank + 3],
+                                                             pts, feat)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"

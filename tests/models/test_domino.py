@@ -10,7 +10,7 @@ import torch
 
 from meshshard.models.domino import DoMINO
 from meshshard.testing.distributed import run_ranks
-from tests.models._domino_fns import mismatched, reference, sharded
+from tests.models._domino_fns import data, mismatched, model, reference, sharded, uncovered
 
 CASES = {
     2: [
@@ -66,6 +66,15 @@ def test_domino_rejects_mismatched_shardtensor_inputs():
     for msg in run_ranks(mismatched, 2, timeout=120):
         assert "is cut [3, 3] along D, the ops' grid_sizes are [1, 5]" in msg[0]
         assert "the grid is replicated here" in msg[1]
+
+
+def test_domino_rejects_points_outside_the_grid():
+    for msg in run_ranks(uncovered, 2, timeout=120):
+        assert "does not cover the sampled points" in msg and "on ranks [1]" in msg
+    stl, pts, sdf, feat, _ = data(20, 10, torch.float64)
+    pts[3, 2] = -1.0
+    with pytest.raises(ValueError, match="does not cover the sampled points: 1 lie outside"):
+        model(torch.float64)(stl, sdf, pts, feat)
 
 
 def test_domino_rejects_bad_radii():
