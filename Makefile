@@ -20,7 +20,7 @@ lint: venv
 	$(BIN)/ruff check meshshard tests benchmarks examples
 
 test: lint
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 # the manual (docs/ -> build/site) with warnings as errors: broken links, pages missing from
 # the nav, docstrings that do not parse; the docs extra is installed on first use
