@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from meshshard.comm.check import check_collective
-from meshshard.comm.rows import all_gather_rows, all_to_all, exchange_counts
+from meshshard.comm.rows import all_gather_rows, all_to_all, collective_flag, exchange_counts
 from meshshard.ops._regions import box_mindist2
 from meshshard.ops._triangles import FEATURE_EDGES, face_geometry
 from meshshard.ops._trisearch import TriangleTree
@@ -160,6 +160,9 @@ class ShardedSurface:
         self.group = group
         P, rank = _world(group)
         tri = triangles.detach().double()
+        bad = int((~torch.isfinite(tri)).flatten(1).any(1).sum()) if tri.ndim == 3 else 0
+        collective_flag(f"ShardedSurface: {bad} triangles have NaN or inf corners" if bad
+                        else None, group=group, device=tri.device, op="ShardedSurface")
         self.dtype = triangles.dtype
         counts = all_gather_rows(torch.tensor([tri.shape[0]], dtype=torch.float64), group)
         self.sizes = [int(c) for c in counts.reshape(-1).tolist()]
@@ -240,6 +243,9 @@ class ShardedSurface:
             raise ValueError(msg)
         P, _ = _world(self.group)
         q = queries.detach().double()
+        bad = int((~torch.isfinite(q)).any(1).sum())
+        collective_flag(f"signed_distance: {bad} queries have NaN or inf coordinates" if bad
+                        else None, group=self.group, device=q.device, op="signed_distance")
         m, nb = q.shape[0], self.boxes.shape[1]
         inf = torch.full((m,), float("inf"), dtype=torch.float64, device=q.device)
         # round 1: every query to the rank of its nearest box, for an exact upper bound

@@ -114,3 +114,27 @@ def sdf_cases(rank, world_size, cases):
         rep["functional"] = (signed_distance(tl, ql.detach()), want)
         out.append(rep)
     return out
+
+
+def nonfinite(rank, world_size):
+    """NaN in one rank's triangles, then in one rank's queries: every rank raises."""
+    from meshshard.ops.sdf import ShardedSurface
+
+    msgs = []
+    tri = torus()[rank::world_size].clone()
+    bad = tri.clone()
+    if rank == 0:
+        bad[2, 1, 0] = float("nan")
+    try:
+        ShardedSurface(bad)
+    except ValueError as e:
+        msgs.append(str(e))
+    surf = ShardedSurface(tri)
+    q = queries(5)
+    if rank == 1:
+        q[3, 2] = float("inf")
+    try:
+        surf.signed_distance(q)
+    except ValueError as e:
+        msgs.append(str(e))
+    return msgs

@@ -9,7 +9,7 @@ import torch
 
 from meshshard.ops._triangles import closest_points
 from meshshard.testing.distributed import run_ranks
-from tests.ops._sdf_fns import cube, queries, reference, sdf_cases, torus
+from tests.ops._sdf_fns import cube, nonfinite, queries, reference, sdf_cases, torus
 
 CASES = {
     2: [
@@ -99,3 +99,14 @@ def test_groups_are_exactly_the_equal_rows(monkeypatch, collide):
     _, want = torch.unique(keys, dim=0, return_inverse=True)
     same = inv[:, None] == inv[None]
     assert torch.equal(same, want[:, None] == want[None])
+
+
+def test_nonfinite_triangles_and_queries_raise_on_every_rank():
+    for rank, msgs in enumerate(run_ranks(nonfinite, 2, timeout=120)):
+        assert len(msgs) == 2, msgs
+        # the rank with the bad rows names them; the others name that rank
+        tri_msg, q_msg = msgs
+        assert ("1 triangles have NaN or inf" in tri_msg) if rank == 0 else (
+            "invalid input on rank(s) [0]" in tri_msg)
+        assert ("1 queries have NaN or inf" in q_msg) if rank == 1 else (
+            "invalid input on rank(s) [1]" in q_msg)
