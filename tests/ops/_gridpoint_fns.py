@@ -52,17 +52,24 @@ def gridpoint_cases(rank, world_size, cases):
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.ops.gridpoint import GridLayout, grid_knn, grid_radius
-    from meshshard.shardtensor import Shard, from_local
+    from meshshard.shardtensor import Replicate, Shard, from_local
 
-    mesh = init_device_mesh("cpu", (world_size,))
+    meshes: dict = {}
     out = []
     for case in cases:
+        # a 2-D mesh: the points (and the grid's cut) on mesh dim 0, Replicate on dim 1
+        shape = tuple(case.get("mesh", (world_size,)))
+        if shape not in meshes:
+            meshes[shape] = init_device_mesh("cpu", shape)
+        mesh = meshes[shape]
+        me = mesh.get_coordinate()[0]
+        place = [Shard(0)] + [Replicate()] * (len(shape) - 1)
         psz, gsz, axis = case["points"], case["grid"], case.get("axis", 0)
         lay = GridLayout(SHAPE, ORIGIN, SPACING, sizes=gsz, axis=axis)
         pts = _points(sum(psz), case.get("seed", 0))
-        off = sum(psz[:rank])
-        pl = pts[off : off + psz[rank]].clone().requires_grad_()
-        P = from_local(pl, mesh, [Shard(0)], psz)
+        off = sum(psz[:me])
+        pl = pts[off : off + psz[me]].clone().requires_grad_()
+        P = from_local(pl, mesh, place, [psz] + [None] * (len(shape) - 1))
         full_lay = GridLayout(SHAPE, ORIGIN, SPACING)
         nodes = full_lay.local_nodes(0, torch.float64)
         rp = pts.clone().requires_grad_()
@@ -75,11 +82,11 @@ def gridpoint_cases(rank, world_size, cases):
             want = ref_radius(rp, nodes, case["r"]) if op == "radius" else ref_knn(rp, nodes,
                                                                                   case["k"])
             # this rank's rows are its slab's nodes, in C order of the slab
-            mine = full_lay.flat(lay.local_index(rank)) if gsz is not None else None
+            mine = full_lay.flat(lay.local_index(me)) if gsz is not None else None
         else:
             want = ref_radius(nodes, rp, case["r"]) if op == "radius" else ref_knn(nodes, rp,
                                                                                   case["k"])
-            mine = torch.arange(off, off + psz[rank])
+            mine = torch.arange(off, off + psz[me])
         wd, wi = want
         if mine is not None:
             wd, wi = wd[mine], wi[mine]
@@ -90,7 +97,7 @@ def gridpoint_cases(rank, world_size, cases):
         gpl = torch.zeros_like(pl) if pl.grad is None else pl.grad
         rgrad = rp.grad.clone()
         gfull = torch.zeros_like(pts)
-        gfull[off : off + psz[rank]] = gpl
+        gfull[off : off + psz[me]] = gpl
         torch.distributed.all_reduce(gfull)
         torch.distributed.all_reduce(rgrad)
         out.append({"index": (i.to_local(), wi), "dist": (d.to_local().detach(), wd.detach()),

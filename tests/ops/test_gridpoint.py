@@ -41,6 +41,13 @@ GP_CASES = {
         {"points": [4, 4, 9], "grid": [1, 3, 0], "axis": 1, "op": "knn", "k": 2,
          "direction": "grid_to_points"},
     ],
+    # a 2x2 mesh: points and grid cut on mesh dim 0, replicated on mesh dim 1
+    4: [
+        {"mesh": (2, 2), "points": [0, 17], "grid": [2, 3], "op": "radius", "r": 0.3,
+         "direction": "grid_to_points"},
+        {"mesh": (2, 2), "points": [8, 9], "grid": [1, 3], "axis": 1, "op": "knn", "k": 3,
+         "direction": "points_to_grid"},
+    ],
 }
 
 # per mesh dim: None (grid replicated) or (spatial axis, sizes); route: the points' mesh dim
@@ -85,7 +92,7 @@ def test_grid_queries_match_brute_force(world, i):
         torch.testing.assert_close(*rep["grad"], rtol=1e-10, atol=1e-12)
         if case["grid"] is not None and case["direction"] == "grid_to_points":
             lay = GridLayout(SHAPE, ORIGIN, SPACING, sizes=case["grid"], axis=case.get("axis", 0))
-            assert list(rep["sizes"]) == lay.node_counts(world)
+            assert list(rep["sizes"]) == lay.node_counts(len(case["grid"]))
 
 
 @pytest.mark.parametrize(("mesh", "i"), [(m, i) for m in GS_CASES for i in range(len(GS_CASES[m]))],
