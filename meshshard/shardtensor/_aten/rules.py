@@ -21,6 +21,7 @@ from meshshard.shardtensor._aten import rules_respec as _respec
 from meshshard.shardtensor._aten.collective_ops import fc as _fc
 from meshshard.shardtensor._aten.no_rule import NoRuleError
 from meshshard.shardtensor._aten.tensor import (
+    ALL_REDUCE,
     SHARDED,
     ASpec,
     ShardTensor,
@@ -143,6 +144,9 @@ def _execute(func, args: tuple, kwargs: dict, plan: Plan) -> Any:
         if type(pos) is tuple:
             k, j = pos
             locs[k][j] = _apply_step(locs[k][j], step, mesh)
+        elif step[0] == "reduce" and locs[pos] is args[pos]._local and not func.is_view \
+                and not func._schema.is_mutable:  # (a memo must not be written or aliased)
+            locs[pos] = _reduce_once(args[pos], step[1], mesh)
         else:
             locs[pos] = _apply_step(locs[pos], step, mesh)
     for pos, value in plan.overrides:
@@ -155,6 +159,28 @@ def _execute(func, args: tuple, kwargs: dict, plan: Plan) -> Any:
     if type(outs) is list:
         return [ShardTensor(o, s) for o, s in zip(out, outs)]
     return ShardTensor(out, outs)
+
+
+def _reduce_once(a: ShardTensor, i: int, mesh) -> torch.Tensor:
+    """``a``'s piece summed over mesh dim ``i``, computed once per tensor: a Partial that
+    several ops consume (a gradient that both products of a backward read, a tensor saved for
+    backward and reduced in forward) costs one collective. The memo lives on the wrapper and
+    holds while its piece is the same object and unchanged (the wrapper's version counter);
+    every rank runs the same ops, so every rank hits or misses alike."""
+    loc = a._local
+    try:
+        # the wrapper's counter (an in-place op on the wrapper changes the piece below the
+        # ADInplaceOrView key: only the wrapper's moves) and the piece's (one through
+        # to_local()'s view moves only that)
+        version = (a._version, loc._version)
+    except RuntimeError:  # an inference tensor has no version counter: no memo
+        return _all_reduce(loc, mesh, i)
+    memo = a.__dict__.get("_reduced")
+    if memo is not None and memo[0] == i and memo[1] == version and memo[2] is loc:
+        return memo[3]
+    out = _all_reduce(loc, mesh, i)
+    a.__dict__["_reduced"] = (i, version, loc, out)
+    return out
 
 
 def _apply_step(loc: torch.Tensor, step: tuple, mesh) -> torch.Tensor:
@@ -217,6 +243,9 @@ def _all_reduce(t: torch.Tensor, mesh, i: int) -> torch.Tensor:
     check("all_reduce", mesh, i, t, "sum")
     name = _coord(mesh)[2][i]
     return _fc.wait_tensor(_fc.all_reduce(t.contiguous(), "sum", name))
+
+
+ALL_REDUCE[0] = _all_reduce
 
 
 def _all_gather_v(t: torch.Tensor, dim: int, sizes: tuple, mesh, i: int,
@@ -290,6 +319,20 @@ _LINEAR_ONE = {aten.mul.Tensor, aten.div.Tensor, aten.mul.Scalar, aten.div.Scala
                aten.mul_.Tensor, aten.div_.Tensor, aten.mul_.Scalar, aten.div_.Scalar}
 
 
+# A Partial times another tensor is reduced at once rather than kept Partial: the lazy form
+# multiplies collectives when the product fans out (the Transolver's slice tokens feed q, k and
+# v; each would be reduced on its own, forward and backward). Sums of Partials and products
+# with a number stay Partial (they merge or feed one consumer). In place ops keep the lazy
+# rule (the reduced piece would not be the tensor written to).
+_EAGER_ONE = {aten.mul.Tensor, aten.div.Tensor}
+
+
+def _other_factor(args: tuple, k: int) -> bool:
+    """Another operand than ``args[k]`` is a tensor of more than one element."""
+    return any(j != k and isinstance(a, torch.Tensor) and a.numel() != 1
+               for j, a in enumerate(args))
+
+
 def _pointwise(func, args, kwargs) -> Plan:
     mesh = None
     tensors = []
@@ -349,6 +392,7 @@ def _pointwise(func, args, kwargs) -> Plan:
             linear = (func in _LINEAR_ALL and len(partial_args) == n_operands) or (
                 func in _LINEAR_ONE and len(partial_args) == 1
                 and (func not in (aten.div.Tensor, aten.div_.Tensor) or partial_args[0] == 0)
+                and not (func in _EAGER_ONE and _other_factor(args, partial_args[0]))
             )
             if linear:
                 placements.append(_PSUM)
@@ -664,10 +708,8 @@ def _contract(func, args, labels: tuple, out_labels: str, tensor_pos: tuple):
             else:
                 placements.append(_PSUM)
                 sizes.append(None)
-        elif len(partial) == 1:
-            placements.append(_PSUM)
-            sizes.append(None)
-        else:
+        else:  # a Partial factor is reduced first (one collective however the product
+            # fans out; see _EAGER_ONE)
             for k in partial:
                 steps.append((tensor_pos[k], ("reduce", i)))
             placements.append(_REP)

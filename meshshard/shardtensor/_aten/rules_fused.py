@@ -25,6 +25,7 @@ from torch.distributed.tensor import Partial, Replicate
 from meshshard.shardtensor._aten.rules import (
     _DIRECT,
     _all_reduce,
+    _reduce_once,
     from_replicate_local,
     rule,
     to_replicate_local,
@@ -109,6 +110,16 @@ def _grad_rows(g, spec):
     gs = g._spec
     if gs.placements == spec.placements and gs.sizes == spec.sizes:
         return g._local
+    partial = [i for i, (p, q) in enumerate(zip(gs.placements, spec.placements))
+               if isinstance(p, Partial) and isinstance(q, Replicate)]
+    if partial and all(i in partial or (p == q and gs.sizes[i] == spec.sizes[i])
+                       for i, (p, q) in enumerate(zip(gs.placements, spec.placements))):
+        # a gradient still Partial where x is replicated (a head-shared linear after a
+        # reduction over points): reduce it once, then the rows are x's
+        loc = _reduce_once(g, partial[0], gs.mesh)
+        for i in partial[1:]:
+            loc = _all_reduce(loc, gs.mesh, i)
+        return loc
     if all(isinstance(p, Replicate) for p in gs.placements):
         return from_replicate_local(g._local, make_spec(spec.mesh, spec.placements, spec.sizes,
                                                         tuple(gs.shape)))
@@ -118,8 +129,9 @@ def _grad_rows(g, spec):
 def _linear_bwd_rule(func, args, kwargs):
     g, x, w, bias = args
     spec = x._spec
-    fast = _fast(spec, x.ndim) and _fast(g._spec, g.ndim)
-    gl = _grad_rows(g, spec) if fast else None
+    fast = _fast(spec, x.ndim) and not any(isinstance(p, SHARDED) and p.dim == g.ndim - 1
+                                           for p in g._spec.placements)
+    gl = _grad_rows(g, spec) if fast else None  # (a Partial g is reduced there)
     if gl is None:
         g2 = aten.reshape.default(g, [-1, g.shape[-1]])
         x2 = aten.reshape.default(x, [-1, x.shape[-1]])

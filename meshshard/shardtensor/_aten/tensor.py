@@ -117,6 +117,8 @@ def _global_strides(local: torch.Tensor, shape: tuple) -> tuple:
 
 
 _DISPATCH: list = [None]
+# the rules' all-reduce (rules.py sets it: they import this module, not the other way round)
+ALL_REDUCE: list = [None]
 # torch functions whose ShardTensor rule runs above autograd (filled by the rule modules): they
 # call custom ops with their own autograd formulas and sharding rules
 FUNCTION_RULES: dict = {}
@@ -364,9 +366,19 @@ def _lift_plain(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
                 break
     if not need:
         return args, kwargs
-    out = tuple(_Lift.apply(a, mesh) if _plain_needing_grad(a) else a for a in args)
-    kw = {k: _Lift.apply(a, mesh) if _plain_needing_grad(a) else a for k, a in kwargs.items()}
-    return out, kw
+    pos = [k for k, a in enumerate(args) if _plain_needing_grad(a)]
+    names = [k for k, a in kwargs.items() if _plain_needing_grad(a)]
+    plain = [args[k] for k in pos] + [kwargs[k] for k in names]
+    # one lift for all of the call's weights (a layer norm's weight and bias): their gradients
+    # are reduced in one collective
+    lifted = (_Lift.apply(plain[0], mesh),) if len(plain) == 1 else _LiftMany.apply(mesh, *plain)
+    out = list(args)
+    for k, v in zip(pos, lifted):
+        out[k] = v
+    kw = dict(kwargs)
+    for k, v in zip(names, lifted[len(pos):]):
+        kw[k] = v
+    return tuple(out), kw
 
 
 def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
@@ -461,6 +473,63 @@ class _Lift(torch.autograd.Function):
         if isinstance(g, ShardTensor):
             return _Full.apply(g), None
         return g, None
+
+
+class _LiftMany(torch.autograd.Function):
+    """Several plain tensors -> Replicate ShardTensors; backward: their full gradients as plain
+    tensors, the Partial ones summed in one collective (flattened together)."""
+
+    @staticmethod
+    def forward(mesh, *xs: torch.Tensor) -> tuple:
+        return tuple(ShardTensor(x.detach(), replicate_spec(mesh, x.shape)) for x in xs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx, *gs):
+        return (None, *full_plain_grads(gs))
+
+
+def _bucket_key(g: Any) -> tuple | None:
+    """(mesh, dtype, Partial mesh dims) of a gradient whose Partial dims one flattened
+    all-reduce completes (sum Partials, the rest Replicate); None for any other."""
+    if type(g) is not ShardTensor:
+        return None
+    dims = []
+    for i, p in enumerate(g._spec.placements):
+        if isinstance(p, Partial) and p.reduce_op == "sum":
+            dims.append(i)
+        elif not isinstance(p, Replicate):
+            return None
+    return (g._spec.mesh, g.dtype, tuple(dims)) if dims else None
+
+
+def full_plain_grads(gs: tuple) -> list:
+    """The plain full tensors of the gradients ``gs`` (ShardTensors, plain tensors or None).
+    Sum Partials that share a mesh and dtype are reduced in one flattened collective;
+    with ``create_graph`` each goes through :class:`_Full` (differentiable). Collective."""
+    out = [g if type(g) is not ShardTensor else None for g in gs]
+    groups: dict = {}
+    for k, g in enumerate(gs):
+        if type(g) is not ShardTensor:
+            continue
+        key = None if torch.is_grad_enabled() else _bucket_key(g)
+        if key is None:
+            out[k] = _Full.apply(g)
+        else:
+            groups.setdefault(key, []).append(k)
+    for (mesh, _, dims), ks in groups.items():
+        locs = [gs[k]._local for k in ks]
+        flat = locs[0].reshape(-1) if len(ks) == 1 else torch.cat([t.reshape(-1) for t in locs])
+        for i in dims:
+            flat = ALL_REDUCE[0](flat, mesh, i)
+        off = 0
+        for k, t in zip(ks, locs):
+            out[k] = flat[off:off + t.numel()].view(t.shape)
+            off += t.numel()
+    return out
 
 
 # The backwards below are made of these same functions, so they are differentiable again

@@ -1,0 +1,74 @@
+"""Rank functions: how many all-reduces the rules run (counted with torch's profiler, so the
+count is gloo's, not ours), and what they compute, against the same arithmetic on full tensors."""
+
+from __future__ import annotations
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+def _all_reduces(fn) -> tuple:
+    """(result of ``fn()``, all-reduces it ran on this rank, in forward and in backward)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = fn()
+    n = sum(e.count for e in prof.key_averages() if e.key == "c10d::allreduce_")
+    return out, n
+
+
+def partial_memo(rank, world_size):
+    """A Partial read by two products is reduced once; after an in-place change, again."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.shardtensor import Partial, Replicate, from_local
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    g = torch.Generator().manual_seed(0)
+    pieces = torch.randn(world_size, 4, 3, generator=g, dtype=torch.float64)
+    r1, r2 = torch.randn(2, 4, 3, generator=g, dtype=torch.float64)
+    p = from_local(pieces[rank].clone(), mesh, [Partial()])
+    s1, s2 = (from_local(r, mesh, [Replicate()]) for r in (r1, r2))
+    full = pieces.sum(0)
+
+    def two_products():
+        return (p * s1).full_tensor(), (p / s2).full_tensor()
+
+    (a, b), n_two = _all_reduces(two_products)
+    q = from_local(pieces[(rank + 1) % world_size].clone(), mesh, [Partial()])
+    p.add_(q)  # in place, still Partial: the memo must not serve the old sum
+    c, n_after = _all_reduces(lambda: (p * s1).full_tensor())
+    with torch.no_grad():
+        p.to_local().mul_(3.0)  # in place through the piece's view: not served either
+    d, n_view = _all_reduces(lambda: (p * s1).full_tensor())
+    return {"n_two": n_two, "n_after": n_after, "n_view": n_view,
+            "values": [(a, full * r1), (b, full / r2), (c, 2 * full * r1),
+                       (d, 6 * full * r1)]}
+
+
+def transolver_step(rank, world_size, sizes, layers):
+    """All-reduces of one forward and one backward of the Transolver (fp64), and the loss and
+    gradients against one process."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.models import Transolver
+    from meshshard.shardtensor import Shard, from_local
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    torch.set_default_dtype(torch.float64)
+    g = torch.Generator().manual_seed(1)
+    n = sum(sizes)
+    full = [torch.randn(1, n, d, generator=g) for d in (3, 2, 2)]
+    off = sum(sizes[:rank])
+    c, f, t = (from_local(a[:, off:off + sizes[rank]].clone(), mesh, [Shard(1)], sizes)
+               for a in full)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(Transolver(3, 2, 2, n_hidden=16, n_layers=layers, heads=2, slices=8))
+    model, ref = models
+    loss, n_fwd = _all_reduces(lambda: ((model(c, f) - t) ** 2).mean())
+    _, n_bwd = _all_reduces(loss.backward)
+    loss_ref = ((ref(full[0], full[1]) - full[2]) ** 2).mean()
+    loss_ref.backward()
+    grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())]
+    return {"n_fwd": n_fwd, "n_bwd": n_bwd, "n_params": sum(1 for _ in model.parameters()),
+            "loss": (loss.full_tensor().detach(), loss_ref.detach()), "grads": grads}

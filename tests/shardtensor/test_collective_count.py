@@ -1,0 +1,40 @@
+"""How many collectives the rules run, and that fewer is still exact.
+
+On gloo every all-reduce costs ~0.3-1 ms of CPU here, whatever its size, so at small point
+counts a step's overhead is its number of collectives. A Partial that meets a product is reduced
+at once, and a Partial read twice is reduced once (see ``rules._reduce_once``); the counts below
+fail if either comes undone. Counts come from torch's profiler (gloo's own all-reduce events).
+"""
+
+import torch
+
+from meshshard.testing import run_ranks
+from tests.shardtensor import _count_fns
+
+TOL = dict(rtol=1e-12, atol=1e-12)  # float64: the sums differ from one process by rounding
+
+
+def test_a_partial_read_twice_is_reduced_once_and_again_after_an_in_place_change():
+    for rep in run_ranks(_count_fns.partial_memo, 2):
+        assert rep["n_two"] == 1
+        assert rep["n_after"] == 1
+        assert rep["n_view"] == 1
+        for got, want in rep["values"]:
+            torch.testing.assert_close(got, want, **TOL)
+
+
+def test_transolver_step_collectives_per_layer():
+    layers = 2
+    reps = run_ranks(_count_fns.transolver_step, 2, (3, 5), layers, timeout=300)
+    for rep in reps:
+        # forward: slice weight sums and slice tokens, once each per layer (a lazy Partial
+        # re-reduced them in q, k and v: 4 per layer)
+        assert rep["n_fwd"] == 2 * layers
+        # backward: one reduction of the tokens' gradient per layer, plus the weight gradients
+        # (one per linear layer over the points, one per layer norm's weight and bias, one per
+        # lifted plain parameter): never more than one per parameter tensor
+        assert rep["n_bwd"] <= layers + rep["n_params"]
+        torch.testing.assert_close(*rep["loss"], **TOL)
+        for got, want in rep["grads"]:
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert len({(r["n_fwd"], r["n_bwd"]) for r in reps}) == 1  # every rank alike
