@@ -207,10 +207,17 @@ class ShardedDominoOps:
         return out
 
     def layout(self, shape, origin, spacing) -> GridLayout:
-        if self.mesh.ndim == 2:
-            msg = "ShardedDominoOps.layout: a GridLayout cuts one axis; use grid_nodes"
+        """The :class:`GridLayout` of this ops' grid cut (for ``grid_sdf``, ``grid_radius``):
+        slabs along ``D`` over the mesh, or on a 2-D mesh blocks along ``D`` and ``H`` over
+        all ranks (the mesh must hold the ranks in row-major order, as ``init_device_mesh``
+        makes it)."""
+        if self.mesh.ndim == 1:
+            return GridLayout(shape, origin, spacing, sizes=self.grid_sizes, axis=0)
+        if self.mesh.mesh.reshape(-1).tolist() != list(range(self.world)):
+            msg = (f"ShardedDominoOps.layout: the 2-D mesh holds ranks {self.mesh.mesh.tolist()}"
+                   "; a GridLayout numbers blocks in rank order (row-major)")
             raise ValueError(msg)
-        return GridLayout(shape, origin, spacing, sizes=self.grid_sizes, axis=0)
+        return GridLayout(shape, origin, spacing, sizes=self.grid_sizes, axis=(0, 1))
 
     def grid_nodes(self, shape, origin, spacing, dtype) -> torch.Tensor:
         """This rank's nodes (C order of its block) as (n, 3) coordinates."""

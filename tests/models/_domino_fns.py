@@ -67,6 +67,10 @@ def sharded(rank, world_size, cases):
             (ds, hs) = gs
             sdf_l = sdf[sum(ds[:a]) : sum(ds[: a + 1]), sum(hs[:b]) : sum(hs[: b + 1])]
         ops = ShardedDominoOps(mesh, gs)
+        lay = ops.layout(SHAPE, ORIGIN, SPACING)  # the same cut as a GridLayout (grid_sdf's)
+        assert lay.local_shape(rank) == tuple(sdf_l.shape), (lay, sdf_l.shape)
+        assert torch.equal(lay.local_nodes(rank, dtype),
+                           ops.grid_nodes(SHAPE, ORIGIN, SPACING, dtype))
         m = model(dtype, ops, n_neighbors=case.get("k", 7))
         args = (stl[sl], sdf_l, pts[pl], feat[pl])
         if case.get("st"):
