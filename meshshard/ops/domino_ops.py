@@ -120,15 +120,18 @@ class ShardedDominoOps:
                    "this rank's local tensors")
             raise TypeError(msg)
         _one_class("DoMINO", *(x for _, x in given))
-        local = tuple(None if x is None else self.enter(x, n, grid=n == "sdf_grid")
-                      for n, x in zip(_ROLES, inputs))
         from torch.func import functional_call
 
+        # the aliases first: autograd runs the node with the lowest sequence number last among
+        # those ready, so the all-reduce comes after every other node of this forward's
+        # backward, in the same place on every rank
         names = [n for n, p in module.named_parameters() if p.requires_grad]
         params = [module.get_parameter(n) for n in names]
         aliases = _SumGrads.apply(self.group, *params) if params else ()
         if isinstance(aliases, torch.Tensor):
             aliases = (aliases,)
+        local = tuple(None if x is None else self.enter(x, n, grid=n == "sdf_grid")
+                      for n, x in zip(_ROLES, inputs))
         out = functional_call(module, dict(zip(names, aliases)), local)
         self.grads_summed = True  # after the inner forward (local inputs) reset it
         return self.leave(out, points)
