@@ -32,11 +32,14 @@ def model(dtype, ops=None, n_neighbors=7):
 
 def reference(case, dtype):
     stl, pts, sdf, feat, target = data(sum(case["stl"]), sum(case["points"]), dtype)
+    stl.requires_grad_()
+    pts.requires_grad_()
     m = model(dtype, n_neighbors=case.get("k", 7))
     out = m(stl, sdf, pts, feat)
     loss = ((out - target) ** 2).mean()
     loss.backward()
-    return out.detach(), loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
+    grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    return out.detach(), loss.detach(), grads, {"stl": stl.grad, "points": pts.grad}
 
 
 def sharded(rank, world_size, cases):
@@ -91,9 +94,10 @@ def sharded(rank, world_size, cases):
 def _shardtensor_form(m, ops, mesh, case, args, target, meshes):
     """The same pieces as ShardTensors: the unmodified model runs on them, the loss is a
     ShardTensor mean, and a plain ``backward`` gives one process's gradients (no user call).
-    Also: a second backward of the same graph, ``autograd.grad`` of a second forward, and a
-    third forward accumulated into ``.grad``, each summed once; ``allreduce_grads`` after
-    this form raises."""
+    The STL points and points require gradients (their backward collectives run beside the
+    parameters' all-reduce). Also: a second backward of the same graph, ``autograd.grad`` of
+    a second forward, and a third forward accumulated into ``.grad``, each summed once;
+    ``allreduce_grads`` after this form raises."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -118,7 +122,8 @@ def _shardtensor_form(m, ops, mesh, case, args, target, meshes):
     def pts(x, sizes=case["points"]):
         return from_local(x, pmesh, [Shard(0)], [list(sizes)])
 
-    inputs = (pts(args[0], case["stl"]), grid, pts(args[2]), pts(args[3]))
+    leaves = (args[0].clone().requires_grad_(), args[2].clone().requires_grad_())
+    inputs = (pts(leaves[0], case["stl"]), grid, pts(leaves[1]), pts(args[3]))
     tgt = pts(target)
     out = m(*inputs)
     assert type(out) is type(inputs[2]), type(out)
@@ -126,6 +131,7 @@ def _shardtensor_form(m, ops, mesh, case, args, target, meshes):
     loss = ((out - tgt) ** 2).mean()
     loss.backward(retain_graph=True)
     grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    inputs_grad = {"stl": leaves[0].grad.clone(), "points": leaves[1].grad.clone()}
     loss.backward()  # the same graph again: its partials are summed once more
     twice = {n: p.grad.clone() for n, p in m.named_parameters()}
     params = [p for _, p in m.named_parameters()]
@@ -140,7 +146,8 @@ def _shardtensor_form(m, ops, mesh, case, args, target, meshes):
     local = out.to_local().detach()
     value = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
     return {"out": local, "loss": value.detach().reshape(()), "grads": grads, "twice": twice,
-            "autograd_grad": dict(zip(grads, again)), "thrice": thrice, "refused": refused}
+            "autograd_grad": dict(zip(grads, again)), "thrice": thrice, "refused": refused,
+            "inputs_grad": inputs_grad}
 
 
 def mismatched(rank, world_size):

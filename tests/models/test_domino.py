@@ -58,7 +58,7 @@ def test_domino_sharded_equals_one_process(world, i):
     dtype = case.get("dtype", torch.float64)
     tol = {"rtol": 1e-9, "atol": 1e-11} if dtype == torch.float64 else {"rtol": 1e-4,
                                                                          "atol": 1e-6}
-    out, loss, grads = reference(case, dtype)
+    out, loss, grads, input_grads = reference(case, dtype)
     reports = [r[i] for r in _run(world)]
     torch.testing.assert_close(torch.cat([r["out"] for r in reports]), out, **tol)
     for rep in reports:
@@ -68,6 +68,12 @@ def test_domino_sharded_equals_one_process(world, i):
             assert g.abs().max() > 0, f"{name}: zero gradient in the reference"
             torch.testing.assert_close(rep["grads"][name], g, **tol,
                                        msg=lambda m, n=name: f"{n}: {m}")
+    if case.get("st"):  # the inputs' gradients: this rank's rows of one process's
+        for key, g in input_grads.items():
+            got = torch.cat([r["inputs_grad"][key] for r in reports])
+            assert g.abs().max() > 0, f"{key}: zero gradient in the reference"
+            torch.testing.assert_close(got, g, **tol, msg=lambda m, k=key: f"d/d {k}: {m}")
+    for rep in reports:
         if case.get("st"):  # no user call: each backward sums its partials exactly once
             assert "summed over the ranks already" in rep["refused"], rep["refused"]
             for key, times in (("twice", 2), ("autograd_grad", 1), ("thrice", 3)):
