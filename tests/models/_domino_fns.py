@@ -143,11 +143,13 @@ def _shardtensor_form(m, ops, mesh, case, args, target, meshes):
         refused = "no error"
     except ValueError as exc:
         refused = str(exc)
+    with torch.no_grad():  # inference: no graph, no all-reduce, the same rows
+        inferred = m(*inputs).to_local()
     local = out.to_local().detach()
     value = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
     return {"out": local, "loss": value.detach().reshape(()), "grads": grads, "twice": twice,
             "autograd_grad": dict(zip(grads, again)), "thrice": thrice, "refused": refused,
-            "inputs_grad": inputs_grad}
+            "inputs_grad": inputs_grad, "no_grad": (inferred, local)}
 
 
 def mismatched(rank, world_size):

@@ -76,6 +76,7 @@ def test_domino_sharded_equals_one_process(world, i):
     for rep in reports:
         if case.get("st"):  # no user call: each backward sums its partials exactly once
             assert "summed over the ranks already" in rep["refused"], rep["refused"]
+            assert torch.equal(*rep["no_grad"])
             for key, times in (("twice", 2), ("autograd_grad", 1), ("thrice", 3)):
                 for name, g in grads.items():
                     torch.testing.assert_close(rep[key][name], times * g, **tol,
