@@ -250,7 +250,8 @@ def train_domino_main(args, rank: int, world: int) -> int:
     model = make_domino(lay, samples[0]["target"].shape[1], ops, hidden=args.hidden)
     if args.float64:
         model, samples = model.double(), [_double(s) for s in samples]
-    losses = train_domino(samples, model, steps=args.steps, lr=args.lr, group=group)
+    # ShardTensor inputs: a plain loss.backward() gives global gradients (no allreduce_grads)
+    losses = train_domino(samples, model, steps=args.steps, lr=args.lr, mesh=mesh)
     if args.compare_single:
         if rank == 0:
             ref = [domino_sample(r, 0, 1, solo, grid_shape=args.grid) for r in runs]

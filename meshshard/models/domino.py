@@ -17,9 +17,10 @@ Everything that needs the whole domain (ball queries, kNN, neighbour gathers, th
 grid sampling) goes through a small pluggable ``ops`` object (:class:`LocalOps` here). The
 model imports nothing from meshshard: with ``meshshard.ops.domino_ops.ShardedDominoOps`` the
 same module runs domain-parallel on this rank's rows of every input (points sharded, the grid
-replicated, cut in slabs along ``D``, or in blocks along ``D`` and ``H`` on a 2-D mesh), and
-each rank's loss and parameter gradients are its
-share: sum them over ranks (one all-reduce) to get one process's.
+replicated, cut in slabs along ``D``, or in blocks along ``D`` and ``H`` on a 2-D mesh). Given
+ShardTensors, the ops object runs the forward (``ops.run``) and the parameters' gradients of a
+global loss are one process's; given each rank's local tensors, each rank's loss and parameter
+gradients are its share: sum them over ranks (one all-reduce) to get one process's.
 """
 
 from __future__ import annotations
@@ -225,18 +226,15 @@ class DoMINO(nn.Module):
         -------
         Tensor (M, out_channels)
 
-        With ``ShardedDominoOps`` on a 1-D mesh the inputs may also be ShardTensors (points and
-        STL points ``[Shard(0)]``, the grid ``[Shard(0)]`` in the ops' slabs or
-        ``[Replicate()]``); the output is then a ShardTensor laid out like ``points``.
+        With ``ShardedDominoOps`` the inputs may also be ShardTensors (see its ``run``): the
+        output is then a ShardTensor laid out like ``points``, and the parameters' gradients
+        of a global loss are one process's.
         """
         ops = self.ops
-        like = points
-        if hasattr(ops, "enter"):  # ShardTensor inputs: the ops object takes their pieces
-            stl_points = ops.enter(stl_points, "stl_points")
-            sdf_grid = ops.enter(sdf_grid, "sdf_grid", grid=True)
-            points = ops.enter(points, "points")
-            if point_features is not None:
-                point_features = ops.enter(point_features, "point_features")
+        if hasattr(ops, "run"):  # the ops object may run this forward itself (ShardTensors)
+            out = ops.run(self, stl_points, sdf_grid, points, point_features)
+            if out is not NotImplemented:
+                return out
         grid = self.encode_grid(stl_points, sdf_grid)
         at = ops.sample(grid, points, self.origin, self.spacing, self.grid_shape)
         feats = [at]
@@ -253,5 +251,4 @@ class DoMINO(nn.Module):
         pred = self.basis(torch.cat([rel, hn], -1))  # (M, K, out)
         w = 1.0 / (torch.linalg.vector_norm(rel, dim=-1) + 1e-6 * self.spacing[0])
         w = torch.where(nb >= 0, w, 0)
-        out = (pred * w[..., None]).sum(1) / w.sum(1, keepdim=True)
-        return ops.leave(out, like) if hasattr(ops, "leave") else out
+        return (pred * w[..., None]).sum(1) / w.sum(1, keepdim=True)

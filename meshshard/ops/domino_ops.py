@@ -8,9 +8,12 @@ on a 1-D mesh, or cut in blocks along ``D`` (mesh dim 0) and ``H`` (mesh dim 1) 
 (uneven, one-row and empty slabs allowed; halos reach across several ranks when a slab is
 thinner than the conv). On a 2-D mesh the points are cut over all its ranks (rank order).
 
-Gradient convention: each rank's loss is its share of the global loss (its rows' sum divided
-by the global count); after ``backward`` sum every parameter's gradient over the ranks (one
-all-reduce, :func:`allreduce_grads`) to get one process's gradients.
+Gradients. With ShardTensor inputs (:meth:`ShardedDominoOps.run`) the loss is global (a
+ShardTensor reduction) and the parameters' gradients after a plain ``loss.backward()`` are one
+process's: the forward runs on aliases of the parameters whose backward sums their gradients
+over the ranks in one flattened all-reduce. With this rank's local tensors, each rank's loss is
+its share of the global loss (its rows' sum divided by the global count); after ``backward``
+sum every parameter's gradient over the ranks with :func:`allreduce_grads`.
 
 Every method is collective over the group (forward and backward).
 """
@@ -22,15 +25,18 @@ import math
 import torch
 import torch.distributed as dist
 import torch.nn.functional as tF
+from torch.autograd.function import once_differentiable
 
 from meshshard.ops import functional as Fn
 from meshshard.ops import halo as H
-from meshshard.ops.api import _is_st, _layout, _wrap
+from meshshard.ops.api import _is_st, _layout, _one_class, _wrap
 from meshshard.ops.gridpoint import GridLayout
 from meshshard.ops.gridsample import grid_sample
 from meshshard.shardtensor import Replicate, Shard, from_local
 
 __all__ = ["ShardedDominoOps", "allreduce_grads"]
+
+_ROLES = ("stl_points", "sdf_grid", "points", "point_features")  # DoMINO.forward's inputs
 
 
 class ShardedDominoOps:
@@ -81,32 +87,105 @@ class ShardedDominoOps:
                        f"{mesh.size(dim)} counts >= 0")
                 raise ValueError(msg)
         self.coord = mesh.get_coordinate()
+        self.grads_summed = False  # the last forward summed the parameters' gradients itself
+
+    def run(self, module, stl_points, sdf_grid, points, point_features=None):
+        """Run ``module`` (a DoMINO using these ops) on ShardTensor inputs; ``NotImplemented``
+        for local tensors (the model then runs its own forward on them).
+
+        Takes each input's local piece (:meth:`enter`), runs the model's forward on aliases of
+        its parameters (:func:`torch.func.functional_call`) and wraps the output like
+        ``points`` (:meth:`leave`). The aliases' backward sums the parameters' gradients over
+        the ranks in one flattened all-reduce (one per dtype), so a plain ``loss.backward()`` of
+        a global loss gives one process's gradients, for every backward (``retain_graph``,
+        accumulation over several forwards, ``torch.autograd.grad``). Collective.
+
+        Raises
+        ------
+        TypeError
+            Some inputs are ShardTensors and others are not.
+        ValueError
+            An input's mesh or layout is not the ops' (see :meth:`enter`).
+        """
+        inputs = (stl_points, sdf_grid, points, point_features)
+        given = [(n, x) for n, x in zip(_ROLES, inputs) if x is not None]
+        if not any(_is_st(x) for _, x in given):
+            self.grads_summed = False
+            return NotImplemented
+        plain = [n for n, x in given if not _is_st(x)]
+        if plain:
+            msg = (f"DoMINO: {', '.join(plain)} "
+                   f"{'is a local tensor' if len(plain) == 1 else 'are local tensors'} but the "
+                   "other inputs are ShardTensors; pass all inputs as ShardTensors or all as "
+                   "this rank's local tensors")
+            raise TypeError(msg)
+        _one_class("DoMINO", *(x for _, x in given))
+        from torch.func import functional_call
+
+        # the aliases first: autograd runs the node with the lowest sequence number last among
+        # those ready, so the all-reduce comes after every other node of this forward's
+        # backward, in the same place on every rank
+        names = [n for n, p in module.named_parameters() if p.requires_grad]
+        params = [module.get_parameter(n) for n in names]
+        aliases = _SumGrads.apply(self.group, *params) if params else ()
+        if isinstance(aliases, torch.Tensor):
+            aliases = (aliases,)
+        local = tuple(None if x is None else self.enter(x, n, grid=n == "sdf_grid")
+                      for n, x in zip(_ROLES, inputs))
+        out = functional_call(module, dict(zip(names, aliases)), local)
+        self.grads_summed = True  # after the inner forward (local inputs) reset it
+        return self.leave(out, points)
 
     def enter(self, x, name: str, grid: bool = False):
         """This rank's piece of a model input: ``x`` itself, or a ShardTensor's local piece
-        after checking its layout: points ``[Shard(0)]``; the grid ``[Shard(0)]`` with this
-        ops' slab sizes, or ``[Replicate()]`` when it is replicated (1-D mesh only)."""
+        after checking its layout. Points (``stl_points``, ``points``, ``point_features``):
+        ``[Shard(0)]`` on the ops' mesh (1-D), or on a 1-D mesh of all ranks in rank order
+        when the ops' mesh is 2-D (a tensor dim cut over two mesh dims is not a ShardTensor
+        layout). The grid: ``[Shard(0)]`` in the ops' slabs (1-D mesh), ``[Shard(0),
+        Shard(1)]`` in its blocks (2-D mesh), or all ``Replicate`` when it is replicated."""
         if not _is_st(x):
             return x
-        if self.mesh.ndim != 1:
-            msg = (f"DoMINO: {name} is a ShardTensor, but on a 2-D mesh pass this rank's local "
-                   "tensors (the grid blocks and points are cut over the mesh's two dims)")
-            raise ValueError(msg)
+        if grid:
+            return self._enter_grid(x, name)
+        got = x.device_mesh
+        if self.mesh.ndim == 1:
+            if got.mesh.tolist() != self.mesh.mesh.tolist():
+                msg = f"DoMINO: {name} lives on mesh {got}, the ops on {self.mesh}"
+                raise ValueError(msg)
+        else:
+            ranks = list(range(dist.get_world_size()))
+            if got.ndim != 1 or got.mesh.tolist() != ranks:
+                msg = (f"DoMINO: {name} lives on mesh {got}; on the ops' 2-D mesh the points "
+                       f"are cut over all ranks: put them on a 1-D mesh of ranks {ranks} "
+                       f"(e.g. init_device_mesh({self.mesh.device_type!r}, ({len(ranks)},)))")
+                raise ValueError(msg)
+        return _layout(x, name, "DoMINO")[0]
+
+    def _enter_grid(self, x, name: str) -> torch.Tensor:
         if x.device_mesh.mesh.tolist() != self.mesh.mesh.tolist():
             msg = f"DoMINO: {name} lives on mesh {x.device_mesh}, the ops on {self.mesh}"
             raise ValueError(msg)
         pl = tuple(x.placements)
-        if grid and self.grid_sizes is None:
-            if not isinstance(pl[0], Replicate):
+        if self.grid_sizes is None:
+            if not all(isinstance(p, Replicate) for p in pl):
                 msg = f"DoMINO: the grid is replicated here, but {name} has placements {pl}"
                 raise ValueError(msg)
             return x.to_local()
-        local, _, _, _, sizes, _ = _layout(x, name, "DoMINO")
-        if grid and tuple(sizes) != self.grid_sizes:
-            msg = (f"DoMINO: {name} is cut {list(sizes)} along D, the ops' grid_sizes are "
+        want = (Shard(0),) if self.mesh.ndim == 1 else (Shard(0), Shard(1))
+        if pl != want:
+            msg = (f"DoMINO: {name} has placements {pl}; the ops cut the grid "
+                   f"{list(want)} (D{', H' if len(want) == 2 else ''} over the mesh dims)")
+            raise ValueError(msg)
+        sizes = [list(x.sharding_sizes(i)) for i in range(len(want))]
+        if self.mesh.ndim == 1 and tuple(sizes[0]) != self.grid_sizes:
+            msg = (f"DoMINO: {name} is cut {sizes[0]} along D, the ops' grid_sizes are "
                    f"{list(self.grid_sizes)}")
             raise ValueError(msg)
-        return local
+        if self.mesh.ndim == 2 and tuple(map(tuple, sizes)) != self.grid_sizes:
+            msg = (f"DoMINO: {name} is cut {sizes[0]} along D and {sizes[1]} along H, the "
+                   f"ops' grid_sizes are {[list(g) for g in self.grid_sizes]}")
+            raise ValueError(msg)
+        return x.to_local()
 
     def leave(self, out: torch.Tensor, like):
         """The output rows, as a ShardTensor laid out like ``like`` (the points) when that is
@@ -131,10 +210,17 @@ class ShardedDominoOps:
         return out
 
     def layout(self, shape, origin, spacing) -> GridLayout:
-        if self.mesh.ndim == 2:
-            msg = "ShardedDominoOps.layout: a GridLayout cuts one axis; use grid_nodes"
+        """The :class:`GridLayout` of this ops' grid cut (for ``grid_sdf``, ``grid_radius``):
+        slabs along ``D`` over the mesh, or on a 2-D mesh blocks along ``D`` and ``H`` over
+        all ranks (the mesh must hold the ranks in row-major order, as ``init_device_mesh``
+        makes it)."""
+        if self.mesh.ndim == 1:
+            return GridLayout(shape, origin, spacing, sizes=self.grid_sizes, axis=0)
+        if self.mesh.mesh.reshape(-1).tolist() != list(range(self.world)):
+            msg = (f"ShardedDominoOps.layout: the 2-D mesh holds ranks {self.mesh.mesh.tolist()}"
+                   "; a GridLayout numbers blocks in rank order (row-major)")
             raise ValueError(msg)
-        return GridLayout(shape, origin, spacing, sizes=self.grid_sizes, axis=0)
+        return GridLayout(shape, origin, spacing, sizes=self.grid_sizes, axis=(0, 1))
 
     def grid_nodes(self, shape, origin, spacing, dtype) -> torch.Tensor:
         """This rank's nodes (C order of its block) as (n, 3) coordinates."""
@@ -256,11 +342,45 @@ def _halo_rows(grid: torch.Tensor, dim: int, width: int, sizes, coord: int,
     return out.reshape(n + 2 * width, *rest).movedim(0, dim)
 
 
+class _SumGrads(torch.autograd.Function):
+    """Aliases of the parameters (views, no copy); backward: their gradients summed over
+    ``group`` in one flattened all-reduce per dtype (one for a single-dtype model). A gradient
+    that did not reach an alias counts as zero (autograd materializes it), so every rank joins
+    the all-reduce. Collective in backward."""
+
+    @staticmethod
+    def forward(ctx, group, *params):
+        ctx.group = group
+        return tuple(p.view_as(p) for p in params)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        out = list(grads)
+        kinds: dict = {}  # insertion order = parameter order: the same on every rank
+        for i, g in enumerate(grads):
+            kinds.setdefault((g.dtype, g.device), []).append(i)
+        for idx in kinds.values():
+            flat = torch.cat([grads[i].reshape(-1) for i in idx])
+            dist.all_reduce(flat, group=ctx.group)
+            for i, piece in zip(idx, flat.split([grads[i].numel() for i in idx])):
+                out[i] = piece.view(grads[i].shape)
+        return (None, *out)
+
+
 def allreduce_grads(module: torch.nn.Module, group: dist.ProcessGroup | None = None) -> None:
-    """Sum every parameter's gradient over ``group`` (missing gradients count as zero).
+    """Sum every parameter's gradient over ``group`` (missing gradients count as zero): the
+    local-tensor form's step after ``backward``. Not after a forward on ShardTensor inputs,
+    whose gradients are summed already (that raises ``ValueError``).
 
     Collective: every rank of ``group`` must call this with the same module structure.
     """
+    for m in module.modules():
+        ops = getattr(m, "ops", None)
+        if isinstance(ops, ShardedDominoOps) and ops.grads_summed:
+            msg = ("allreduce_grads: the last forward took ShardTensor inputs, so the "
+                   "parameters' gradients are summed over the ranks already; drop this call")
+            raise ValueError(msg)
     for p in module.parameters():
         if p.grad is None:
             p.grad = torch.zeros_like(p)

@@ -4,7 +4,9 @@ The grid is described, not materialised: a :class:`GridLayout` gives its shape `
 the physical position of node ``(0, 0, 0)`` and the spacing, both in ``(x, y, z)`` order as
 ``F.grid_sample`` reads coordinates (``x`` runs along ``W``, ``z`` along ``D``), and how it is
 cut: ``sizes[r]`` rows of spatial dim ``axis`` (0 = D, 1 = H, 2 = W) on rank ``r`` of the
-points' mesh dim, or ``None`` for a replicated grid. Node ``(d, h, w)`` sits at
+points' mesh dim, blocks cut along two or three axes (``axis=(0, 1)``, ``sizes=(d_sizes,
+h_sizes)``; rank ``r`` of the points' group holds block ``r`` in row-major order), or ``None``
+for a replicated grid. Node ``(d, h, w)`` sits at
 ``origin + (w, h, d) * spacing``. Each rank builds only the coordinates of its own slab, and the
 exact distributed radius / kNN of :mod:`meshshard.ops.functional` does the rest.
 
@@ -17,6 +19,7 @@ Every function here is collective over the points' mesh dim (forward, and backwa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,7 +48,7 @@ def _triple(v, name: str, n: int) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class GridLayout:
-    """A regular grid of nodes and how it is cut into slabs over ranks.
+    """A regular grid of nodes and how it is cut into slabs (or blocks) over ranks.
 
     Parameters
     ----------
@@ -54,23 +57,28 @@ class GridLayout:
     origin, spacing : float or sequence of float
         Position of node ``(0, ..., 0)`` and node distance, in ``(x, y, z)`` order (reverse of
         ``shape``). ``spacing > 0``.
-    sizes : sequence of int, optional
+    sizes : sequence of int, or a sequence of them (one per cut axis), optional
         Rows of spatial dim ``axis`` on each rank (sum ``shape[axis]``; zeros allowed);
-        ``None``: every rank holds the whole grid.
-    axis : int
-        The cut spatial dim (0 = the first of ``shape``).
+        ``None``: every rank holds the whole grid. With several axes, ``sizes[k]`` cuts
+        ``axis[k]`` and rank ``r`` holds block ``r`` in row-major order of the cuts: on a
+        2-D cut ``(len(sizes[0]), len(sizes[1]))`` blocks, rank ``a * len(sizes[1]) + b``
+        holds rows ``sizes[0][a]`` x ``sizes[1][b]`` (the rank order of a 2-D DeviceMesh of
+        that shape).
+    axis : int or sequence of int
+        The cut spatial dim(s) (0 = the first of ``shape``).
 
     Raises
     ------
     ValueError
-        Non-positive shape or spacing, sizes that do not sum to ``shape[axis]``.
+        Non-positive shape or spacing, sizes that do not sum to ``shape[axis]``, repeated or
+        out-of-range axes.
     """
 
     shape: tuple[int, ...]
     origin: tuple[float, ...] = 0.0  # type: ignore[assignment]
     spacing: tuple[float, ...] = 1.0  # type: ignore[assignment]
-    sizes: tuple[int, ...] | None = None
-    axis: int = 0
+    sizes: tuple | None = None
+    axis: int | tuple[int, ...] = 0
 
     def __post_init__(self) -> None:
         shape = tuple(int(s) for s in self.shape)
@@ -82,43 +90,80 @@ class GridLayout:
         if any(not s > 0 for s in spacing):
             msg = f"GridLayout: spacing={spacing} must be > 0"
             raise ValueError(msg)
-        if not 0 <= self.axis < n:
-            msg = f"GridLayout: axis={self.axis} must name one of the {n} spatial dims"
+        multi = not isinstance(self.axis, int)
+        axes = tuple(int(a) for a in self.axis) if multi else (int(self.axis),)
+        if not axes or any(not 0 <= a < n for a in axes) or len(set(axes)) != len(axes):
+            msg = (f"GridLayout: axis={self.axis} must name distinct ones of the {n} spatial "
+                   "dims")
             raise ValueError(msg)
-        sizes = None if self.sizes is None else tuple(int(s) for s in self.sizes)
-        if sizes is not None and (any(s < 0 for s in sizes) or sum(sizes) != shape[self.axis]):
-            msg = (f"GridLayout: sizes={list(sizes)} must be >= 0 and sum to shape[{self.axis}]"
-                   f"={shape[self.axis]}")
-            raise ValueError(msg)
+        sizes = None
+        if self.sizes is not None:
+            cuts = tuple(self.sizes) if multi else (self.sizes,)
+            if len(cuts) != len(axes) or any(isinstance(c, int) for c in cuts):
+                msg = (f"GridLayout: axis={self.axis} needs sizes as one sequence per cut axis, "
+                       f"got {self.sizes!r}")
+                raise ValueError(msg)
+            cuts = tuple(tuple(int(s) for s in c) for c in cuts)
+            for a, c in zip(axes, cuts):
+                if any(s < 0 for s in c) or sum(c) != shape[a]:
+                    msg = (f"GridLayout: sizes={list(c)} must be >= 0 and sum to shape[{a}]"
+                           f"={shape[a]}")
+                    raise ValueError(msg)
+            sizes = cuts if multi else cuts[0]
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "origin", origin)
         object.__setattr__(self, "spacing", spacing)
         object.__setattr__(self, "sizes", sizes)
+        object.__setattr__(self, "axis", axes if multi else axes[0])
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
 
-    def rows(self, rank: int) -> tuple[int, int]:
-        """``(first row, row count)`` of ``rank``'s slab along ``axis`` (all rows if replicated)."""
+    @property
+    def cuts(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """``(axis, sizes)`` of every cut axis (empty when replicated)."""
         if self.sizes is None:
-            return 0, self.shape[self.axis]
-        return sum(self.sizes[:rank]), self.sizes[rank]
+            return ()
+        if isinstance(self.axis, int):
+            return ((self.axis, self.sizes),)
+        return tuple(zip(self.axis, self.sizes))
+
+    @property
+    def parts(self) -> int | None:
+        """The number of ranks the grid is cut over (``None``: replicated)."""
+        if self.sizes is None:
+            return None
+        return math.prod(len(c) for _, c in self.cuts)
+
+    def block(self, rank: int) -> tuple[tuple[int, int], ...]:
+        """``(first row, row count)`` of ``rank``'s block along every spatial dim."""
+        out = [(0, s) for s in self.shape]
+        rest = rank
+        for a, c in reversed(self.cuts):  # row-major: the last cut varies fastest
+            i = rest % len(c)
+            rest //= len(c)
+            out[a] = (sum(c[:i]), c[i])
+        return tuple(out)
+
+    def rows(self, rank: int) -> tuple[int, int]:
+        """``(first row, row count)`` of ``rank``'s slab along ``axis`` (all rows if replicated);
+        for a grid cut along one axis (see :meth:`block` otherwise)."""
+        if not isinstance(self.axis, int):
+            msg = f"GridLayout.rows: the grid is cut along axes {self.axis}; use block(rank)"
+            raise ValueError(msg)
+        return self.block(rank)[self.axis]
 
     def local_shape(self, rank: int) -> tuple[int, ...]:
-        s = list(self.shape)
-        s[self.axis] = self.rows(rank)[1]
-        return tuple(s)
+        return tuple(n for _, n in self.block(rank))
 
     def node_counts(self, world: int) -> list[int]:
         """Nodes held by every rank (``None`` sizes: all on every rank)."""
-        return [int(torch.tensor(self.local_shape(r)).prod()) for r in range(world)]
+        return [math.prod(self.local_shape(r)) for r in range(world)]
 
     def local_index(self, rank: int, device=None) -> torch.Tensor:
         """``(n_local, ndim)`` int64 global ``(d, h, w)`` indices of ``rank``'s nodes, C order."""
-        row0, _ = self.rows(rank)
-        axes = [torch.arange(s, device=device) for s in self.local_shape(rank)]
-        axes[self.axis] = axes[self.axis] + row0
+        axes = [torch.arange(r0, r0 + n, device=device) for r0, n in self.block(rank)]
         mesh = torch.meshgrid(*axes, indexing="ij")
         return torch.stack([m.reshape(-1) for m in mesh], 1)
 
@@ -189,9 +234,9 @@ def _world(group) -> tuple[int, int]:
 
 
 def _my_nodes(layout: GridLayout, world: int, rank: int, dtype, device, op: str) -> torch.Tensor:
-    if layout.sizes is not None and len(layout.sizes) != world:
-        msg = (f"{op}: layout.sizes has {len(layout.sizes)} entries but the points' mesh dim has "
-               f"{world} ranks")
+    if layout.parts is not None and layout.parts != world:
+        msg = (f"{op}: the layout cuts the grid into {layout.parts} parts but the points' mesh "
+               f"dim (or group) has {world} ranks")
         raise ValueError(msg)
     return layout.local_nodes(rank, dtype, device)
 
@@ -214,7 +259,7 @@ def _to_grid_index(g: torch.Tensor, layout: GridLayout, counts: Sequence[int]) -
             idx.append(loc % s)
             loc = loc // s
         idx = torch.stack(idx[::-1], -1)
-        idx[..., layout.axis] += layout.rows(r)[0]
+        idx += torch.tensor([r0 for r0, _ in layout.block(r)], device=idx.device)
         out[sel] = layout.flat(idx)
     return out
 

@@ -311,11 +311,12 @@ def grid_sdf(surface: ShardedSurface, layout, *, dtype=torch.float32,
     """The signed distance at this rank's grid nodes: a Tensor of ``layout.local_shape(rank)``.
 
     ``layout`` is a :class:`meshshard.ops.gridpoint.GridLayout` cut over the surface's group
-    (``sizes`` one entry per rank, or ``None``: every rank computes the whole grid). Collective.
+    (in slabs or blocks, one part per rank, or ``None`` sizes: every rank computes the whole
+    grid). Collective.
     """
     P, rank = _world(surface.group)
-    if layout.sizes is not None and len(layout.sizes) != P:
-        msg = f"grid_sdf: layout.sizes has {len(layout.sizes)} entries for {P} ranks"
+    if layout.parts is not None and layout.parts != P:
+        msg = f"grid_sdf: the layout cuts the grid into {layout.parts} parts for {P} ranks"
         raise ValueError(msg)
     nodes = layout.local_nodes(rank, dtype)
     return surface.signed_distance(nodes, signed=signed).reshape(layout.local_shape(rank))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 
-def train_both(rank, world_size, store, grid_layout, steps):
+def train_both(rank, world_size, store, grid_layout, steps, form="shardtensor"):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -22,7 +22,10 @@ def train_both(rank, world_size, store, grid_layout, steps):
                           grid_layout=grid_layout))
     m = make_domino(s["layout"], s["target"].shape[1], ShardedDominoOps(mesh, s["layout"].sizes),
                     hidden=8).double()
-    losses = train_domino([s], m, steps=steps, lr=1e-3, group=mesh.get_group(0))
+    if form == "shardtensor":  # ShardTensor inputs and loss, a plain backward
+        losses = train_domino([s], m, steps=steps, lr=1e-3, mesh=mesh)
+    else:  # local tensors, allreduce_grads
+        losses = train_domino([s], m, steps=steps, lr=1e-3, group=mesh.get_group(0))
     out = {"losses": losses}
     if rank == 0:
         r = f64(domino_sample(store, 0, 1, solo, grid_shape=(6, 4, 4)))

@@ -1,6 +1,7 @@
-"""DoMINO training on a synthetic DrivaerML store: 2 ranks (grid in slabs or replicated) follow
-the one-process loss curve and end with the same parameters (float64); the example's
-``--model domino`` runs and prints the comparison."""
+"""DoMINO training on a synthetic DrivaerML store: 2 ranks (grid in slabs or replicated; ShardTensor
+inputs with a plain backward, or local tensors with allreduce_grads) follow the one-process loss
+curve and end with the same parameters (float64); the example's ``--model domino`` runs and
+prints the comparison."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ def store(tmp_path_factory):
     return root / "stores"
 
 
-@pytest.mark.parametrize("layout", ["slab", "replicated"])
-def test_two_ranks_follow_one_process(store, layout):
-    a, b = run_ranks(train_both, 2, store / "run_1.zarr", layout, 3, timeout=300)
+@pytest.mark.parametrize(("layout", "form"), [("slab", "shardtensor"), ("slab", "local"),
+                                              ("replicated", "shardtensor")])
+def test_two_ranks_follow_one_process(store, layout, form):
+    a, b = run_ranks(train_both, 2, store / "run_1.zarr", layout, 3, form, timeout=300)
     assert a["losses"] == b["losses"]
     torch.testing.assert_close(torch.tensor(a["losses"]), torch.tensor(a["single"]),
                                rtol=1e-10, atol=0)

@@ -32,11 +32,14 @@ def model(dtype, ops=None, n_neighbors=7):
 
 def reference(case, dtype):
     stl, pts, sdf, feat, target = data(sum(case["stl"]), sum(case["points"]), dtype)
+    stl.requires_grad_()
+    pts.requires_grad_()
     m = model(dtype, n_neighbors=case.get("k", 7))
     out = m(stl, sdf, pts, feat)
     loss = ((out - target) ** 2).mean()
     loss.backward()
-    return out.detach(), loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
+    grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    return out.detach(), loss.detach(), grads, {"stl": stl.grad, "points": pts.grad}
 
 
 def sharded(rank, world_size, cases):
@@ -67,23 +70,16 @@ def sharded(rank, world_size, cases):
             (ds, hs) = gs
             sdf_l = sdf[sum(ds[:a]) : sum(ds[: a + 1]), sum(hs[:b]) : sum(hs[: b + 1])]
         ops = ShardedDominoOps(mesh, gs)
+        lay = ops.layout(SHAPE, ORIGIN, SPACING)  # the same cut as a GridLayout (grid_sdf's)
+        assert lay.local_shape(rank) == tuple(sdf_l.shape), (lay, sdf_l.shape)
+        assert torch.equal(lay.local_nodes(rank, dtype),
+                           ops.grid_nodes(SHAPE, ORIGIN, SPACING, dtype))
         m = model(dtype, ops, n_neighbors=case.get("k", 7))
         args = (stl[sl], sdf_l, pts[pl], feat[pl])
-        if case.get("st"):  # the same pieces as ShardTensors: the model runs on them as is
-            from meshshard.shardtensor import Replicate, Shard, from_local
-
-            def st(x, sizes, mesh=mesh):
-                if sizes is None:
-                    return from_local(x, mesh, [Replicate()])
-                return from_local(x, mesh, [Shard(0)], [list(sizes)])
-
-            args = (st(args[0], case["stl"]), st(args[1], gs), st(args[2], case["points"]),
-                    st(args[3], case["points"]))
-        out = m(*args)
         if case.get("st"):
-            assert type(out) is type(args[2]), type(out)
-            assert tuple(out.sharding_sizes(0)) == tuple(case["points"])
-            out = out.to_local()
+            res.append(_shardtensor_form(m, ops, mesh, case, args, target[pl], meshes))
+            continue
+        out = m(*args)
         total = ops.reduce_mean_count(out.numel())
         loss = ((out - target[pl]) ** 2).sum() / total
         loss.backward()
@@ -95,8 +91,70 @@ def sharded(rank, world_size, cases):
     return res
 
 
+def _shardtensor_form(m, ops, mesh, case, args, target, meshes):
+    """The same pieces as ShardTensors: the unmodified model runs on them, the loss is a
+    ShardTensor mean, and a plain ``backward`` gives one process's gradients (no user call).
+    The STL points and points require gradients (their backward collectives run beside the
+    parameters' all-reduce). Also: a second backward of the same graph, ``autograd.grad`` of
+    a second forward, and a third forward accumulated into ``.grad``, each summed once;
+    ``allreduce_grads`` after this form raises."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.ops.domino_ops import allreduce_grads
+    from meshshard.shardtensor import Replicate, Shard, from_local
+
+    world = dist.get_world_size()
+    if mesh.ndim == 1:
+        pmesh = mesh
+    else:  # points cut over all ranks: a 1-D mesh of them, rank order
+        if (world,) not in meshes:
+            meshes[(world,)] = init_device_mesh("cpu", (world,))
+        pmesh = meshes[(world,)]
+    gs = case["grid"]
+    if gs is None:
+        grid = from_local(args[1], mesh, [Replicate()] * mesh.ndim)
+    elif mesh.ndim == 1:
+        grid = from_local(args[1], mesh, [Shard(0)], [list(gs)])
+    else:
+        grid = from_local(args[1], mesh, [Shard(0), Shard(1)], [list(gs[0]), list(gs[1])])
+
+    def pts(x, sizes=case["points"]):
+        return from_local(x, pmesh, [Shard(0)], [list(sizes)])
+
+    leaves = (args[0].clone().requires_grad_(), args[2].clone().requires_grad_())
+    inputs = (pts(leaves[0], case["stl"]), grid, pts(leaves[1]), pts(args[3]))
+    tgt = pts(target)
+    out = m(*inputs)
+    assert type(out) is type(inputs[2]), type(out)
+    assert tuple(out.sharding_sizes(0)) == tuple(case["points"])
+    loss = ((out - tgt) ** 2).mean()
+    loss.backward(retain_graph=True)
+    grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    inputs_grad = {"stl": leaves[0].grad.clone(), "points": leaves[1].grad.clone()}
+    loss.backward()  # the same graph again: its partials are summed once more
+    twice = {n: p.grad.clone() for n, p in m.named_parameters()}
+    params = [p for _, p in m.named_parameters()]
+    again = torch.autograd.grad(((m(*inputs) - tgt) ** 2).mean(), params)
+    ((m(*inputs) - tgt) ** 2).mean().backward()  # accumulates into .grad
+    thrice = {n: p.grad.clone() for n, p in m.named_parameters()}
+    try:
+        allreduce_grads(m, ops.group)
+        refused = "no error"
+    except ValueError as exc:
+        refused = str(exc)
+    with torch.no_grad():  # inference: no graph, no all-reduce, the same rows
+        inferred = m(*inputs).to_local()
+    local = out.to_local().detach()
+    value = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+    return {"out": local, "loss": value.detach().reshape(()), "grads": grads, "twice": twice,
+            "autograd_grad": dict(zip(grads, again)), "thrice": thrice, "refused": refused,
+            "inputs_grad": inputs_grad, "no_grad": (inferred, local)}
+
+
 def mismatched(rank, world_size):
-    """The grid as a ShardTensor whose cut disagrees with the ops' (two one-line errors)."""
+    """The grid as a ShardTensor whose cut disagrees with the ops' (two one-line errors), and
+    ShardTensor inputs mixed with a local tensor (a TypeError)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.ops.domino_ops import ShardedDominoOps
@@ -104,14 +162,23 @@ def mismatched(rank, world_size):
 
     mesh = init_device_mesh("cpu", (world_size,))
     stl, pts, sdf, feat, _ = data(20, 10, torch.float64)
-    rows = sdf[3 * rank : 3 * rank + 3]
-    g = from_local(rows, mesh, [Shard(0)], [[3, 3]])
+
+    def st(x, n):  # rank 0 holds the first n rows
+        rows = x[:n] if rank == 0 else x[n:]
+        return from_local(rows, mesh, [Shard(0)], [[n, len(x) - n]])
+
+    g = st(sdf, 3)
     msgs = []
     for sizes in ([1, 5], None):
         try:
-            model(torch.float64, ShardedDominoOps(mesh, sizes))(stl, g, pts, feat)
+            model(torch.float64, ShardedDominoOps(mesh, sizes))(st(stl, 7), g, st(pts, 4),
+                                                                st(feat, 4))
         except ValueError as exc:
             msgs.append(str(exc))
+    try:
+        model(torch.float64, ShardedDominoOps(mesh, [3, 3]))(st(stl, 7), g, pts, st(feat, 4))
+    except TypeError as exc:
+        msgs.append(str(exc))
     return msgs
 
 

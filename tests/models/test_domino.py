@@ -1,7 +1,8 @@
 """DoMINO on 2-4 gloo ranks (points sharded uneven with an empty shard; the grid replicated,
 cut in slabs along D, or in blocks along D and H on a 2x2 mesh, one-row and empty slabs)
 equals one process: outputs, loss and every parameter gradient (float64 to 1e-9, float32 to
-1e-4)."""
+1e-4), given each rank's local tensors (gradients summed by allreduce_grads) or ShardTensors
+("st": a ShardTensor loss and a plain backward, no user call)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ CASES = {
     3: [
         {"stl": [10, 0, 80], "points": [10, 0, 30], "grid": [2, 0, 4]},
         {"stl": [30, 30, 30], "points": [5, 20, 15], "grid": [1, 1, 4], "k": 10},
+        {"stl": [10, 0, 80], "points": [10, 0, 30], "grid": [2, 0, 4], "st": True},
+        {"stl": [30, 30, 30], "points": [15, 25, 0], "grid": [1, 4, 1], "st": True,
+         "dtype": torch.float32},
     ],
     # a 2x2 mesh: the grid in blocks along D (mesh dim 0) and H (mesh dim 1), the points over
     # all four ranks; one-row blocks, an empty H column, an empty point shard
@@ -33,6 +37,10 @@ CASES = {
          "grid": ([4, 2], [4, 0]), "k": 10},
         {"mesh": (2, 2), "stl": [25, 25, 25, 25], "points": [10, 10, 10, 10],
          "grid": ([3, 3], [1, 3]), "dtype": torch.float32},
+        {"mesh": (2, 2), "stl": [30, 0, 40, 20], "points": [12, 0, 20, 8],
+         "grid": ([1, 5], [3, 1]), "st": True},
+        {"mesh": (2, 2), "stl": [20, 25, 25, 20], "points": [10, 10, 0, 20],
+         "grid": ([4, 2], [4, 0]), "k": 10, "st": True},
     ],
 }
 _RES: dict = {}
@@ -50,7 +58,7 @@ def test_domino_sharded_equals_one_process(world, i):
     dtype = case.get("dtype", torch.float64)
     tol = {"rtol": 1e-9, "atol": 1e-11} if dtype == torch.float64 else {"rtol": 1e-4,
                                                                          "atol": 1e-6}
-    out, loss, grads = reference(case, dtype)
+    out, loss, grads, input_grads = reference(case, dtype)
     reports = [r[i] for r in _run(world)]
     torch.testing.assert_close(torch.cat([r["out"] for r in reports]), out, **tol)
     for rep in reports:
@@ -60,12 +68,26 @@ def test_domino_sharded_equals_one_process(world, i):
             assert g.abs().max() > 0, f"{name}: zero gradient in the reference"
             torch.testing.assert_close(rep["grads"][name], g, **tol,
                                        msg=lambda m, n=name: f"{n}: {m}")
+    if case.get("st"):  # the inputs' gradients: this rank's rows of one process's
+        for key, g in input_grads.items():
+            got = torch.cat([r["inputs_grad"][key] for r in reports])
+            assert g.abs().max() > 0, f"{key}: zero gradient in the reference"
+            torch.testing.assert_close(got, g, **tol, msg=lambda m, k=key: f"d/d {k}: {m}")
+    for rep in reports:
+        if case.get("st"):  # no user call: each backward sums its partials exactly once
+            assert "summed over the ranks already" in rep["refused"], rep["refused"]
+            assert torch.equal(*rep["no_grad"])
+            for key, times in (("twice", 2), ("autograd_grad", 1), ("thrice", 3)):
+                for name, g in grads.items():
+                    torch.testing.assert_close(rep[key][name], times * g, **tol,
+                                               msg=lambda m, n=name, k=key: f"{k} {n}: {m}")
 
 
 def test_domino_rejects_mismatched_shardtensor_inputs():
     for msg in run_ranks(mismatched, 2, timeout=120):
         assert "is cut [3, 3] along D, the ops' grid_sizes are [1, 5]" in msg[0]
         assert "the grid is replicated here" in msg[1]
+        assert "points is a local tensor but the other inputs are ShardTensors" in msg[2]
 
 
 def test_domino_rejects_points_outside_the_grid():

@@ -107,7 +107,8 @@ def sdf_cases(rank, world_size, cases):
         reference(tri, rq, signed=closed).sum().backward()
         rep["grad"] = (torch.zeros_like(ql) if ql.grad is None else ql.grad, rq.grad)
         if case.get("grid"):
-            lay = GridLayout((5, 3, 4), (-1.4, -1.3, -0.8), (0.7, 1.1, 0.35), sizes=case["grid"])
+            lay = GridLayout((5, 3, 4), (-1.4, -1.3, -0.8), (0.7, 1.1, 0.35), sizes=case["grid"],
+                             axis=case.get("grid_axis", 0))
             got = grid_sdf(surf, lay, dtype=torch.float64)
             nodes = lay.local_nodes(rank, torch.float64)
             rep["grid"] = (got.reshape(-1), reference(tri, nodes, signed=closed))

@@ -47,6 +47,16 @@ GP_CASES = {
          "direction": "grid_to_points"},
         {"mesh": (2, 2), "points": [8, 9], "grid": [1, 3], "axis": 1, "op": "knn", "k": 3,
          "direction": "points_to_grid"},
+        # the grid in blocks along two axes over all four ranks (as a 2x2 mesh numbers them),
+        # the points over the same ranks: one-row, empty and whole-axis blocks
+        {"points": [5, 0, 9, 6], "grid": ([1, 4], [3, 1]), "axis": (0, 1), "op": "radius",
+         "r": 0.3, "direction": "grid_to_points"},
+        {"points": [0, 7, 6, 8], "grid": ([2, 3], [4, 0]), "axis": (0, 1), "op": "radius",
+         "r": 0.35, "direction": "points_to_grid"},
+        {"points": [6, 6, 0, 9], "grid": ([3, 0], [1, 3]), "axis": (2, 1), "op": "knn",
+         "k": 3, "direction": "grid_to_points"},
+        {"points": [4, 9, 7, 0], "grid": ([0, 3], [3, 2]), "axis": (2, 0), "op": "knn",
+         "k": 4, "direction": "points_to_grid"},
     ],
 }
 
@@ -92,7 +102,7 @@ def test_grid_queries_match_brute_force(world, i):
         torch.testing.assert_close(*rep["grad"], rtol=1e-10, atol=1e-12)
         if case["grid"] is not None and case["direction"] == "grid_to_points":
             lay = GridLayout(SHAPE, ORIGIN, SPACING, sizes=case["grid"], axis=case.get("axis", 0))
-            assert list(rep["sizes"]) == lay.node_counts(len(case["grid"]))
+            assert list(rep["sizes"]) == lay.node_counts(lay.parts)
 
 
 @pytest.mark.parametrize(("mesh", "i"), [(m, i) for m in GS_CASES for i in range(len(GS_CASES[m]))],
@@ -133,6 +143,31 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="does not cover"):
         lay.check_covers(torch.tensor([[100.0, 0.0, 0.5]]))
     lay.check_covers(lay.local_nodes(0, torch.float64))
+    with pytest.raises(ValueError, match="one sequence per cut axis"):
+        GridLayout(SHAPE, ORIGIN, SPACING, sizes=[2, 3], axis=(0, 1))
+    with pytest.raises(ValueError, match="distinct"):
+        GridLayout(SHAPE, ORIGIN, SPACING, sizes=([2, 3], [5]), axis=(0, 0))
+    with pytest.raises(ValueError, match="sum to shape"):
+        GridLayout(SHAPE, ORIGIN, SPACING, sizes=([2, 3], [2, 1]), axis=(0, 1))
+    with pytest.raises(ValueError, match="use block"):
+        GridLayout(SHAPE, ORIGIN, SPACING, sizes=([2, 3], [2, 2]), axis=(0, 1)).rows(0)
+
+
+@pytest.mark.parametrize(("sizes", "axis"), [(([1, 4], [3, 0, 1]), (0, 1)),
+                                             (([2, 0, 1], [0, 5]), (2, 0)),
+                                             (([1, 4], [2, 2], [1, 2]), (0, 1, 2))])
+def test_blocks_tile_the_grid_in_row_major_rank_order(sizes, axis):
+    lay = GridLayout(SHAPE, ORIGIN, SPACING, sizes=sizes, axis=axis)
+    full = GridLayout(SHAPE, ORIGIN, SPACING)
+    flat = torch.cat([full.flat(lay.local_index(r)) for r in range(lay.parts)])
+    assert torch.equal(flat.sort().values, torch.arange(full.node_counts(1)[0]))
+    coords = torch.cartesian_prod(*[torch.arange(len(c)) for c in sizes]).reshape(-1, len(sizes))
+    for r, coord in enumerate(coords.tolist()):  # block r: coordinate r in row-major order
+        idx = lay.local_index(r)
+        for a, c, k in zip(axis, sizes, coord):
+            lo = sum(c[:k])
+            assert lay.local_shape(r)[a] == c[k]
+            assert idx.numel() == 0 or (idx[:, a].min() >= lo and idx[:, a].max() < lo + c[k])
 
 
 def test_radius_le_zero_raises():

@@ -23,6 +23,8 @@ CASES = {
         {"mesh": "bumpy", "tri": [1, 0, 200, None], "queries": [25, 0, 40, 35],
          "grid": [1, 0, 3, 1]},
         {"mesh": "cube", "tri": [3, 3, 0, None], "queries": [10, 20, 30, 0], "nboxes": 1},
+        {"mesh": "torus", "tri": [40, 0, 100, None], "queries": [0, 20, 10, 15],
+         "grid": ([1, 4], [3, 0]), "grid_axis": (0, 1)},
     ],
 }
 _RES: dict = {}
