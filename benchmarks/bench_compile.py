@@ -123,8 +123,22 @@ def step_rank(rank, world_size, n, repeats, threads, backend):
             ((fwd(c, f) - t) ** 2).mean().backward()
 
         out[name] = _time(step, repeats)
+        if name != "one process":
+            out[name + " collectives"] = _collectives(step)
     out["compiles"] = calls["n"]
     return out
+
+
+def _collectives(step) -> int:
+    """All-reduces, all-gathers and all-to-alls of one step (gloo's events, torch profiler):
+    on gloo each costs a fixed ~0.3-1 ms here, so at small sizes they are the overhead."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    names = ("c10d::allreduce_", "c10d::_allgather_base_", "c10d::allgather_",
+             "c10d::alltoall_base_", "c10d::alltoall_")
+    return sum(e.count for e in prof.key_averages() if e.key in names)
 
 
 SAMPLES = ((900, (400, 500)), (1300, (0, 1300)), (700, (350, 350)), (1100, (800, 300)),
@@ -182,8 +196,8 @@ def main(argv=None) -> int:
         print(f"  {k:4d}  {reason}")
     print("\n2 gloo ranks (45/55 split), CPU ms per step, slowest rank (compile s in brackets):")
     print("| points | one process | eager | torch.compile | compiles | eager overhead (ms) | "
-          "torch.compile overhead (ms) | eager / torch.compile |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "torch.compile overhead (ms) | eager / torch.compile | collectives / step |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in points:
         reps = run_ranks(step_rank, 2, n, args.repeats, args.threads, args.backend,
                          timeout=3600)
@@ -192,7 +206,8 @@ def main(argv=None) -> int:
         one, e, tc = (best[k] * 1e3 for k in VARIANTS)
         print(f"| {n:,} | {one:.1f} | {e:.1f} | {tc:.1f} [{comp:.0f}] | "
               f"{max(r['compiles'] for r in reps)} | {e - one:+.1f} | {tc - one:+.1f} | "
-              f"{e / tc:.2f}x |", flush=True)
+              f"{e / tc:.2f}x | {reps[0]['eager collectives']} eager, "
+              f"{reps[0]['torch.compile collectives']} compiled |", flush=True)
     if args.dynamic:
         rows = run_ranks(dynamic_rank, 2, args.threads, args.dynamic_backend, timeout=3600)
         print(f"\nOne compiled model ({args.dynamic_backend}), 6 samples (points, split): CPU s "

@@ -39,7 +39,16 @@ def partial_memo(rank, world_size):
     with torch.no_grad():
         p.to_local().mul_(3.0)  # in place through the piece's view: not served either
     d, n_view = _all_reduces(lambda: (p * s1).full_tensor())
-    return {"n_two": n_two, "n_after": n_after, "n_view": n_view,
+    # a Partial plus a number stays Partial (the number counted once), and two Partial
+    # operands of one op are summed in one collective
+    u = from_local(pieces[rank] * 2, mesh, [Partial()])
+    v = from_local(pieces[rank] + 1, mesh, [Partial()])
+    w = u + 0.5
+    (e, f), n_pair = _all_reduces(lambda: ((w / (v - 3)).full_tensor(),
+                                           (w * s1).full_tensor()))
+    vfull = full + world_size
+    return {"n_two": n_two, "n_after": n_after, "n_view": n_view, "n_pair": n_pair,
+            "pair": [(e, (2 * full + 0.5) / (vfull - 3)), (f, (2 * full + 0.5) * r1)],
             "values": [(a, full * r1), (b, full / r2), (c, 2 * full * r1),
                        (d, 6 * full * r1)]}
 

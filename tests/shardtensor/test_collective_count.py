@@ -15,11 +15,14 @@ TOL = dict(rtol=1e-12, atol=1e-12)  # float64: the sums differ from one process 
 
 
 def test_a_partial_read_twice_is_reduced_once_and_again_after_an_in_place_change():
+    """Also: a Partial plus a number stays Partial, and one op's two Partials share one
+    collective."""
     for rep in run_ranks(_count_fns.partial_memo, 2):
         assert rep["n_two"] == 1
         assert rep["n_after"] == 1
         assert rep["n_view"] == 1
-        for got, want in rep["values"]:
+        assert rep["n_pair"] == 1  # both operands of the division at once, then w's memo
+        for got, want in rep["values"] + rep["pair"]:
             torch.testing.assert_close(got, want, **TOL)
 
 
@@ -27,9 +30,9 @@ def test_transolver_step_collectives_per_layer():
     layers = 2
     reps = run_ranks(_count_fns.transolver_step, 2, (3, 5), layers, timeout=300)
     for rep in reps:
-        # forward: slice weight sums and slice tokens, once each per layer (a lazy Partial
-        # re-reduced them in q, k and v: 4 per layer)
-        assert rep["n_fwd"] == 2 * layers
+        # forward: slice weight sums and slice tokens together, once per layer (a lazy
+        # Partial re-reduced the tokens in q, k and v: 4 per layer)
+        assert rep["n_fwd"] == layers
         # backward: one reduction of the tokens' gradient per layer, plus the weight gradients
         # (one per linear layer over the points, one per layer norm's weight and bias, one per
         # lifted plain parameter): never more than one per parameter tensor

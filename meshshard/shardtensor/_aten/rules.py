@@ -140,7 +140,11 @@ def _execute(func, args: tuple, kwargs: dict, plan: Plan) -> Any:
             mesh = next(b._spec.mesh for b in a if type(b) is ShardTensor)
         else:
             locs.append(a)
-    for pos, step in plan.steps:
+    steps = plan.steps
+    if len(steps) > 1 and steps[1][1][0] == "reduce" and not func.is_view \
+            and not func._schema.is_mutable:
+        steps = _reduce_together(args, locs, steps, mesh)
+    for pos, step in steps:
         if type(pos) is tuple:
             k, j = pos
             locs[k][j] = _apply_step(locs[k][j], step, mesh)
@@ -161,25 +165,71 @@ def _execute(func, args: tuple, kwargs: dict, plan: Plan) -> Any:
     return ShardTensor(out, outs)
 
 
+def _reduce_together(args: tuple, locs: list, steps: tuple, mesh) -> tuple:
+    """Operands of one op that are each only reduced over the same mesh dim (``a / b`` with
+    both Partial) are summed in one collective, flattened together; returns the steps left."""
+    count: dict = {}
+    for pos, _ in steps:
+        count[pos] = count.get(pos, 0) + 1
+    group = [(pos, st[1]) for pos, st in steps if st[0] == "reduce" and type(pos) is int
+             and count[pos] == 1 and locs[pos] is args[pos]._local]
+    if len(group) < 2 or len({i for _, i in group}) != 1 \
+            or len({locs[pos].dtype for pos, _ in group}) != 1:
+        return steps
+    i = group[0][1]
+    todo = []
+    for pos, _ in group:
+        hit = _memo(args[pos], i)
+        if hit is None:
+            todo.append(pos)
+        else:
+            locs[pos] = hit
+    if todo:
+        pieces = [locs[pos] for pos in todo]
+        flat = _all_reduce(torch.cat([t.reshape(-1) for t in pieces]), mesh, i)
+        off = 0
+        for pos, t in zip(todo, pieces):
+            locs[pos] = flat[off:off + t.numel()].view(t.shape)
+            off += t.numel()
+            _remember(args[pos], i, locs[pos])
+    done = {pos for pos, _ in group}
+    return tuple(st for st in steps if st[0] not in done)
+
+
+def _versions(a: ShardTensor) -> tuple | None:
+    # the wrapper's counter (an in-place op on the wrapper changes the piece below the
+    # ADInplaceOrView key: only the wrapper's moves) and the piece's (one through to_local()'s
+    # view moves only that); None for an inference tensor (no counter: no memo)
+    try:
+        return (a._version, a._local._version)
+    except RuntimeError:
+        return None
+
+
+def _memo(a: ShardTensor, i: int) -> torch.Tensor | None:
+    memo = a.__dict__.get("_reduced")
+    if memo is not None and memo[0] == i and memo[2] is a._local and memo[1] == _versions(a) \
+            and memo[1] is not None:
+        return memo[3]
+    return None
+
+
+def _remember(a: ShardTensor, i: int, out: torch.Tensor) -> None:
+    v = _versions(a)
+    if v is not None:
+        a.__dict__["_reduced"] = (i, v, a._local, out)
+
+
 def _reduce_once(a: ShardTensor, i: int, mesh) -> torch.Tensor:
     """``a``'s piece summed over mesh dim ``i``, computed once per tensor: a Partial that
     several ops consume (a gradient that both products of a backward read, a tensor saved for
     backward and reduced in forward) costs one collective. The memo lives on the wrapper and
-    holds while its piece is the same object and unchanged (the wrapper's version counter);
-    every rank runs the same ops, so every rank hits or misses alike."""
-    loc = a._local
-    try:
-        # the wrapper's counter (an in-place op on the wrapper changes the piece below the
-        # ADInplaceOrView key: only the wrapper's moves) and the piece's (one through
-        # to_local()'s view moves only that)
-        version = (a._version, loc._version)
-    except RuntimeError:  # an inference tensor has no version counter: no memo
-        return _all_reduce(loc, mesh, i)
-    memo = a.__dict__.get("_reduced")
-    if memo is not None and memo[0] == i and memo[1] == version and memo[2] is loc:
-        return memo[3]
-    out = _all_reduce(loc, mesh, i)
-    a.__dict__["_reduced"] = (i, version, loc, out)
+    holds while its piece is the same object and unchanged (both version counters); every rank
+    runs the same ops, so every rank hits or misses alike."""
+    out = _memo(a, i)
+    if out is None:
+        out = _all_reduce(a._local, mesh, i)
+        _remember(a, i, out)
     return out
 
 
@@ -325,6 +375,7 @@ _LINEAR_ONE = {aten.mul.Tensor, aten.div.Tensor, aten.mul.Scalar, aten.div.Scala
 # with a number stay Partial (they merge or feed one consumer). In place ops keep the lazy
 # rule (the reduced piece would not be the tensor written to).
 _EAGER_ONE = {aten.mul.Tensor, aten.div.Tensor}
+_SHIFTS = {aten.add.Tensor, aten.sub.Tensor, aten.add_.Tensor, aten.sub_.Tensor}
 
 
 def _other_factor(args: tuple, k: int) -> bool:
@@ -347,6 +398,7 @@ def _pointwise(func, args, kwargs) -> Plan:
     placements = []
     sizes = []
     steps = []
+    shifted = []  # mesh dims on which a Partial is shifted by a number (see below)
     for i in range(mesh.ndim):
         shard = None
         partial_args = []
@@ -394,6 +446,13 @@ def _pointwise(func, args, kwargs) -> Plan:
                 and (func not in (aten.div.Tensor, aten.div_.Tensor) or partial_args[0] == 0)
                 and not (func in _EAGER_ONE and _other_factor(args, partial_args[0]))
             )
+            if not linear and func in _SHIFTS and partial_args == [0] and len(args) > 1 \
+                    and type(args[1]) in (int, float):
+                # a Partial plus a number stays Partial: the number is added on coordinate 0
+                # only (the sum then holds it once); saves a collective that the next
+                # consumer may share with another operand's (``t / (n + eps)``)
+                shifted.append(i)
+                linear = True
             if linear:
                 placements.append(_PSUM)
                 sizes.append(None)
@@ -403,7 +462,10 @@ def _pointwise(func, args, kwargs) -> Plan:
         placements.append(_REP)
         sizes.append(None)
     steps.sort(key=lambda st: st[1][0] != "reduce")  # reduce before narrowing
-    return Plan(tuple(steps), (), None, make_spec(mesh, tuple(placements), tuple(sizes), shape))
+    coord = _coord(mesh)[1]
+    overrides = ((1, type(args[1])(0)),) if any(coord[i] for i in shifted) else ()
+    return Plan(tuple(steps), overrides, None,
+                make_spec(mesh, tuple(placements), tuple(sizes), shape))
 
 
 _POINTWISE_INPLACE: list = [_pointwise]  # in-place pointwise ops: replaced by rules_inplace
