@@ -37,9 +37,6 @@ ALLOWED_CYCLES = {
     frozenset({"meshshard.shardtensor._aten.grid_halo", "meshshard.shardtensor._aten.layout",
                "meshshard.shardtensor._aten.rules", "meshshard.shardtensor._aten.rules_respec",
                "meshshard.shardtensor._aten.tensor"}),
-    # load_shard dispatches to the curator reader for curator stores, which wraps its rows
-    # with the loader's helpers (datasets/ is being changed by another issue this session)
-    frozenset({"meshshard.datasets.curator", "meshshard.datasets.loader"}),
     # predict hands a volume checkpoint to apps.volume, which reuses predict's row gathering,
     # field checks and VTK writer (a split of predict.py into rows/writer modules would end it)
     frozenset({"meshshard.apps.predict", "meshshard.apps.volume"}),
