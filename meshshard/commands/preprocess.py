@@ -9,7 +9,7 @@ from meshshard.comm.process import init
 from meshshard.commands._checks import check_out_dir
 from meshshard.commands.partition import METHOD_HELP, METHODS
 from meshshard.datasets import DRIVAERML
-from meshshard.pipelines import preprocess_runs
+from meshshard.pipelines import RunOptions, preprocess_runs
 from meshshard.pipelines._alloc import tune_allocator
 from meshshard.pipelines.distributed import run_cli
 
@@ -73,14 +73,8 @@ def run(args: argparse.Namespace) -> int:
     if args.distributed:
         return run_cli(args)
 
-    schema = replace(DRIVAERML, u_inf=args.u_inf, rho=args.rho)
-    results = preprocess_runs(
-        args.src,
-        args.dst,
+    options = RunOptions(
         parts=args.parts,
-        runs=args.runs,
-        workers=args.workers,
-        progress=False if args.no_progress else None,
         method=args.method,
         surface=not args.volume,
         volume=not args.surface,
@@ -88,9 +82,17 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         drop_nan=args.drop_nan,
         max_volume_cells=args.max_volume_cells,
-        schema=schema,
+        schema=replace(DRIVAERML, u_inf=args.u_inf, rho=args.rho),
         compressor=None if args.compressor == "none" else args.compressor,
         graph=args.graph,
+    )
+    results = preprocess_runs(
+        args.src,
+        args.dst,
+        options,
+        runs=args.runs,
+        workers=args.workers,
+        progress=False if args.no_progress else None,
     )
     failed = [r for r in results if r.status == "failed"]
     keys = ("written", "skipped", "failed")
