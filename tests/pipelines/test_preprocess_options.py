@@ -10,6 +10,7 @@ import pytest
 
 from meshshard.datasets import make_synthetic_run
 from meshshard.pipelines import RunOptions, preprocess_runs, process_run
+from meshshard.pipelines.distributed import preprocess_distributed
 from meshshard.store import open_store
 
 
@@ -71,3 +72,11 @@ def test_a_runoptions_writes_what_the_same_keywords_write(tmp_path):
     # and a rerun with the typed options finds the keyword-written store up to date
     again = process_run(tmp_path / "raw" / "run_1", tmp_path / "a", RunOptions(**kw))
     assert again.status == "skipped"
+
+
+def test_distributed_preprocessing_refuses_what_it_does_not_implement(tmp_path):
+    # refused before the process group is made or any source is looked at
+    opts = RunOptions(parts=2, halo_radius=0.5, graph="dual")
+    with pytest.raises(ValueError, match=r"halo_radius=0\.5, graph='dual': not implemented"):
+        preprocess_distributed(tmp_path / "missing", tmp_path / "out", opts)
+    assert not (tmp_path / "out").exists()
