@@ -30,15 +30,9 @@ from meshshard.apps.figures import evaluate_png, r_squared
 from meshshard.apps.forces import PRESSURE, WALL_SHEAR, field_errors, force_coefficients
 from meshshard.apps.inputs import read_surface_rows
 from meshshard.apps.model_file import ModelFileError, load_model
-from meshshard.apps.predict import (
-    DEFAULT_CHUNK,
-    PREDICT_CLASSES,
-    _truth,
-    check_fields,
-    ensure_world,
-    predict_rows,
-)
+from meshshard.apps.predict import PREDICT_CLASSES, ensure_world, predict_rows
 from meshshard.apps.reference import reference_area_for
+from meshshard.apps.rows import DEFAULT_CHUNK, check_fields, truth_columns
 from meshshard.apps.volume import evaluate_volume, is_volume_model
 
 __all__ = ["evaluate_runs", "format_table"]
@@ -90,7 +84,7 @@ def _surface_metrics(source: str | Path, mf: Any = None, *, mesh: Any = None,
         cols = check_fields(mf, rows, source, need_truth=True)
         pred = predict_rows(mf, rows, mesh=mesh,
                             max_points_per_chunk=max_points_per_chunk or DEFAULT_CHUNK)
-        cols, true = _truth(cols, rows, pred)
+        cols, true = truth_columns(cols, rows, pred)
     else:
         names = [n for n in (PRESSURE, WALL_SHEAR) if n in rows.columns]
         if len(names) < 2:

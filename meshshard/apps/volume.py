@@ -5,7 +5,7 @@ A volume model is a :class:`~meshshard.models.Transolver` on the volume cell cen
 inputs of :func:`~meshshard.apps.volume_inputs.volume_inputs` (standardised coordinates; the
 signed distance to the body and its log) and the volume fields (``UMeanTrim``, ``pMeanTrim``,
 ``nutMeanTrim``, non-dimensional) as targets, standardised per column. Predicting runs the same
-chunked forward as the surface (:func:`~meshshard.apps.predict.run_model`); rank 0 writes
+chunked forward as the surface (:func:`~meshshard.apps.rows.run_model`); rank 0 writes
 
 - ``OUT/<run>/volume_<i>.vtu``: a copy of the input ``.vtu`` with ``<field>Pred`` cell arrays in
   raw units beside the true arrays (run directories); for a store, a point cloud
@@ -26,20 +26,14 @@ from torch import nn
 
 from meshshard.apps.forces import field_errors
 from meshshard.apps.model_file import save_model
-from meshshard.apps.predict import (
-    _truth,
-    _write_vtk,
-    check_fields,
-    gather_for_writing,
-    run_model,
-    write_summary,
-)
+from meshshard.apps.rows import check_fields, gather_for_writing, run_model, truth_columns
 from meshshard.apps.volume_inputs import (
     VOLUME_FEATURES,
     VolumeRows,
     read_volume_rows,
     volume_inputs,
 )
+from meshshard.apps.writer import write_summary, write_vtk
 from meshshard.datasets.schema import DRIVAERML
 from meshshard.shardtensor import Shard, from_local
 
@@ -110,7 +104,7 @@ def predict_volume_rows(mf: Any, rows: VolumeRows, *, mesh: Any = None,
 
 
 def _write(mf: Any, rows: VolumeRows, full: dict, out_dir: Path, truth: bool) -> Path:
-    return _write_vtk(mf, rows, full, out_dir, truth, cloud_name="volume.vtp")
+    return write_vtk(mf, rows, full, out_dir, truth, cloud_name="volume.vtp")
 
 
 def predict_volume_run(mf: Any, source: str | Path, out: str | Path, *, mesh: Any = None,
@@ -131,7 +125,7 @@ def predict_volume_run(mf: Any, source: str | Path, out: str | Path, *, mesh: An
                                "seconds": {"read_partition": t_read,
                                            "inputs_model": time.perf_counter() - t1}}
     if truth:
-        cols, true = _truth(truth, rows, pred)
+        cols, true = truth_columns(truth, rows, pred)
         summary["rel_l2"] = field_errors(pred, true, cols, group=group)
     full, out_dir = gather_for_writing(rows, pred, group, out)
     if full is not None:  # rank 0 writes
@@ -154,5 +148,5 @@ def evaluate_volume(source: str | Path, mf: Any, *, mesh: Any = None,
     rows = read_volume_rows(source, group)
     cols = check_fields(mf, rows, source, need_truth=True)
     pred = predict_volume_rows(mf, rows, mesh=mesh, max_points_per_chunk=max_points_per_chunk)
-    cols, true = _truth(cols, rows, pred)
+    cols, true = truth_columns(cols, rows, pred)
     return {"cells": rows.n_total, "rel_l2": field_errors(pred, true, cols, group=group)}

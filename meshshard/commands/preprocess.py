@@ -9,9 +9,9 @@ from meshshard.comm.process import init
 from meshshard.commands._checks import check_out_dir
 from meshshard.commands.partition import METHOD_HELP, METHODS
 from meshshard.datasets import DRIVAERML
-from meshshard.pipelines import preprocess_runs
+from meshshard.pipelines import RunOptions, preprocess_runs
 from meshshard.pipelines._alloc import tune_allocator
-from meshshard.pipelines.distributed import run_cli
+from meshshard.pipelines.distributed import preprocess_distributed
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -63,24 +63,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    import sys
+def _options(args: argparse.Namespace) -> RunOptions:
+    """The per-run options the flags ask for (checked: a bad value is a ValueError)."""
     from dataclasses import replace
 
-    # before any run is read: an unwritable DST is one user error, not one failure per run
-    check_out_dir(args.dst, "DST")
-    tune_allocator()  # this process is ours: keep freed arrays for reuse (see _alloc)
-    if args.distributed:
-        return run_cli(args)
-
-    schema = replace(DRIVAERML, u_inf=args.u_inf, rho=args.rho)
-    results = preprocess_runs(
-        args.src,
-        args.dst,
+    return RunOptions(
         parts=args.parts,
-        runs=args.runs,
-        workers=args.workers,
-        progress=False if args.no_progress else None,
         method=args.method,
         surface=not args.volume,
         volume=not args.surface,
@@ -88,9 +76,60 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         drop_nan=args.drop_nan,
         max_volume_cells=args.max_volume_cells,
-        schema=schema,
+        schema=replace(DRIVAERML, u_inf=args.u_inf, rho=args.rho),
         compressor=None if args.compressor == "none" else args.compressor,
         graph=args.graph,
+    )
+
+
+def _distributed(args: argparse.Namespace) -> int:
+    """``--distributed``: the flags that path does not implement are refused (every rank, exit
+    2, before any collective), then all ranks repartition together."""
+    import torch.distributed as dist
+
+    unsupported = [flag for flag, on in (
+        ("--halo-radius", args.halo_radius is not None),
+        ("--max-volume-cells", args.max_volume_cells is not None),
+        ("--drop-nan", args.drop_nan),
+        ("--workers", args.workers != 1),
+    ) if on]  # fmt: skip
+    if unsupported:
+        msg = f"{', '.join(unsupported)} cannot be combined with --distributed (yet)"
+        raise ValueError(msg)
+    if args.graph is not None:
+        msg = (
+            f"--graph {args.graph} cannot be combined with --distributed: the distributed path "
+            "repartitions run stores and point sets, which hold no cell connectivity to build "
+            "the dual graph from (and the source's graph shards do not fit the new cut); run "
+            "`meshshard preprocess ... --graph dual` without --distributed"
+        )
+        raise ValueError(msg)
+    counts = preprocess_distributed(args.src, args.dst, _options(args), runs=args.runs)
+    if dist.get_rank() == 0:
+        print(
+            f"meshshard preprocess --distributed: {counts['written']} written, "
+            f"{counts['skipped']} skipped (up to date) on {dist.get_world_size()} ranks "
+            f"-> {args.dst}"
+        )
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    # before any run is read: an unwritable DST is one user error, not one failure per run
+    check_out_dir(args.dst, "DST")
+    tune_allocator()  # this process is ours: keep freed arrays for reuse (see _alloc)
+    if args.distributed:
+        return _distributed(args)
+
+    results = preprocess_runs(
+        args.src,
+        args.dst,
+        _options(args),
+        runs=args.runs,
+        workers=args.workers,
+        progress=False if args.no_progress else None,
     )
     failed = [r for r in results if r.status == "failed"]
     keys = ("written", "skipped", "failed")

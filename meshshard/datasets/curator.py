@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from meshshard.datasets.drivaerml import read_run
-from meshshard.datasets.loader import _device, wrap_rows
+from meshshard.datasets.rows import target_device, wrap_rows
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.partition import partition
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
@@ -174,7 +174,7 @@ def load_curator_shard(
 
     g, info = curator_info(store)
     if part == "stl":  # not sharded: every rank reads the body whole
-        dev = _device(mesh, device)
+        dev = target_device(mesh, device)
         out = {}
         for k in tuple(keys) if keys is not None else STL_KEYS:
             a = np.asarray(g[k][...])
@@ -214,7 +214,7 @@ def load_curator_shard(
         dp = partition_distributed(rows[f"{part}_mesh_centers"], world_size, grp, method)
         moved = redistribute_rows(rows, dp, grp)
         sizes = dp.sizes.tolist()
-    return wrap_rows({k: moved[k] for k in keys}, mesh, sizes, _device(mesh, device))
+    return wrap_rows({k: moved[k] for k in keys}, mesh, sizes, target_device(mesh, device))
 
 
 def write_curator_store(

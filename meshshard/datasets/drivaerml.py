@@ -66,6 +66,7 @@ from meshshard.io.vtkxml import (
 )
 
 __all__ = [
+    "CellData",
     "RunData",
     "SurfaceData",
     "VolumeData",
@@ -104,13 +105,12 @@ def file_fingerprint(path: str | Path) -> dict:
 
 
 @dataclass
-class SurfaceData:
-    """Surface cells of one run; row ``j`` is source cell ``source_index[j]``.
+class CellData:
+    """The cells of one part of a run; row ``j`` is source cell ``source_index[j]``.
 
     Attributes
     ----------
-    centers, normals : ndarray of shape (n, 3), float32
-    areas : ndarray of shape (n,), float32
+    centers : ndarray of shape (n, 3), float32
     fields : ndarray of shape (n, F), float32, non-dimensional
     columns : dict[str, list[int]]
         Field name -> ``[start, stop)`` columns of ``fields``.
@@ -122,8 +122,6 @@ class SurfaceData:
     """
 
     centers: np.ndarray
-    normals: np.ndarray
-    areas: np.ndarray
     fields: np.ndarray
     columns: dict[str, list[int]]
     scales: dict[str, float]
@@ -133,16 +131,22 @@ class SurfaceData:
 
 
 @dataclass
-class VolumeData:
-    """Volume cells of one run (``centers`` (n, 3), ``fields`` (n, F), as in SurfaceData)."""
+class SurfaceData(CellData):
+    """Surface cells of one run: :class:`CellData` with each cell's unit normal and area.
 
-    centers: np.ndarray
-    fields: np.ndarray
-    columns: dict[str, list[int]]
-    scales: dict[str, float]
-    source_index: np.ndarray
-    n_source_cells: int
-    dropped_nan: int = 0
+    Attributes
+    ----------
+    normals : ndarray of shape (n, 3), float32
+    areas : ndarray of shape (n,), float32
+    """
+
+    normals: np.ndarray = field(kw_only=True)
+    areas: np.ndarray = field(kw_only=True)
+
+
+@dataclass
+class VolumeData(CellData):
+    """Volume cells of one run (:class:`CellData`)."""
 
 
 @dataclass

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.shardtensor import Shard, from_local
+from meshshard.datasets.curator import is_curator_store, load_curator_shard
+from meshshard.datasets.rows import target_device, wrap_rows
 from meshshard.store.format import (
     STL_KEYS,
     SURFACE_KEYS,
@@ -55,16 +56,6 @@ def rank_rows(ptr: Sequence[int], world_size: int, *, store: str = "store") -> n
         )
         raise ValueError(msg)
     return ptr[:: nparts // world_size]
-
-
-def _device(mesh, device):
-    import torch
-
-    if device is not None:
-        return torch.device(device)
-    if mesh is not None and mesh.device_type != "cpu":
-        return torch.device(mesh.device_type, torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def load_shard(
@@ -126,12 +117,7 @@ def load_shard(
     if mesh is not None and mesh.size(0) != world_size:
         msg = f"mesh has {mesh.size(0)} ranks but world_size={world_size}"
         raise ValueError(msg)
-    # deferred: the allowed loader <-> curator cycle (test_house.ALLOWED_CYCLES)
-    from meshshard.datasets.curator import is_curator_store
-
     if is_curator_store(store):  # collective: the ranks partition together
-        from meshshard.datasets.curator import load_curator_shard  # deferred: as above
-
         return load_curator_shard(store, rank, world_size, mesh=mesh, part=part, keys=keys,
                                   device=device)
     group, attrs = open_store(store)
@@ -144,7 +130,7 @@ def load_shard(
         if k not in present:
             msg = f"{store}: no array {k!r}; it has {sorted(present)}"
             raise StoreError(msg) if k.startswith(part) else ValueError(msg)
-    dev = _device(mesh, device)
+    dev = target_device(mesh, device)
     if part == "stl":
         return {k: torch.from_numpy(read_array(group, store, k)).to(dev) for k in keys}
     ptr = rank_rows(attrs[part]["partition_ptr"], world_size, store=str(store))
@@ -152,24 +138,6 @@ def load_shard(
     lo, hi = int(ptr[rank]), int(ptr[rank + 1])
     return wrap_rows({k: read_array(group, store, k, slice(lo, hi)) for k in keys}, mesh, sizes,
                      dev)
-
-
-def wrap_rows(rows: dict[str, np.ndarray], mesh: Any, sizes: Any, dev: Any) -> dict[str, Any]:
-    """This rank's rows of each array as tensors on ``dev``: ShardTensors sharded on dim 0 with
-    every rank's ``sizes`` on a ``mesh``, or plain tensors plus ``sharding_sizes`` without one.
-    No collective: every rank derives the same sizes, so no shape all-gather is needed."""
-    import torch
-
-    out: dict[str, Any] = {}
-    for k, arr in rows.items():
-        local = torch.from_numpy(np.ascontiguousarray(arr)).to(dev)
-        if mesh is None:
-            out[k] = local
-        else:
-            out[k] = from_local(local, mesh, [Shard(0)], sharding_shapes=sizes, validate=False)
-    if mesh is None:
-        out["sharding_sizes"] = torch.tensor(sizes, dtype=torch.int64)
-    return out
 
 
 def load_halo(store: str | Path, rank: int, *, part: str = "surface") -> dict[str, np.ndarray]:

@@ -11,12 +11,15 @@ increasing order.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from meshshard.partition._validation import as_points, check_graph, unique_int
-from meshshard.partition.record import HaloPlan, Partition
+from meshshard.partition.haloplan import HaloPlan
+
+if TYPE_CHECKING:
+    from meshshard.partition.record import Partition
 
 __all__ = [
     "ghost_keys",

@@ -17,13 +17,15 @@ Definitions (gpmetis' where they exist):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from meshshard.partition._validation import as_points, check_graph, check_weights, unique_int
 from meshshard.partition.halo import ghost_keys
-from meshshard.partition.record import Partition
+
+if TYPE_CHECKING:
+    from meshshard.partition.record import Partition
 
 __all__ = ["metrics"]
 

@@ -2,6 +2,8 @@
 
 - :func:`preprocess_runs` / :func:`process_run` write ``run_<i>.zarr`` stores (atomic,
   resumable, parallel over worker processes); ``meshshard preprocess`` is the command;
+- :class:`RunOptions`: what is done with every run (parts, method, parts of the run, halo,
+  graph, ...), one frozen value checked before any run starts;
 - :mod:`~meshshard.pipelines.distributed`: ``preprocess --distributed``, one run read and
   partitioned by all ranks together.
 
@@ -11,6 +13,7 @@ format), :mod:`meshshard.datasets` (schemas, the DrivaerML reader, synthetic run
 
 from __future__ import annotations
 
+from meshshard.pipelines.options import RunOptions
 from meshshard.pipelines.preprocess import RunResult, preprocess_runs, process_run
 
-__all__ = ["RunResult", "preprocess_runs", "process_run"]
+__all__ = ["RunOptions", "RunResult", "preprocess_runs", "process_run"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +35,12 @@ from meshshard.comm.process import init
 from meshshard.errors import DistributedError
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
 from meshshard.pipelines.distributed_inputs import is_source, open_source, source_name
+from meshshard.pipelines.options import RunOptions
 from meshshard.store.atomic import publish
 from meshshard.store.format import STL_KEYS, _compressors, choose_chunk, store_status
 from meshshard.store.integrity import crc32_file, seal_store
 
-__all__ = ["repartition_store", "run_cli"]
+__all__ = ["preprocess_distributed", "repartition_store"]
 
 log = logging.getLogger(__name__)
 
@@ -317,51 +319,71 @@ def _write(comm, sgroup, sattrs, tmp, out, name, request, parts, method, group, 
     return "written"
 
 
-def run_cli(args: Any) -> int:
-    """``meshshard preprocess ... --distributed``: every store under ``args.src`` (or the store
-    ``args.src`` itself), repartitioned by all ranks together (collective over the default
-    group, which this initialises from the torchrun environment when needed, through
-    :func:`meshshard.comm.process.init`: a rank that never arrives ends every collective after
-    ``MESHSHARD_TIMEOUT`` seconds, not torch's 30 minutes)."""
-    import torch.distributed as dist
+def preprocess_distributed(
+    src: str | Path,
+    dst: str | Path,
+    options: RunOptions,
+    *,
+    runs: Sequence[str] | None = None,
+) -> dict[str, int]:
+    """Every source under ``src`` (or the source ``src`` itself: run stores ``*.zarr`` and point
+    sets ``*.npy``), repartitioned by all ranks together into ``dst`` (``meshshard preprocess
+    ... --distributed``).
 
-    unsupported = [flag for flag, on in (
-        ("--halo-radius", args.halo_radius is not None),
-        ("--max-volume-cells", args.max_volume_cells is not None),
-        ("--drop-nan", args.drop_nan),
-        ("--workers", args.workers != 1),
+    Collective over the default group, which this initialises from the torchrun environment
+    when needed, through :func:`meshshard.comm.process.init`: a rank that never arrives ends
+    every collective after ``MESHSHARD_TIMEOUT`` seconds, not torch's 30 minutes.
+
+    Parameters
+    ----------
+    src, dst : path
+        A source or a directory of them; the new stores go to ``dst/<name>.zarr``.
+    options : RunOptions
+        ``parts``, ``method``, ``surface``/``volume`` (which parts to keep), ``overwrite``
+        and ``compressor`` apply; ``halo_radius``, ``max_volume_cells``, ``drop_nan`` and
+        ``graph`` are not implemented on this path and are refused.
+    runs : sequence of str, optional
+        Only the sources of these names (``run_1`` for ``run_1.zarr``).
+
+    Returns
+    -------
+    dict
+        ``{"written": n, "skipped": m}`` (the same on every rank).
+
+    Raises
+    ------
+    ValueError
+        An option this path does not implement (named), before any collective.
+    FileNotFoundError
+        No source under ``src``.
+    """
+    unsupported = [f"{name}={value!r}" for name, value, on in (
+        ("halo_radius", options.halo_radius, options.halo_radius is not None),
+        ("max_volume_cells", options.max_volume_cells, options.max_volume_cells is not None),
+        ("drop_nan", options.drop_nan, options.drop_nan),
+        ("graph", options.graph, options.graph is not None),
     ) if on]  # fmt: skip
     if unsupported:
-        msg = f"{', '.join(unsupported)} cannot be combined with --distributed (yet)"
-        raise ValueError(msg)
-    if getattr(args, "graph", None) is not None:
-        msg = (
-            f"--graph {args.graph} cannot be combined with --distributed: the distributed path "
-            "repartitions run stores and point sets, which hold no cell connectivity to build "
-            "the dual graph from (and the source's graph shards do not fit the new cut); run "
-            "`meshshard preprocess ... --graph dual` without --distributed"
-        )
+        msg = (f"{', '.join(unsupported)}: not implemented by distributed preprocessing, which "
+               "repartitions finished run stores and point sets (no cell connectivity for a "
+               "graph); preprocess without it, or drop the option")
         raise ValueError(msg)
     init("gloo")  # already initialised (tests' harness): only the timeout of new groups is set
-    src = Path(args.src)
+    src = Path(src)
     stores = [src] if is_source(src) else sorted(p for p in src.iterdir() if is_source(p))
-    if args.runs:
-        stores = [s for s in stores if source_name(s) in set(args.runs)]
+    if runs:
+        stores = [s for s in stores if source_name(s) in set(runs)]
     if not stores:
         msg = f"{src}: no run stores (*.zarr) or point sets (*.npy) to repartition"
         raise FileNotFoundError(msg)
+    both = options.surface and options.volume
+    which = None if both else ("surface",) if options.surface else ("volume",)
     counts = {"written": 0, "skipped": 0}
     for s in stores:
         got = repartition_store(
-            s, args.dst, parts=args.parts, method=args.method, overwrite=args.overwrite,
-            which=("surface",) if args.surface else ("volume",) if args.volume else None,
-            compressor=None if args.compressor == "none" else args.compressor,
+            s, dst, parts=options.parts, method=options.method, overwrite=options.overwrite,
+            which=which, compressor=options.compressor,
         )  # fmt: skip
         counts[got] += 1
-    if dist.get_rank() == 0:
-        print(
-            f"meshshard preprocess --distributed: {counts['written']} written, "
-            f"{counts['skipped']} skipped (up to date) on {dist.get_world_size()} ranks "
-            f"-> {args.dst}"
-        )
-    return 0
+    log.info("distributed preprocess: %s -> %s", counts, dst)
+    return counts

@@ -18,14 +18,14 @@ held by the live writer, so a temporary store is removed as stale only when its 
 and a second invocation on the same run reports it busy. Under ``torchrun`` (``RANK`` and
 ``WORLD_SIZE`` set) rank ``r`` takes runs ``r::world_size``.
 
-Length (~630 lines): process_run and preprocess_runs with their worker and crash-test hooks;
-the workers themselves are in :mod:`meshshard.pipelines._workers`.
+Length (~560 lines): process_run and preprocess_runs with their worker and crash-test hooks;
+the workers themselves are in :mod:`meshshard.pipelines._workers`, the options they all take
+(:class:`~meshshard.pipelines.options.RunOptions`) in :mod:`meshshard.pipelines.options`.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import logging
 import os
@@ -44,19 +44,18 @@ from meshshard.datasets.graphstore import surface_dual_adjacency, write_graph
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.io.vtkxml import THREADS_ENV, usable_cpus
 from meshshard.partition import halo_plan_radius, partition
-from meshshard.partition.hypergraph import require_mtkahypar
 from meshshard.pipelines._alloc import tune_allocator
 from meshshard.pipelines._memcap import MEMORY_ENV, apply_cap, worker_budget
 from meshshard.pipelines._runlock import RunBusy, run_lock
 from meshshard.pipelines._workers import TaskError, WorkerDied, WorkerPool
+from meshshard.pipelines.options import METHODS, RunOptions
 from meshshard.store.atomic import publish
 from meshshard.store.format import store_status, write_store
 
-__all__ = ["METHODS", "RunResult", "discover_runs", "preprocess_runs", "process_run"]
+__all__ = ["METHODS", "RunOptions", "RunResult", "discover_runs", "preprocess_runs",
+           "process_run"]
 
 log = logging.getLogger(__name__)
-
-METHODS = ("hilbert", "morton", "rcb", "metis", "hypergraph")
 
 #: test hook, read in worker processes only: ``"run_2:segv"`` makes the worker that takes run_2
 #: crash for real before reading it (``segv``, ``abort``, ``exit``, ``memory``; ``bigalloc``
@@ -139,46 +138,6 @@ def _safe_child(root: Path, name: str, what: str) -> Path:
     return root / name  # not resolved: symlinked run directories are fine
 
 
-def _options(
-    parts: int,
-    method: str,
-    surface: bool,
-    volume: bool,
-    halo_radius: float | None,
-    drop_nan: bool,
-    max_volume_cells: int | None,
-) -> dict:
-    if not isinstance(parts, int) or parts < 1:
-        msg = f"parts={parts!r} must be an integer >= 1"
-        raise ValueError(msg)
-    if method not in METHODS:
-        msg = f"method={method!r} is not one of {METHODS}"
-        raise ValueError(msg)
-    if method == "hypergraph":  # before any run is read: say which extra is missing
-        try:
-            require_mtkahypar()
-        except ImportError as exc:
-            raise ValueError(str(exc)) from exc
-    if not (surface or volume):
-        msg = "nothing to do: enable the surface, the volume or both"
-        raise ValueError(msg)
-    if halo_radius is not None and not halo_radius > 0:
-        msg = f"halo_radius={halo_radius} must be > 0 (or None for no halo routing)"
-        raise ValueError(msg)
-    if max_volume_cells is not None and max_volume_cells < 1:
-        msg = f"max_volume_cells={max_volume_cells} must be >= 1 (or None for all)"
-        raise ValueError(msg)
-    return {
-        "parts": parts,
-        "method": method,
-        "surface": bool(surface),
-        "volume": bool(volume),
-        "halo_radius": halo_radius,
-        "drop_nan": bool(drop_nan),
-        "max_volume_cells": max_volume_cells,
-    }
-
-
 def _sources(run_dir: Path, schema: DatasetSchema, surface: bool, volume: bool) -> dict:
     i = run_index(run_dir, schema)
     out = {}
@@ -212,39 +171,16 @@ def _remove_stale(dst: Path, name: str, level: int = logging.WARNING) -> None:
         shutil.rmtree(p, ignore_errors=False) if p.is_dir() else p.unlink()
 
 
-def _one_writer(fn: Callable[..., RunResult]) -> Callable[..., RunResult]:
-    """Run ``process_run`` holding the run's write lock (see :mod:`._runlock`)."""
-
-    @functools.wraps(fn)
-    def locked(run_dir: str | Path, dst: str | Path, **kwargs: Any) -> RunResult:
-        name = Path(run_dir).name
-        _safe_child(Path(dst), f"{name}.zarr", "run")
-        Path(dst).mkdir(parents=True, exist_ok=True)
-        with run_lock(dst, name):
-            return fn(run_dir, dst, **kwargs)
-
-    return locked
-
-
-@_one_writer
 def process_run(
     run_dir: str | Path,
     dst: str | Path,
-    *,
-    parts: int,
-    method: str = "hilbert",
-    surface: bool = True,
-    volume: bool = True,
-    halo_radius: float | None = None,
-    overwrite: bool = False,
-    drop_nan: bool = False,
-    max_volume_cells: int | None = None,
-    schema: DatasetSchema = DRIVAERML,
-    compressor: str | None = "lz4",
-    graph: str | None = None,
+    options: RunOptions | None = None,
+    **keywords: Any,
 ) -> RunResult:
     """Preprocess one run directory into ``dst/<run>.zarr`` (see the module docstring).
 
+    ``options`` is a :class:`~meshshard.pipelines.options.RunOptions`, or its fields are given
+    as keywords (``parts`` required): ``process_run(run, dst, parts=4, volume=False)``.
     ``graph="dual"`` also stores the surface dual graph's shards
     (:mod:`meshshard.datasets.graphstore`); with ``method="metis"`` the surface is then cut on
     that dual graph with METIS' volume objective (the ghost rows a GNN layer moves), not on a
@@ -256,24 +192,35 @@ def process_run(
     FileNotFoundError, ValueError
         Missing/corrupt inputs (named), bad options, a path escaping ``dst``, a store from a
         newer meshshard, or a finished store made with other options (pass ``overwrite``).
+    TypeError
+        An unknown option keyword (the valid ones are named), or no ``parts``.
     RunBusy
         Another live process is writing this run's store.
     """
-    t0 = time.perf_counter()
-    run_dir = Path(run_dir)
-    dst = Path(dst)
-    request = _options(parts, method, surface, volume, halo_radius, drop_nan, max_volume_cells)
-    request["dataset"] = schema.to_json()
-    if graph is not None:
-        request["graph"] = graph
+    return _process(run_dir, dst, RunOptions.from_call("process_run", options, keywords))
+
+
+def _process(run_dir: str | Path, dst: str | Path, opts: RunOptions) -> RunResult:
+    """:func:`process_run` with its options made, holding the run's write lock (see
+    :mod:`._runlock`)."""
+    run_dir, dst = Path(run_dir), Path(dst)
+    out = _safe_child(dst, f"{run_dir.name}.zarr", "run")
     dst.mkdir(parents=True, exist_ok=True)
+    with run_lock(dst, run_dir.name):
+        return _write_run(run_dir, dst, out, opts)
+
+
+def _write_run(run_dir: Path, dst: Path, out: Path, opts: RunOptions) -> RunResult:
+    t0 = time.perf_counter()
+    parts, method, schema, graph = opts.parts, opts.method, opts.schema, opts.graph
+    surface, volume = opts.surface, opts.volume
+    request = opts.request()
     name = run_dir.name
-    out = _safe_child(dst, f"{name}.zarr", "run")
     _remove_stale(dst, name)
     timings: dict[str, float] = {}
     sources = _sources(run_dir, schema, surface, volume)
     timings["fingerprint"] = time.perf_counter() - t0
-    if out.exists() and not overwrite:
+    if out.exists() and not opts.overwrite:
         reason = store_status(out, sources=sources, request=request)
         if reason is None:
             log.info("%s: up to date, skipped", out)
@@ -288,8 +235,8 @@ def process_run(
         schema=schema,
         surface=surface,
         volume=volume,
-        drop_nan=drop_nan,
-        max_volume_cells=max_volume_cells,
+        drop_nan=opts.drop_nan,
+        max_volume_cells=opts.max_volume_cells,
     )
     if data.sources != sources:
         msg = f"{run_dir}: source files changed while being read; run again"
@@ -318,9 +265,9 @@ def process_run(
             raise ValueError(msg)
         partitions[part] = partition(d.centers, parts, method=method, **kw)
         timings["partition"] = timings.get("partition", 0.0) + time.perf_counter() - t
-        if halo_radius is not None:
+        if opts.halo_radius is not None:
             t = time.perf_counter()
-            halos[part] = halo_plan_radius(partitions[part], d.centers, halo_radius)
+            halos[part] = halo_plan_radius(partitions[part], d.centers, opts.halo_radius)
             timings["halo"] = timings.get("halo", 0.0) + time.perf_counter() - t
     t = time.perf_counter()
     tmp = dst / f"{name}.zarr.tmp-{os.getpid()}"
@@ -332,7 +279,7 @@ def process_run(
             halos,
             request=request,
             dataset=schema.to_json(),
-            compressor=compressor,
+            compressor=opts.compressor,
         )
         if graph is not None:
             write_graph(tmp, run_dir, partitions.get("surface"), data, graph, schema=schema,
@@ -348,12 +295,12 @@ def process_run(
     return RunResult(name, "written", str(out), seconds, timings=timings)
 
 
-def _safe_process(run_dir: str, dst: str, kwargs: dict, hooks: bool = False) -> RunResult:
+def _safe_process(run_dir: str, dst: str, opts: RunOptions, hooks: bool = False) -> RunResult:
     t0 = time.perf_counter()
     try:
         if hooks:
             _test_hooks(Path(run_dir).name)
-        return process_run(run_dir, dst, **kwargs)
+        return _process(run_dir, dst, opts)
     except Exception as exc:  # reported per run; the other runs go on
         log.error("%s: failed: %s", run_dir, exc)
         text = str(exc) or ("out of memory" if isinstance(exc, MemoryError) else "no message")
@@ -368,13 +315,13 @@ def _safe_process(run_dir: str, dst: str, kwargs: dict, hooks: bool = False) -> 
 _BUDGET: int | None = None
 
 
-def _run_in_worker(run_dir: str, dst: str, kwargs: dict) -> RunResult:
+def _run_in_worker(run_dir: str, dst: str, opts: RunOptions) -> RunResult:
     """:func:`_safe_process` in a worker process (where the test hooks apply), under an
     address-space cap (:mod:`meshshard.pipelines._memcap`)."""
     d = Path(run_dir)
     inputs = [p for p in d.iterdir() if p.is_file()] if d.is_dir() else []
     apply_cap(_BUDGET, inputs)
-    return _safe_process(run_dir, dst, kwargs, hooks=True)
+    return _safe_process(run_dir, dst, opts, hooks=True)
 
 
 def _test_hooks(name: str) -> None:
@@ -483,22 +430,18 @@ def _remove_if_empty(dst: Path) -> None:
         pass
 
 
-#: the keyword options :func:`preprocess_runs` passes on to :func:`process_run`
-_RUN_OPTIONS = frozenset(inspect.signature(process_run).parameters) - {"run_dir", "dst", "parts"}
-
-
 def preprocess_runs(
     src: str | Path,
     dst: str | Path,
+    options: RunOptions | None = None,
     *,
-    parts: int,
     runs: Sequence[str] | None = None,
     workers: int = 1,
     rank: int | None = None,
     world_size: int | None = None,
     progress: bool | None = None,
     isolate: bool = True,
-    **options: Any,
+    **keywords: Any,
 ) -> list[RunResult]:
     """Preprocess the runs under ``src`` into stores under ``dst``.
 
@@ -506,8 +449,12 @@ def preprocess_runs(
     ----------
     src, dst : path
         ``src`` holds ``run_<i>/`` directories; stores go to ``dst/run_<i>.zarr``.
-    parts : int
-        Shards per sample.
+    options : RunOptions, optional
+        What is done with every run (:class:`~meshshard.pipelines.options.RunOptions`:
+        ``parts``, ``method``, ``surface``, ``volume``, ``halo_radius``, ``overwrite``,
+        ``drop_nan``, ``max_volume_cells``, ``schema``, ``compressor``, ``graph``), checked
+        before any run starts; or give its fields as keywords instead
+        (``preprocess_runs(src, dst, parts=4, volume=False)``).
     runs : sequence of str, optional
         Run directory names (default: all under ``src``); names that would escape ``src`` or
         ``dst`` are refused.
@@ -521,10 +468,9 @@ def preprocess_runs(
         This rank takes runs ``rank::world_size``; default from ``RANK``/``WORLD_SIZE``.
     progress : bool, optional
         tqdm bar; default on for rank 0 when stderr is a terminal.
-    **options
-        Passed to :func:`process_run` (``method``, ``surface``, ``volume``, ``halo_radius``,
-        ``overwrite``, ``drop_nan``, ``max_volume_cells``, ``schema``, ``compressor``,
-        ``graph``); another name is a TypeError before any run starts.
+    **keywords
+        The fields of :class:`~meshshard.pipelines.options.RunOptions` (``parts`` required)
+        when ``options`` is not given; another name is a TypeError before any run starts.
 
     Returns
     -------
@@ -537,23 +483,13 @@ def preprocess_runs(
     FileNotFoundError
         ``src`` is missing, or holds no run directories (the message says what was looked
         for and notices a run directory passed in place of its parent).
+    ValueError, TypeError
+        Bad options (see :class:`~meshshard.pipelines.options.RunOptions`), before any worker
+        starts, not once per run inside each.
     """
-    unknown = sorted(set(options) - _RUN_OPTIONS)
-    if unknown:  # before any worker starts, not once per run inside each
-        msg = (f"preprocess_runs: unknown option(s) {unknown}; process_run takes "
-               f"{sorted(_RUN_OPTIONS)}")
-        raise TypeError(msg)
-    schema = options.get("schema", DRIVAERML)
+    opts = RunOptions.from_call("preprocess_runs", options, keywords)
+    schema = opts.schema
     src, dst = Path(src), Path(dst)
-    _options(
-        parts,
-        options.get("method", "hilbert"),
-        options.get("surface", True),
-        options.get("volume", True),
-        options.get("halo_radius"),
-        options.get("drop_nan", False),
-        options.get("max_volume_cells"),
-    )
     if workers < 1:
         msg = f"workers={workers} must be >= 1"
         raise ValueError(msg)
@@ -579,12 +515,11 @@ def preprocess_runs(
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(mine), desc="preprocess", unit="run", disable=not progress)
-    kwargs = dict(options, parts=parts)
     results: dict[str, RunResult] = {}
     try:
         if not isolate:
             for d in mine:
-                results[d] = _safe_process(d, str(dst), kwargs)
+                results[d] = _safe_process(d, str(dst), opts)
                 bar.update(1)
         elif mine:
             n = min(workers, len(mine))
@@ -597,7 +532,7 @@ def preprocess_runs(
                 on_exit=functools.partial(_clean_after_worker, dst),
             )
             with pool:
-                tasks = [(d, str(dst), kwargs) for d in mine]
+                tasks = [(d, str(dst), opts) for d in mine]
                 for i, got in pool.imap_unordered(_run_in_worker, tasks):
                     if isinstance(got, (WorkerDied, TaskError)):
                         text = got.message if isinstance(got, WorkerDied) else str(got)

@@ -2,7 +2,7 @@
 (not torch's 30 minutes), and after SIGTERM, as torchrun sends it, no rank stays alive.
 
 The ranks are real processes started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT in the environment), so ``run_cli`` makes the process group itself."""
+MASTER_PORT in the environment), so ``preprocess_distributed`` makes the process group itself."""
 
 from __future__ import annotations
 
