@@ -30,14 +30,8 @@ FLOORS = {
 }  # fmt: skip
 
 #: cycles that only deferred (function-local) imports close, each with its reason; a test
-#: below fails when one of them is gone, so the list cannot go stale
-ALLOWED_CYCLES = {
-    # the ShardTensor core (the lead's package this session): the tensor class dispatches to
-    # its rules, and the rules build tensors
-    frozenset({"meshshard.shardtensor._aten.grid_halo", "meshshard.shardtensor._aten.layout",
-               "meshshard.shardtensor._aten.rules", "meshshard.shardtensor._aten.rules_respec",
-               "meshshard.shardtensor._aten.tensor"}),
-}  # fmt: skip
+#: below fails when one of them is gone, so the list cannot go stale (none left: issue 23)
+ALLOWED_CYCLES: set = set()
 
 
 def _modules() -> dict[str, Path]:
@@ -184,8 +178,7 @@ def test_the_checker_sees_cycles_and_arrows(tmp_path):
 
 
 #: files over the limit whose reason is not written yet (the lead's package this session)
-LONG_WITHOUT_REASON = {"meshshard/shardtensor/_aten/rules.py",
-                       "meshshard/shardtensor/_aten/tensor.py"}
+LONG_WITHOUT_REASON: set = set()
 
 
 def test_a_file_over_500_lines_says_why_at_its_top():
@@ -203,9 +196,9 @@ def test_a_file_over_500_lines_says_why_at_its_top():
 
 #: the most function-local imports of our own modules the package may hold (issue 23: from
 #: 212 down to these); lower it when one goes, never raise it
-MAX_DEFERRED = 7
-#: rooms whose deferred imports need no reason yet (the core's dispatch cycle, issue 22)
-NO_REASON_YET = ("meshshard/shardtensor/",)
+MAX_DEFERRED = 1
+#: rooms whose deferred imports need no reason yet (none: the core's cycle is gone)
+NO_REASON_YET: tuple = ()
 
 
 def _deferred_imports() -> list[tuple[str, int]]:

@@ -23,6 +23,7 @@ from meshshard.models.domino import DoMINO
 from meshshard.ops.domino_ops import allreduce_grads
 from meshshard.ops.gridpoint import GridLayout
 from meshshard.ops.sdf import ShardedSurface, grid_sdf
+from meshshard.shardtensor import Replicate, Shard, from_local
 
 __all__ = ["domino_sample", "make_domino", "train_domino"]
 
@@ -120,8 +121,6 @@ def train_domino(samples: list[dict], model, *, steps: int, lr: float, group=Non
 def _as_shardtensors(sample: dict, mesh) -> dict:
     """The sample's pieces as ShardTensors on ``mesh``: rows ``[Shard(0)]`` (sizes from one
     all-gather each), the grid in the layout's slabs or replicated. Collective."""
-    from meshshard.shardtensor import Replicate, Shard, from_local
-
     lay = sample["layout"]
     out = dict(sample)
     for key in ("stl", "points", "normals", "target"):

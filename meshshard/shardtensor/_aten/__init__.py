@@ -1,8 +1,6 @@
-"""Issue 22: a ShardTensor with autograd on the wrapper, dispatched at aten level.
-
-Not exported yet (today's :class:`meshshard.shardtensor.ShardTensor` is the library's until the
-swap); measured against it by ``benchmarks/spike_core.py`` and ``benchmarks/bench_compile.py
---core``, checked by ``tests/shardtensor/test_aten_*.py``. See ``docs/design/core.md``.
+"""The ShardTensor core: a wrapper subclass with autograd on the wrapper, dispatched at the
+aten level. Importing this package registers every rule module (and, through them, the late
+functions the tensor class calls: see ``tensor.LATE``). See ``docs/design/core.md``.
 """
 
 from meshshard.shardtensor._aten import (  # noqa: F401  (each registers its rules)

@@ -36,7 +36,8 @@ import torch
 import meshshard.shardtensor.grid as _controls
 from meshshard.shardtensor._aten.collective_ops import fc as _fc
 from meshshard.shardtensor._aten.grid_plan import owner_of
-from meshshard.shardtensor._aten.rules import _coord, check
+from meshshard.shardtensor._aten.meshinfo import check
+from meshshard.shardtensor._aten.meshinfo import coord as _coord
 from meshshard.shardtensor.grid import HaloError
 
 

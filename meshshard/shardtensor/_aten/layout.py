@@ -28,6 +28,7 @@ from meshshard.shardtensor._aten.rules import (
     rule,
 )
 from meshshard.shardtensor._aten.tensor import (
+    LATE,
     SHARDED,
     ASpec,
     Blocked,
@@ -337,3 +338,6 @@ def redistribute(x: ShardTensor, placements: Sequence[Any] | None = None,
         raise TypeError(msg)
     return torch.ops.meshshard.redistribute(
         x, *_encode(None if placements is None else tuple(placements), sizes))
+
+
+LATE.update(redistribute=redistribute, grad_in_layout=grad_in_layout)

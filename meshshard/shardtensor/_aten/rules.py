@@ -1,10 +1,14 @@
-"""Spike (issue 22): aten-level sharding rules for :class:`ShardTensor`.
+"""The aten-level sharding rules for :class:`ShardTensor`.
 
 Every aten op on a wrapper, forward or backward, comes here below autograd. Rules compute on
 the local pieces and return wrappers; layout changes they need (Partial -> Replicate,
 Replicate -> Shard) happen here too and are invisible to autograd, which differentiates the
 global computation. Collectives are functional collectives, so the same code runs eagerly and
 under ``torch.compile`` (as graph nodes).
+
+Length (~970 lines): the dispatcher, the plan executor with its reduction memo, and the base
+rules every other rule module builds on (pointwise, views, products, layout conversions): they
+share the Plan record and the conversions, and change together.
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ from typing import Any, NamedTuple
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-from meshshard.comm.check import check_collective, debug_enabled
 from meshshard.errors import NoShardingRuleError
 from meshshard.shardtensor._aten import rules_respec as _respec
 from meshshard.shardtensor._aten.collective_ops import fc as _fc
+from meshshard.shardtensor._aten.grid_halo import fetch, reshard_plan
+from meshshard.shardtensor._aten.meshinfo import check
+from meshshard.shardtensor._aten.meshinfo import coord as _coord
 from meshshard.shardtensor._aten.no_rule import NoRuleError
 from meshshard.shardtensor._aten.tensor import (
-    ALL_REDUCE,
+    LATE,
     SHARDED,
     ASpec,
     ShardTensor,
@@ -252,8 +258,6 @@ def respec_local(loc: torch.Tensor, src, dst) -> torch.Tensor:
             type(v) is int for s in (*src.sizes, *dst.sizes) if s is not None for v in s) \
             and all(type(p) is Shard or src.sizes[i] == dst.sizes[i]
                     for i, p in enumerate(src.placements)):
-        from meshshard.shardtensor._aten.grid_halo import fetch, reshard_plan
-
         c = _coord(src.mesh)
         for i, p in enumerate(src.placements):
             if isinstance(p, Shard) and src.sizes[i] != dst.sizes[i]:
@@ -266,27 +270,6 @@ def respec_local(loc: torch.Tensor, src, dst) -> torch.Tensor:
 _DIRECT: set = set()
 
 
-# ------------------------------------------------------------------ mesh helpers
-_COORD: dict[int, tuple] = {}
-
-
-def _coord(mesh) -> tuple:
-    c = _COORD.get(id(mesh))
-    if c is None or c[0] is not mesh:
-        c = _COORD[id(mesh)] = (mesh, tuple(mesh.get_coordinate()),
-                                tuple(mesh.get_group(i).group_name for i in range(mesh.ndim)))
-    return c
-
-
-def check(op: str, mesh, i: int, t: torch.Tensor, detail: str,
-          varying_dim: int | None = None) -> None:
-    """``MESHSHARD_DEBUG_COLLECTIVES``: every rank of mesh dim ``i`` agrees on the collective
-    about to run, else each names the diverging rank and call. Eager only (a compiled graph
-    runs its collectives as traced, on every rank alike)."""
-    if debug_enabled() and type(t) is torch.Tensor and not torch.compiler.is_compiling():
-        check_collective(op, mesh.get_group(i), t, varying_dim=varying_dim, detail=detail)
-
-
 def _all_reduce(t: torch.Tensor, mesh, i: int) -> torch.Tensor:
     if mesh.size(i) == 1:
         return t
@@ -295,7 +278,7 @@ def _all_reduce(t: torch.Tensor, mesh, i: int) -> torch.Tensor:
     return _fc.wait_tensor(_fc.all_reduce(t.contiguous(), "sum", name))
 
 
-ALL_REDUCE[0] = _all_reduce
+LATE["all_reduce"] = _all_reduce
 
 
 def _all_gather_v(t: torch.Tensor, dim: int, sizes: tuple, mesh, i: int,
@@ -983,3 +966,6 @@ def _fill(func, args, kwargs):
 
 
 _DIRECT.add(_fill)
+
+
+LATE.update(dispatch=dispatch, to_replicate_local=to_replicate_local)

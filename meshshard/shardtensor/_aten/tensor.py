@@ -1,4 +1,4 @@
-"""Spike (issue 22): a ShardTensor whose autograd lives on the wrapper, dispatched at aten level.
+"""A ShardTensor whose autograd lives on the wrapper, dispatched at aten level.
 
 ``ShardTensor`` is a wrapper subclass like torch's DTensor: ``requires_grad``, ``grad_fn``
 and ``.grad`` are the wrapper's own, autograd records the *global* computation, and every aten
@@ -16,6 +16,10 @@ Plain tensors that need a gradient (model weights) meet ShardTensors through a d
 lift (:class:`_Lift`) in ``__torch_function__``: forward treats them as Replicate, backward turns
 the gradient (Partial or Replicate) back into a plain, full tensor. So a weight's ``.grad`` is a
 plain tensor equal to the single-device gradient, with no hook and no patch.
+
+Length (~610 lines): the class, its tracing protocol (carriers, flatten/unflatten), the lift of
+plain tensors and the autograd Functions between local pieces and wrappers are one contract:
+each relies on the others' layout record.
 """
 
 from __future__ import annotations
@@ -116,9 +120,19 @@ def _global_strides(local: torch.Tensor, shape: tuple) -> tuple:
     return tuple(out)
 
 
-_DISPATCH: list = [None]
-# the rules' all-reduce (rules.py sets it: they import this module, not the other way round)
-ALL_REDUCE: list = [None]
+# Functions of the modules above this one (the rules, the layout changes), which import this
+# module: each sets its entries at import (``meshshard.shardtensor._aten`` imports them all), so
+# the class reaches them without importing upward.
+LATE: dict = {}
+
+
+def _late(name: str) -> Any:
+    fn = LATE.get(name)
+    if fn is None:
+        msg = (f"ShardTensor needs {name!r} from its rules; import meshshard.shardtensor "
+               "(not meshshard.shardtensor._aten.tensor alone)")
+        raise RuntimeError(msg)
+    return fn
 # torch functions whose ShardTensor rule runs above autograd (filled by the rule modules): they
 # call custom ops with their own autograd formulas and sharding rules
 FUNCTION_RULES: dict = {}
@@ -235,11 +249,7 @@ class ShardTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        dispatch = _DISPATCH[0]
-        if dispatch is None:  # bound once: an import statement per op costs ~1 us
-            from meshshard.shardtensor._aten.rules import dispatch
-
-            _DISPATCH[0] = dispatch
+        dispatch = LATE.get("dispatch") or _late("dispatch")
         return dispatch(func, args, kwargs or _EMPTY)
 
     # ---------------------------------------------------------------- layout
@@ -261,9 +271,7 @@ class ShardTensor(torch.Tensor):
 
     def redistribute(self, placements=None, sizes=None) -> ShardTensor:
         """This tensor in another layout (see :func:`..layout.redistribute`). Collective."""
-        from meshshard.shardtensor._aten.layout import redistribute
-
-        return redistribute(self, placements, sizes)
+        return _late("redistribute")(self, placements, sizes)
 
     def sharding_sizes(self, mesh_dim: int = 0) -> tuple:
         """Each rank's size of the tensor dim sharded by ``mesh_dim`` (uneven, zeros allowed)."""
@@ -524,7 +532,7 @@ def full_plain_grads(gs: tuple) -> list:
         locs = [gs[k]._local for k in ks]
         flat = locs[0].reshape(-1) if len(ks) == 1 else torch.cat([t.reshape(-1) for t in locs])
         for i in dims:
-            flat = ALL_REDUCE[0](flat, mesh, i)
+            flat = _late("all_reduce")(flat, mesh, i)
         off = 0
         for k, t in zip(ks, locs):
             out[k] = flat[off:off + t.numel()].view(t.shape)
@@ -551,9 +559,7 @@ class _ToLocal(torch.autograd.Function):
 class _Full(torch.autograd.Function):
     @staticmethod
     def forward(x: ShardTensor) -> torch.Tensor:
-        from meshshard.shardtensor._aten.rules import to_replicate_local
-
-        return to_replicate_local(x._local, x._spec)
+        return _late("to_replicate_local")(x._local, x._spec)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -561,10 +567,9 @@ class _Full(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        from meshshard.shardtensor._aten.layout import grad_in_layout
-
         spec = ctx.spec  # every rank holds the same full gradient: cut this rank's piece
-        return grad_in_layout(_FromLocal.apply(g, replicate_spec(spec.mesh, spec.shape)), spec)
+        return _late("grad_in_layout")(_FromLocal.apply(g, replicate_spec(spec.mesh, spec.shape)),
+                                       spec)
 
 
 def from_local_aten(local: torch.Tensor, mesh, placements, sizes) -> ShardTensor:
@@ -604,7 +609,5 @@ class _FromLocal(torch.autograd.Function):
                 )
                 raise TypeError(msg)
             return g, None
-        from meshshard.shardtensor._aten.layout import grad_in_layout
-
         # the gradient may arrive in another layout (e.g. Replicate from an expand)
-        return _ToLocal.apply(grad_in_layout(g, ctx.spec)), None
+        return _ToLocal.apply(_late("grad_in_layout")(g, ctx.spec)), None
