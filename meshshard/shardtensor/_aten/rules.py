@@ -763,16 +763,20 @@ def _contract(func, args, labels: tuple, out_labels: str, tensor_pos: tuple):
     return tuple(steps), make_spec(mesh, tuple(placements), tuple(sizes), tuple(shape))
 
 
-@rule(aten.mm.default)
-def _mm(func, args, kwargs) -> Plan:
-    steps, spec = _contract(func, args, ("mk", "kn"), "mn", (0, 1))
+#: the two-operand products and their index labels (operands, output); rules_shape adds
+#: mv and dot
+PRODUCTS: dict = {aten.mm.default: (("mk", "kn"), "mn"),
+                  aten.bmm.default: (("bmk", "bkn"), "bmn")}
+
+
+def product(func, args, kwargs) -> Plan:
+    """A product of :data:`PRODUCTS` by its labels (see :func:`_contract`)."""
+    labels, out = PRODUCTS[func]
+    steps, spec = _contract(func, args, labels, out, (0, 1))
     return Plan(steps, (), None, spec)
 
 
-@rule(aten.bmm.default)
-def _bmm(func, args, kwargs) -> Plan:
-    steps, spec = _contract(func, args, ("bmk", "bkn"), "bmn", (0, 1))
-    return Plan(steps, (), None, spec)
+rule(*PRODUCTS)(product)
 
 
 @rule(aten.addmm.default)

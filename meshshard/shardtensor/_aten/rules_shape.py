@@ -21,15 +21,16 @@ from torch.distributed.tensor import Partial
 from meshshard.shardtensor._aten import rules as _R
 from meshshard.shardtensor._aten.collective_ops import fc as _fc
 from meshshard.shardtensor._aten.rules import (
+    PRODUCTS,
     SHARDED,
     Plan,
     ShardTensor,
-    _contract,
     _coord,
     _local_shape,
     _replicated,
     check,
     make_spec,
+    product,
     rule,
     shard_like,
 )
@@ -356,14 +357,6 @@ def _repeat(func, args, kwargs) -> Plan:
 
 
 # ------------------------------------------------------------------ linalg
-@rule(aten.mv.default)
-def _mv(func, args, kwargs) -> Plan:
-    steps, spec = _contract(func, args, ("mk", "k"), "m", (0, 1))
-    return Plan(steps, (), None, spec)
-
-
-@rule(aten.dot.default)
-def _dot(func, args, kwargs) -> Plan:
-    steps, spec = _contract(func, args, ("k", "k"), "", (0, 1))
-    return Plan(steps, (), None, spec)
+PRODUCTS.update({aten.mv.default: (("mk", "k"), "m"), aten.dot.default: (("k", "k"), "")})
+rule(aten.mv.default, aten.dot.default)(product)
 
