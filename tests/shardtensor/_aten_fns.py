@@ -185,3 +185,22 @@ def compile_case(rank, world, layouts, backend_name="aot_eager"):
         res.append(pair)
     return {"per layout": res, "compiles": calls["n"],
             "graph breaks": sum(counters["graph_break"].values())}
+
+
+def compile_floor_case(rank, world, layouts, backend_name="inductor"):
+    """:func:`compile_case`, plus each layout's eager step in fp64 from the same fp32 weights
+    and data (``"fp64"``): how far fp32 rounding alone moves each output, the floor that the
+    compiled run's difference from eager is judged against."""
+    rep = compile_case(rank, world, layouts, backend_name)
+    for sizes, pair in zip(layouts, rep["per layout"]):
+        model, full, shard, _ = _setup(rank, world, sizes, torch.float32)
+        model = model.double()
+        X, F, Y = (t.double() for t in full)
+        x, xl = shard(X, grad=True)
+        f, _ = shard(F)
+        y, _ = shard(Y)
+        loss = ((model(x, f) - y) ** 2).mean()
+        loss.backward()
+        pair["fp64"] = [torch.tensor(loss.item(), dtype=torch.float64), xl.grad.clone(),
+                        *_grads(model)]
+    return rep

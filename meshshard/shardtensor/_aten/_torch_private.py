@@ -18,7 +18,7 @@ from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
 from torch.autograd.graph import _engine_run_backward
 
 __all__ = ["NAMES", "definitely_less", "is_contiguous_or_false", "pinned_to_pass", "run_backward",
-           "run_grad", "skip_dynamo_frame", "tracing_a_joint_graph"]
+           "run_grad", "skip_dynamo_frame", "traced_region", "tracing_a_joint_graph"]
 
 NAMES = (
     "torch.autograd._make_grads",
@@ -30,6 +30,7 @@ NAMES = (
     "torch.fx.traceback.current_meta",
     "torch.fx.traceback.has_preserved_node_meta",
     "torch._functorch.partitioners._has_tag_must_be_in_backward",
+    "torch.fx.experimental.proxy_tensor.get_proxy_mode",
 )
 
 
@@ -62,6 +63,18 @@ def pinned_to_pass() -> Iterator[None]:
         yield
     finally:
         meta["partitioner_tag"] = old
+
+
+def traced_region() -> tuple[Any, bool] | None:
+    """The FX graph being recorded and whether the node now traced is in its backward part
+    (AOTAutograd tags those nodes ``is_backward``); None when no graph is being recorded."""
+    from torch.fx import traceback as fxt
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    mode = get_proxy_mode()
+    if mode is None:
+        return None
+    return mode.tracer.graph, fxt.current_meta.get("partitioner_tag") == "is_backward"
 
 
 def is_contiguous_or_false(t: torch.Tensor) -> bool:

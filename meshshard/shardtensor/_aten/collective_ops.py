@@ -9,7 +9,14 @@ specialises it to 0 rows, so its partial sums are constants):
   rank only (one all-reduce fewer there). Each traced collective here carries its call number
   (``seq``), so no two are equal;
 - the partitioner moved tangent-independent backward collectives into the forward, on that rank
-  only. :func:`pinned_to_pass` keeps each in the pass it was traced in.
+  only. :func:`pinned_to_pass` keeps each in the pass it was traced in;
+- inductor's scheduler reordered them, on that rank only: a collective on a constant input
+  has no data dependency on the collective before it, and the effect tokens below do not
+  order anything in inductor 2.13 (``with_effects``' lowering files its ordering dependencies
+  under the buffer's name, the scheduler looks them up under the operation's name, so they are
+  never applied). So the empty rank ran block 2's all-reduce before block 1's second one
+  (gloo: "128 vs 16 bytes"). Each traced collective therefore also takes the previous one's
+  output (``after``) as an input it does not read: a data dependency that every pass keeps.
 
 Each op waits for its result (gloo and NCCL alike); the graph runs them in trace order.
 """
@@ -17,12 +24,17 @@ Each op waits for its result (gloo and NCCL alike); the graph runs them in trace
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Any
 
 import torch
 from torch._library.effects import EffectType
 
-from meshshard.shardtensor._aten._torch_private import pinned_to_pass, tracing_a_joint_graph
+from meshshard.shardtensor._aten._torch_private import (
+    pinned_to_pass,
+    traced_region,
+    tracing_a_joint_graph,
+)
 
 __all__ = ["fc"]
 
@@ -30,33 +42,35 @@ _c10d = torch.ops._c10d_functional
 
 
 @torch.library.custom_op("meshshard::all_reduce", mutates_args=())
-def _all_reduce(t: torch.Tensor, op: str, group: str, seq: int) -> torch.Tensor:
+def _all_reduce(t: torch.Tensor, op: str, group: str, seq: int,
+                after: torch.Tensor | None = None) -> torch.Tensor:
     return _c10d.wait_tensor(_c10d.all_reduce(t, op, group))
 
 
 @_all_reduce.register_fake
-def _(t, op, group, seq):
+def _(t, op, group, seq, after=None):
     return t.new_empty(t.shape)
 
 
 @torch.library.custom_op("meshshard::all_gather_into_tensor", mutates_args=())
-def _all_gather(t: torch.Tensor, n: int, group: str, seq: int) -> torch.Tensor:
+def _all_gather(t: torch.Tensor, n: int, group: str, seq: int,
+                after: torch.Tensor | None = None) -> torch.Tensor:
     return _c10d.wait_tensor(_c10d.all_gather_into_tensor(t, n, group))
 
 
 @_all_gather.register_fake
-def _(t, n, group, seq):
+def _(t, n, group, seq, after=None):
     return t.new_empty((n * t.shape[0], *t.shape[1:]))
 
 
 @torch.library.custom_op("meshshard::all_to_all_single", mutates_args=())
 def _all_to_all(t: torch.Tensor, out_splits: list[int], in_splits: list[int], group: str,
-                seq: int) -> torch.Tensor:
+                seq: int, after: torch.Tensor | None = None) -> torch.Tensor:
     return _c10d.wait_tensor(_c10d.all_to_all_single(t, out_splits, in_splits, group))
 
 
 @_all_to_all.register_fake
-def _(t, out_splits, in_splits, group, seq):
+def _(t, out_splits, in_splits, group, seq, after=None):
     return t.new_empty((sum(out_splits), *t.shape[1:]))
 
 
@@ -72,10 +86,18 @@ class _Collectives:
 
     def __init__(self) -> None:
         self._seq = itertools.count()
+        # per graph being traced, per pass (forward, backward): the last collective's output
+        self._last: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def _traced(self, op: Any, *args: Any) -> torch.Tensor:
+        region = traced_region()
+        chain = None if region is None else self._last.setdefault(region[0], {})
+        after = None if chain is None else chain.get(region[1])
         with pinned_to_pass():
-            return op(*args, next(self._seq))
+            out = op(*args, next(self._seq), after)
+        if chain is not None:
+            chain[region[1]] = out
+        return out
 
     def all_reduce(self, t: torch.Tensor, op: str, group: str) -> torch.Tensor:
         if tracing_a_joint_graph():
