@@ -130,13 +130,15 @@ def step_rank(rank, world_size, n, repeats, threads, backend):
 
 
 def _collectives(step) -> int:
-    """Collectives of one step (the backend's own events in torch's profiler): on gloo each
-    costs a fixed ~0.4-1 ms of CPU here, so at small sizes they are the overhead."""
+    """All-reduces, all-gathers and all-to-alls of one step (gloo's events, torch profiler):
+    on gloo each costs a fixed ~0.3-1 ms here, so at small sizes they are the overhead."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
-    return sum(e.count for e in prof.key_averages() if e.key.startswith(("gloo:", "nccl:")))
+    names = ("c10d::allreduce_", "c10d::_allgather_base_", "c10d::allgather_",
+             "c10d::alltoall_base_", "c10d::alltoall_")
+    return sum(e.count for e in prof.key_averages() if e.key in names)
 
 
 SAMPLES = ((900, (400, 500)), (1300, (0, 1300)), (700, (350, 350)), (1100, (800, 300)),

@@ -1,7 +1,5 @@
-"""Rank functions: how many collectives the rules run (counted with torch's profiler, so the
-count is gloo's, not ours: a small sum on the CPU is an all-gather and a local sum, see
-``rules.GATHER_SUM_MAX``), and what they compute, against the same arithmetic on full
-tensors."""
+"""Rank functions: how many all-reduces the rules run (counted with torch's profiler, so the
+count is gloo's, not ours), and what they compute, against the same arithmetic on full tensors."""
 
 from __future__ import annotations
 
@@ -10,10 +8,10 @@ from torch.profiler import ProfilerActivity, profile
 
 
 def _all_reduces(fn) -> tuple:
-    """(result of ``fn()``, gloo collectives it ran on this rank: each sum over ranks is one)."""
+    """(result of ``fn()``, all-reduces it ran on this rank, in forward and in backward)."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         out = fn()
-    n = sum(e.count for e in prof.key_averages() if e.key.startswith("gloo:"))
+    n = sum(e.count for e in prof.key_averages() if e.key == "c10d::allreduce_")
     return out, n
 
 

@@ -1,9 +1,9 @@
 """How many collectives the rules run, and that fewer is still exact.
 
-On gloo every collective costs ~0.4-1 ms of CPU here, whatever its size, so at small point
+On gloo every all-reduce costs ~0.3-1 ms of CPU here, whatever its size, so at small point
 counts a step's overhead is its number of collectives. A Partial that meets a product is reduced
 at once, and a Partial read twice is reduced once (see ``rules._reduce_once``); the counts below
-fail if either comes undone. Counts come from torch's profiler (gloo's own events, all kinds).
+fail if either comes undone. Counts come from torch's profiler (gloo's own all-reduce events).
 """
 
 import torch

@@ -270,26 +270,11 @@ def respec_local(loc: torch.Tensor, src, dst) -> torch.Tensor:
 _DIRECT: set = set()
 
 
-#: on the CPU (gloo) a sum of at most this many gathered elements is an all-gather and a local
-#: sum: one round of messages instead of a reduce-scatter and an all-gather. Measured here, 2
-#: ranks, per call: 64 floats 0.42 against 1.12 ms of CPU (0.62 / 1.85 ms wall), 64k floats
-#: 0.67 against 1.05 ms. Every rank adds the pieces in rank order, so all hold the same bits.
-GATHER_SUM_MAX = 1 << 16
-
-
 def _all_reduce(t: torch.Tensor, mesh, i: int) -> torch.Tensor:
-    n = mesh.size(i)
-    if n == 1:
+    if mesh.size(i) == 1:
         return t
     check("all_reduce", mesh, i, t, "sum")
     name = _coord(mesh)[2][i]
-    numel = t.numel()
-    if mesh.device_type == "cpu" and type(t) is torch.Tensor and t.is_floating_point() \
-            and 0 < numel * n <= GATHER_SUM_MAX:  # eager only: under inductor 2.13 the
-        # gathered form broke its attention-pattern rewrite (a 1-d gradient into SDPA backward)
-        g = _fc.wait_tensor(_fc.all_gather_into_tensor(t.reshape(1, numel).contiguous(), n,
-                                                       name))
-        return g.sum(0).view(t.shape)
     return _fc.wait_tensor(_fc.all_reduce(t.contiguous(), "sum", name))
 
 
