@@ -293,17 +293,9 @@ def _prepare(partition: Any) -> tuple[Partition, np.ndarray]:
     return partition, partition.inverse
 
 
-def build_graph(
-    partition: Partition,
-    src: Any,
-    dst: Any,
-    *,
-    edge_ids: Any = None,
-    edge_attr: Any = None,
-    rings: int = 1,
-    symmetric: bool = False,
-    group: Any = None,
-) -> ShardedGraph:
+def build_graph(partition: Partition, src: Any, dst: Any, *, edge_ids: Any = None,
+                edge_attr: Any = None, rings: int = 1, symmetric: bool = False,
+                group: Any = None) -> ShardedGraph:  # fmt: skip
     """This rank's :class:`ShardedGraph` from the edges this rank was given.
 
     Every rank passes *some* edges (any split of the edge list: a slice read from a file, the

@@ -65,18 +65,9 @@ def _closed_max(indptr: np.ndarray, indices: np.ndarray, verts: np.ndarray,
     return np.maximum(np.maximum.reduceat(val[nb], starts), val[verts])
 
 
-def refine_volume_fast(
-    graph_csr: Any,
-    assignment: Any,
-    parts: int,
-    *,
-    weights: Any = None,
-    targets: Any = None,
-    ufactor: float = 30,
-    rounds: int = ROUNDS,
-    seed: int = 0,
-    plateau: bool = True,
-) -> np.ndarray:
+def refine_volume_fast(graph_csr: Any, assignment: Any, parts: int, *, weights: Any = None,
+                       targets: Any = None, ufactor: float = 30, rounds: int = ROUNDS,
+                       seed: int = 0, plateau: bool = True) -> np.ndarray:  # fmt: skip
     """Lower the 1-ring ghost rows of ``assignment`` by batched, exact-gain boundary moves.
 
     Parameters

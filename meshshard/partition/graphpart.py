@@ -215,25 +215,11 @@ def _metis_call(
     return live[labels]
 
 
-def metis(
-    points: Any,
-    parts: int,
-    *,
-    weights: Any = None,
-    targets: Any = None,
-    allow_empty: bool = False,
-    graph: Any = None,
-    knn: int = 8,
-    recursive: bool = False,
-    ufactor: int = 30,
-    contig: bool = False,
-    seed: int = 0,
-    objective: str = "cut",
-    niter: int | None = None,
-    ncuts: int | None = None,
-    refine: bool | str | None = None,
-    tries: int = 1,
-) -> Partition:
+def metis(points: Any, parts: int, *, weights: Any = None, targets: Any = None,
+          allow_empty: bool = False, graph: Any = None, knn: int = 8, recursive: bool = False,
+          ufactor: int = 30, contig: bool = False, seed: int = 0, objective: str = "cut",
+          niter: int | None = None, ncuts: int | None = None, refine: bool | str | None = None,
+          tries: int = 1) -> Partition:  # fmt: skip
     """Partition with METIS on a graph of the points (or cells).
 
     Parameters
@@ -331,23 +317,11 @@ def metis(
                               keep="volume" if objective == "vol" else "cut")  # fmt: skip
 
 
-def partition_on_graph(
-    points: Any,
-    parts: int,
-    assign: Any,
-    method: str,
-    params: dict,
-    *,
-    weights: Any = None,
-    targets: Any = None,
-    allow_empty: bool = False,
-    graph: Any = None,
-    knn: int = 8,
-    seeds: Sequence[int] = (0,),
-    refine: str | None = None,
-    ufactor: float = 30,
-    keep: str = "cut",
-) -> Partition:
+def partition_on_graph(points: Any, parts: int, assign: Any, method: str, params: dict, *,
+                       weights: Any = None, targets: Any = None, allow_empty: bool = False,
+                       graph: Any = None, knn: int = 8, seeds: Sequence[int] = (0,),
+                       refine: str | None = None, ufactor: float = 30,
+                       keep: str = "cut") -> Partition:  # fmt: skip
     """The part every graph partitioner shares (METIS, KaMinPar): check the inputs, build the
     kNN graph of ``points`` when no ``graph`` is given, call ``assign(graph, parts, weights,
     targets, seed)`` for each vertex's part (not for ``parts == 1``), and order each shard's

@@ -135,22 +135,12 @@ def _int_weights(w: np.ndarray) -> np.ndarray:
     return scaled.astype(np.int64)
 
 
-def hypergraph_assignment(
-    graph: Any,
-    parts: int,
-    *,
-    weights: np.ndarray | None = None,
-    targets: np.ndarray | None = None,
-    rings: int = 1,
-    preset: str = "deterministic",
-    epsilon: float = 0.03,
-    seed: int = 0,
-    threads: int = 1,
-    init: str | None = None,
-    vcycles: int = 0,
-    deterministic: bool = True,
-    nets: tuple[np.ndarray, np.ndarray] | None = None,
-) -> np.ndarray:
+def hypergraph_assignment(graph: Any, parts: int, *, weights: np.ndarray | None = None,
+                          targets: np.ndarray | None = None, rings: int = 1,
+                          preset: str = "deterministic", epsilon: float = 0.03, seed: int = 0,
+                          threads: int = 1, init: str | None = None, vcycles: int = 0,
+                          deterministic: bool = True,
+                          nets: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Shard label per vertex from Mt-KaHyPar (KM1) on a validated CSR graph.
 
     Parts with a zero target are left out (they stay empty). ``nets`` may pass
@@ -207,26 +197,12 @@ def hypergraph_assignment(
     return live[labels]
 
 
-def hypergraph(
-    points: Any,
-    parts: int,
-    *,
-    weights: Any = None,
-    targets: Any = None,
-    allow_empty: bool = False,
-    graph: Any = None,
-    knn: int = 8,
-    rings: int = 1,
-    preset: str = "deterministic",
-    epsilon: float = 0.03,
-    seed: int = 0,
-    threads: int = 1,
-    init: str | None = None,
-    vcycles: int = 0,
-    deterministic: bool = True,
-    refine: bool | str | None = None,
-    tries: int = 1,
-) -> Partition:
+def hypergraph(points: Any, parts: int, *, weights: Any = None, targets: Any = None,
+               allow_empty: bool = False, graph: Any = None, knn: int = 8, rings: int = 1,
+               preset: str = "deterministic", epsilon: float = 0.03, seed: int = 0,
+               threads: int = 1, init: str | None = None, vcycles: int = 0,
+               deterministic: bool = True, refine: bool | str | None = None,
+               tries: int = 1) -> Partition:  # fmt: skip
     """Partition for the fewest ghost rows: Mt-KaHyPar on the refresh hypergraph.
 
     Parameters

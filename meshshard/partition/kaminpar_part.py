@@ -149,41 +149,19 @@ def kaminpar_assignment(
     return live[labels]
 
 
-def kaminpar(
-    points: Any,
-    parts: int,
-    *,
-    weights: Any = None,
-    targets: Any = None,
-    allow_empty: bool = False,
-    graph: Any = None,
-    knn: int = 8,
-    preset: str = "default",
-    epsilon: float = 0.03,
-    seed: int = 0,
-    threads: int = 1,
-    refine: bool | str | None = None,
-    tries: int = 1,
-) -> Partition:
+def kaminpar(points: Any, parts: int, *, weights: Any = None, targets: Any = None,
+             allow_empty: bool = False, graph: Any = None, knn: int = 8, preset: str = "default",
+             epsilon: float = 0.03, seed: int = 0, threads: int = 1,
+             refine: bool | str | None = None, tries: int = 1) -> Partition:  # fmt: skip
     """Partition with KaMinPar on a graph of the points (or cells).
 
     Parameters
     ----------
-    points : array of shape (N, 3) or (N, 2), or None
-        Coordinates; used for the kNN graph when ``graph`` is None and to order rows inside
-        each shard along a Hilbert curve. May be None when ``graph`` is given.
-    parts : int
-        Number of shards P >= 1 (P == 1 never calls KaMinPar).
-    weights : array of shape (N,), optional
-        Non-negative vertex weights (scaled to integers, relative precision 1e-3).
-    targets : array of shape (P,), optional
-        Target fraction per shard; zeros give empty shards.
-    allow_empty : bool
-        Allow empty shards when N < P.
-    graph : scipy.sparse matrix of shape (N, N), optional
-        Symmetric adjacency without self loops, e.g. :func:`dual_graph` of a mesh.
-    knn : int
-        Neighbours per point of the kNN graph built when ``graph`` is None.
+    points, parts, weights, targets, allow_empty, graph, knn
+        As for :func:`meshshard.partition.metis`: coordinates (or None with a ``graph``), the
+        number of shards (P == 1 never calls KaMinPar), vertex weights (scaled to integers,
+        relative precision 1e-3), per-shard target fractions, empty shards when N < P, a
+        symmetric adjacency without self loops, and the kNN graph's neighbours per point.
     preset : {"default", "strong", "eco", "fast", "strong_rows"}
         KaMinPar configuration; ``"strong"`` cuts fewest edges, slowest; ``"strong_rows"``:
         ``"strong"`` then ``refine="fast"``, for the fewest ghost rows (:data:`PRESETS`).

@@ -303,15 +303,8 @@ def _sfc_partition(
     return Partition(assignment, order, sizes, method=method, params=params)
 
 
-def morton(
-    points: Any,
-    parts: int,
-    *,
-    weights: Any = None,
-    targets: Any = None,
-    allow_empty: bool = False,
-    bits: int | None = None,
-) -> Partition:
+def morton(points: Any, parts: int, *, weights: Any = None, targets: Any = None,
+           allow_empty: bool = False, bits: int | None = None) -> Partition:  # fmt: skip
     """Cut points into ``parts`` contiguous pieces of the Morton (Z-order) curve.
 
     Parameters
@@ -346,15 +339,8 @@ def morton(
     )  # fmt: skip
 
 
-def hilbert(
-    points: Any,
-    parts: int,
-    *,
-    weights: Any = None,
-    targets: Any = None,
-    allow_empty: bool = False,
-    bits: int | None = None,
-) -> Partition:
+def hilbert(points: Any, parts: int, *, weights: Any = None, targets: Any = None,
+            allow_empty: bool = False, bits: int | None = None) -> Partition:  # fmt: skip
     """Cut points into ``parts`` contiguous pieces of the Hilbert curve.
 
     Same parameters as :func:`morton`. Hilbert pieces are connected on the grid, so they

@@ -104,18 +104,9 @@ def _check_assignment(assignment: Any, n: int, parts: int) -> np.ndarray:
     return a.astype(np.int64)
 
 
-def refine_volume(
-    graph_csr: Any,
-    assignment: Any,
-    parts: int,
-    *,
-    weights: Any = None,
-    targets: Any = None,
-    ufactor: float = 30,
-    passes: int = PASSES,
-    window: int = WINDOW,
-    seed: int = 0,
-) -> np.ndarray:
+def refine_volume(graph_csr: Any, assignment: Any, parts: int, *, weights: Any = None,
+                  targets: Any = None, ufactor: float = 30, passes: int = PASSES,
+                  window: int = WINDOW, seed: int = 0) -> np.ndarray:  # fmt: skip
     """Lower the communication volume of ``assignment`` on ``graph_csr`` by k-way FM.
 
     Parameters

@@ -18,22 +18,10 @@ import numpy as np
 import torch
 from torch.distributed.tensor import Shard
 
+from meshshard.shardtensor._aten import rules_grid as rg
 from meshshard.shardtensor._aten.grid_halo import tie
 from meshshard.shardtensor._aten.grid_plan import DimPlan, out_sizes_of, ranges_of
-from meshshard.shardtensor._aten.rules_grid import (
-    ShardTensor,
-    direct,
-    exchanges,
-    gather,
-    gather_transpose,
-    grad_local,
-    grid_input,
-    ints,
-    local_shape,
-    me_of,
-    out_spec,
-)
-from meshshard.shardtensor._aten.tensor import make_spec
+from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
 
 aten = torch.ops.aten
 
@@ -79,7 +67,7 @@ def _plan(spec, x_shape, osz, linear, align, scales, f64, in_sizes=None):
             rows[d] = (i0, i1, lam)
             continue
         i = sharded[d]
-        sizes = in_sizes[i] if in_sizes is not None else ints(spec.sizes[i])
+        sizes = in_sizes[i] if in_sizes is not None else rg.ints(spec.sizes[i])
         out_sizes = out_sizes_of(i0, sizes)
         needs, starts = [], []
         for t0, t1 in ranges_of(out_sizes):
@@ -88,8 +76,8 @@ def _plan(spec, x_shape, osz, linear, align, scales, f64, in_sizes=None):
             needs.append(tuple(range(lo, hi)))
             starts.append(lo)
         plans.append(DimPlan(d, i, out_sizes, tuple(needs)))
-        t0, t1 = ranges_of(out_sizes)[me_of(spec, i)]
-        s0 = starts[me_of(spec, i)]
+        t0, t1 = ranges_of(out_sizes)[rg.me_of(spec, i)]
+        s0 = starts[rg.me_of(spec, i)]
         rows[d] = (i0[t0:t1] - s0, i1[t0:t1] - s0, None if lam is None else lam[t0:t1])
     return rows, plans, sharded
 
@@ -151,23 +139,23 @@ def _args(args, nsp, linear):
 
 
 def _upsample(name, nsp, linear):
-    @direct(getattr(aten, name).default)
+    @rg.direct(getattr(aten, name).default)
     def fwd(func, args, kwargs):
         x = args[0]
         osz, align, scales = _args(args, nsp, linear)
-        local, spec, _ = grid_input(x, nsp, str(func))
-        rows, plans, sharded = _plan(spec, ints(x.shape), osz, linear, align, scales,
+        local, spec, _ = rg.grid_input(x, nsp, str(func))
+        rows, plans, sharded = _plan(spec, rg.ints(x.shape), osz, linear, align, scales,
                                      local.dtype == torch.float64)
-        shape = [*ints(x.shape[: x.ndim - nsp]), *osz]
-        so = out_spec(spec, shape, plans)
-        exs = exchanges(spec, plans)
-        win = gather(local, spec, exs)
-        oshape = local_shape(so)
+        shape = [*rg.ints(x.shape[: x.ndim - nsp]), *osz]
+        so = rg.out_spec(spec, shape, plans)
+        exs = rg.exchanges(spec, plans)
+        win = rg.gather(local, spec, exs)
+        oshape = rg.local_shape(so)
         if any(v == 0 for v in oshape) or any(win.shape[d] == 0 for d in sharded):
             return ShardTensor(tie(win.new_zeros(oshape), win), so)
         return ShardTensor(_resample(win, rows), so)
 
-    @direct(getattr(aten, f"{name}_backward").default)
+    @rg.direct(getattr(aten, f"{name}_backward").default)
     def bwd(func, args, kwargs):
         g = args[0]
         osz, in_size = [int(v) for v in args[1]], [int(v) for v in args[2]]
@@ -182,13 +170,13 @@ def _upsample(name, nsp, linear):
             if isinstance(p, Shard) and p.dim >= first:
                 i0, _, _ = source_rows(in_size[p.dim], osz[p.dim - first], linear, align,
                                        scales[p.dim - first], f64)
-                in_sizes[i] = _input_sizes(ints(gs.sizes[i]), i0, in_size[p.dim])
+                in_sizes[i] = _input_sizes(rg.ints(gs.sizes[i]), i0, in_size[p.dim])
         spec = make_spec(gs.mesh, gs.placements, tuple(in_sizes), tuple(in_size))
         rows, plans, sharded = _plan(spec, in_size, osz, linear, align, scales, f64)
-        so = out_spec(spec, [*in_size[:first], *osz], plans)
-        gl = grad_local(g, so)
-        exs = exchanges(spec, plans)
-        lshape = local_shape(spec)
+        so = rg.out_spec(spec, [*in_size[:first], *osz], plans)
+        gl = rg.grad_local(g, so)
+        exs = rg.exchanges(spec, plans)
+        lshape = rg.local_shape(spec)
         wshape = list(lshape)
         for ex in exs:
             wshape[ex.dim] = ex.n_window
@@ -196,7 +184,7 @@ def _upsample(name, nsp, linear):
             gwin = tie(gl.new_zeros(wshape), gl)
         else:
             gwin = _resample_transpose(gl, rows, wshape)
-        return ShardTensor(gather_transpose(gwin, spec, exs), spec)
+        return ShardTensor(rg.gather_transpose(gwin, spec, exs), spec)
 
     return fwd, bwd
 
