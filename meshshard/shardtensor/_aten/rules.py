@@ -32,6 +32,7 @@ from meshshard.shardtensor._aten.tensor import (
     ASpec,
     ShardTensor,
     make_spec,
+    reduce_flattened,
     shard_like,
 )
 
@@ -191,13 +192,10 @@ def _reduce_together(args: tuple, locs: list, steps: tuple, mesh) -> tuple:
         else:
             locs[pos] = hit
     if todo:
-        pieces = [locs[pos] for pos in todo]
-        flat = _all_reduce(torch.cat([t.reshape(-1) for t in pieces]), mesh, i)
-        off = 0
-        for pos, t in zip(todo, pieces):
-            locs[pos] = flat[off:off + t.numel()].view(t.shape)
-            off += t.numel()
-            _remember(args[pos], i, locs[pos])
+        summed = reduce_flattened([locs[pos] for pos in todo], mesh, (i,))
+        for pos, t in zip(todo, summed):
+            locs[pos] = t
+            _remember(args[pos], i, t)
     done = {pos for pos, _ in group}
     return tuple(st for st in steps if st[0] not in done)
 

@@ -35,6 +35,7 @@ from meshshard.shardtensor._aten.tensor import (
     SHARDED,
     ShardTensor,
     make_spec,
+    reduce_flattened,
 )
 
 aten = torch.ops.aten
@@ -147,10 +148,7 @@ def _linear_bwd_rule(func, args, kwargs):
     gb = g2.sum(0) if bias else gw.new_zeros(w.shape[0])
     reduce_dims = [i for i, p in enumerate(spec.placements) if isinstance(p, SHARDED)]
     if reduce_dims:  # one collective for both sums
-        flat = torch.cat([gw.reshape(-1), gb])
-        for i in reduce_dims:
-            flat = _all_reduce(flat, spec.mesh, i)
-        gw, gb = flat[: gw.numel()].view_as(gw), flat[gw.numel() :]
+        gw, gb = reduce_flattened([gw, gb], spec.mesh, reduce_dims)
     return ShardTensor(gx, spec), gw, gb
 
 

@@ -529,14 +529,22 @@ def full_plain_grads(gs: tuple) -> list:
         else:
             groups.setdefault(key, []).append(k)
     for (mesh, _, dims), ks in groups.items():
-        locs = [gs[k]._local for k in ks]
-        flat = locs[0].reshape(-1) if len(ks) == 1 else torch.cat([t.reshape(-1) for t in locs])
-        for i in dims:
-            flat = _late("all_reduce")(flat, mesh, i)
-        off = 0
-        for k, t in zip(ks, locs):
-            out[k] = flat[off:off + t.numel()].view(t.shape)
-            off += t.numel()
+        summed = reduce_flattened([gs[k]._local for k in ks], mesh, dims)
+        for k, t in zip(ks, summed):
+            out[k] = t
+    return out
+
+
+def reduce_flattened(pieces: list, mesh, dims: Any) -> list:
+    """``pieces`` (local tensors of one dtype) each summed over the mesh dims ``dims``, in one
+    collective per dim: flattened, concatenated, summed, split back to their shapes."""
+    flat = pieces[0].reshape(-1) if len(pieces) == 1 else torch.cat([t.reshape(-1) for t in pieces])
+    for i in dims:
+        flat = _late("all_reduce")(flat, mesh, i)
+    out, off = [], 0
+    for t in pieces:
+        out.append(flat[off:off + t.numel()].view(t.shape))
+        off += t.numel()
     return out
 
 
