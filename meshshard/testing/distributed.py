@@ -174,6 +174,18 @@ def _worker(
     os._exit(code)
 
 
+# Imported once by the forkserver (at its start, in this process's first call), so that every
+# rank forked from it starts with them: importing meshshard's core in each rank cost ~2-3 s of
+# CPU per rank, most of a short distributed test. meshshard's modules read no environment
+# variable at import time, so a rank's ``env`` still applies to them; torch's inductor config
+# (imported by the core) reads ``TORCHINDUCTOR_*`` at import, so a rank changes those through
+# ``torch._inductor.config`` (its cache directory, read at use, may still be set in ``env``).
+# A module that fails to import here is skipped by multiprocessing; the rank imports it.
+_PRELOAD = ["torch", "torch.distributed", "numpy", "scipy.spatial", "meshshard.testing.distributed",
+            "meshshard.shardtensor", "meshshard.ops", "meshshard.graph", "meshshard.models",
+            "meshshard.parallel"]
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world_size: int,
@@ -238,7 +250,7 @@ def run_ranks(
         use_nccl = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
         backend = "nccl" if use_nccl else "gloo"
     ctx = _mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "numpy", "scipy.spatial"])
+    ctx.set_forkserver_preload(_PRELOAD)
     # The parent hosts the rendezvous store on a port the OS chooses (port 0).
     store = dist.TCPStore(
         "127.0.0.1",
