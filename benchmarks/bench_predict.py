@@ -31,31 +31,10 @@ import time
 
 import numpy as np
 
+from meshshard.testing.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+
 MODEL = dict(space_dim=3, fun_dim=7, out_dim=5, n_hidden=32, n_layers=2, heads=2, slices=16)
 A, B, C = 2.3, 0.95, 0.72  # semi-axes of a car-sized ellipsoid (metres)
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _reset_hwm() -> bool:
-    """Reset the kernel's peak resident set of this process (Linux >= 4.0); False if refused."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _hwm() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 class Peak:
@@ -68,8 +47,8 @@ class Peak:
         from meshshard.partition.distributed._mem import trim_heap
 
         trim_heap()
-        self.exact = _reset_hwm()
-        self.base = self.peak = _rss()
+        self.exact = reset_peak_rss()
+        self.base = self.peak = rss_bytes()
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
@@ -79,14 +58,14 @@ class Peak:
 
     def _run(self):
         while not self._stop.wait(0.005):
-            self.peak = max(self.peak, _rss())
+            self.peak = max(self.peak, rss_bytes())
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.t0
         self.cpu = time.process_time() - self.c0  # all threads of this rank
         self._stop.set()
         self._t.join()
-        self.peak = max(self.peak, _rss(), _hwm() if self.exact else 0)
+        self.peak = max(self.peak, rss_bytes(), peak_rss_bytes() if self.exact else 0)
 
 
 def surface_slice(n: int, lo: int, hi: int) -> dict[str, np.ndarray]:
