@@ -198,6 +198,9 @@ def run_ranks(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` freshly spawned ranks.
 
+    The ranks are forked from a forkserver that imports torch and meshshard's core once per
+    process (at the first call), so a rank starts in a fraction of a second.
+
     Parameters
     ----------
     fn : callable
