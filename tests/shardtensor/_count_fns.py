@@ -81,3 +81,96 @@ def transolver_step(rank, world_size, sizes, layers):
     grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())]
     return {"n_fwd": n_fwd, "n_bwd": n_bwd, "n_params": sum(1 for _ in model.parameters()),
             "loss": (loss.full_tensor().detach(), loss_ref.detach()), "grads": grads}
+
+
+def transolver_compiled_step(rank, world_size, sizes, layers):
+    """:func:`transolver_step` through plain ``torch.compile(model)`` (aot_eager): the
+    all-reduces of the second (compiled) step, and its loss and gradients against one
+    process."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.models import Transolver
+    from meshshard.shardtensor import Shard, from_local
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    torch.set_default_dtype(torch.float64)
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(1)
+    n = sum(sizes)
+    full = [torch.randn(1, n, d, generator=g) for d in (3, 2, 2)]
+    off = sum(sizes[:rank])
+    c, f, t = (from_local(a[:, off:off + sizes[rank]].clone(), mesh, [Shard(1)], sizes)
+               for a in full)
+    torch.manual_seed(0)
+    model = Transolver(3, 2, 2, n_hidden=16, n_layers=layers, heads=2, slices=8)
+    torch.manual_seed(0)
+    ref = Transolver(3, 2, 2, n_hidden=16, n_layers=layers, heads=2, slices=8)
+    fwd = torch.compile(model, backend="aot_eager")
+    ((fwd(c, f) - t) ** 2).mean().backward()  # compiles
+    model.zero_grad(set_to_none=True)
+    loss, n_fwd = _all_reduces(lambda: ((fwd(c, f) - t) ** 2).mean())
+    _, n_bwd = _all_reduces(loss.backward)
+    loss_ref = ((ref(full[0], full[1]) - full[2]) ** 2).mean()
+    loss_ref.backward()
+    grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())]
+    return {"n_fwd": n_fwd, "n_bwd": n_bwd,
+            "loss": (loss.full_tensor().detach(), loss_ref.detach()), "grads": grads}
+
+
+class _Weights(torch.nn.Module):
+    """Weights used every way the traced backward's one weight-gradient sum must get right:
+    a linear used twice (tied), a linear without bias, a layer norm (weight and bias lifted
+    together), and a parameter used with the points and in a plain path as well."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(3, 8)
+        self.b = torch.nn.Linear(8, 8, bias=False)
+        self.ln = torch.nn.LayerNorm(8)
+        self.s = torch.nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        h = self.b(torch.tanh(self.b(h)))
+        h = self.ln(h) * self.s
+        return self.head(h) * (self.s * z).sum()
+
+
+def weights_compiled(rank, world_size, sizes, compiled):
+    """:class:`_Weights` on ShardTensor points (fp64), eager or compiled (aot_eager): the
+    backward's all-reduces (second step), and the gradients of every weight and of the points
+    against one process."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.shardtensor import Shard, from_local
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    torch.set_default_dtype(torch.float64)
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(2)
+    n = sum(sizes)
+    X, Y = torch.randn(1, n, 3, generator=g), torch.randn(1, n, 2, generator=g)
+    z = torch.randn(8, generator=g)
+    off = sum(sizes[:rank])
+    torch.manual_seed(0)
+    model, ref = _Weights(), _Weights()
+    ref.load_state_dict(model.state_dict())
+    fwd = torch.compile(model, backend="aot_eager") if compiled else model
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        xl = X[:, off:off + sizes[rank]].clone().requires_grad_(True)
+        x = from_local(xl, mesh, [Shard(1)], sizes)
+        y = from_local(Y[:, off:off + sizes[rank]].clone(), mesh, [Shard(1)], sizes)
+        loss = ((fwd(x, z) - y) ** 2).sum()
+        _, n = _all_reduces(loss.backward)
+        return xl.grad, n
+
+    step()
+    xg, n_bwd = step()
+    Xr = X.clone().requires_grad_(True)
+    ((ref(Xr, z) - Y) ** 2).sum().backward()
+    grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())]
+    grads.append((xg, Xr.grad[:, off:off + sizes[rank]]))
+    return {"n_bwd": n_bwd, "grads": grads}

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import Partial, Replicate
 
+from meshshard.shardtensor._aten import grad_bucket
 from meshshard.shardtensor._aten.rules import (
     _DIRECT,
     _all_reduce,
@@ -67,6 +68,7 @@ def _(g, x, w, bias):
 def _setup(ctx, inputs, output) -> None:
     x, w, b = inputs
     ctx.bias = b is not None
+    ctx.ids = (id(w), id(b)) if b is not None else (id(w),)  # for a traced backward's bucket
     ctx.save_for_backward(x, w)
 
 
@@ -78,8 +80,18 @@ def _backward(ctx, g):
         gw = torch.mm(g2.t(), x2).full_tensor()
         gb = g2.sum(0).full_tensor() if ctx.bias else None
         return gx, gw, gb
-    gx, gw, gb = torch.ops.meshshard.linear_backward(g, x, w, ctx.bias)
+    # the rule below hands dW and db to an open grad bucket (traced backward) if it takes both
+    _CALL["ids"], _CALL["deferred"] = ctx.ids, False
+    try:
+        gx, gw, gb = torch.ops.meshshard.linear_backward(g, x, w, ctx.bias)
+    finally:
+        _CALL["ids"], deferred = None, _CALL["deferred"]
+    if deferred:
+        return gx, None, None
     return gx, gw, gb if ctx.bias else None
+
+
+_CALL: dict = {"ids": None, "deferred": False}  # (one call at a time: set just above)
 
 
 _linear.register_autograd(_backward, setup_context=_setup)
@@ -147,7 +159,13 @@ def _linear_bwd_rule(func, args, kwargs):
     gw = g2.t().mm(x2)
     gb = g2.sum(0) if bias else gw.new_zeros(w.shape[0])
     reduce_dims = [i for i, p in enumerate(spec.placements) if isinstance(p, SHARDED)]
-    if reduce_dims:  # one collective for both sums
+    ids = _CALL["ids"]
+    if reduce_dims and ids is not None and all(map(grad_bucket.takes, ids)):
+        key = (spec.mesh, gw.dtype, tuple(reduce_dims))
+        for src, t in zip(ids, (gw, gb)):
+            grad_bucket.defer(src, t, key)
+        _CALL["deferred"] = True  # (gw, gb returned unsummed: the caller drops them)
+    elif reduce_dims:  # one collective for both sums
         gw, gb = reduce_flattened([gw, gb], spec.mesh, reduce_dims)
     return ShardTensor(gx, spec), gw, gb
 

@@ -30,12 +30,14 @@ from typing import Any
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from meshshard.shardtensor._aten import grad_bucket
 from meshshard.shardtensor._aten._torch_private import (
     definitely_less,
     is_contiguous_or_false,
     run_backward,
     run_grad,
     skip_dynamo_frame,
+    tracing_a_joint_graph,
 )
 from meshshard.shardtensor._aten.no_rule import NoRuleError
 
@@ -392,13 +394,15 @@ def _lift_plain(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
     """``Tensor.backward`` without going through torch-function handling again."""
 
-    out = run_backward(self, gradient, retain_graph, create_graph, inputs=inputs)
+    with grad_bucket.collecting(None, False):  # .grad is accumulated node by node
+        out = run_backward(self, gradient, retain_graph, create_graph, inputs=inputs)
     _complete_plain_leaf_grads((self,))
     return out
 
 
 def _backward(tensors, *args, **kwargs):
-    out = run_backward(tensors, *args, **kwargs)
+    with grad_bucket.collecting(None, False):
+        out = run_backward(tensors, *args, **kwargs)
     _complete_plain_leaf_grads((tensors,) if isinstance(tensors, torch.Tensor) else tensors)
     return out
 
@@ -427,8 +431,26 @@ def _complete_plain_leaf_grads(roots) -> None:
         stack.extend(n for n, _ in node.next_functions)
 
 
-def _grad(*args, **kwargs):
-    return run_grad(*args, **kwargs)
+def _grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
+          only_inputs=True, allow_unused=None, is_grads_batched=False, materialize_grads=False):
+    """``torch.autograd.grad``; while a joint graph is traced, the plain inputs' Partial
+    gradients are summed in one collective at the end (:mod:`.grad_bucket`)."""
+    ins = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    plain = [None if type(t) is ShardTensor else t for t in ins]
+    with grad_bucket.collecting(plain, not create_graph and tracing_a_joint_graph()) as b:
+        if b is None:
+            return run_grad(outputs, inputs, grad_outputs, retain_graph, create_graph,
+                            only_inputs, allow_unused, is_grads_batched, materialize_grads)
+        res = run_grad(outputs, inputs, grad_outputs, retain_graph, create_graph, only_inputs,
+                       True, is_grads_batched, False)
+    res = grad_bucket.finish(b, res, reduce_flattened)
+    if materialize_grads:
+        return tuple(torch.zeros_like(i) if g is None else g for g, i in zip(res, ins))
+    if not allow_unused and any(g is None for g in res):
+        msg = ("One of the differentiated Tensors appears to not have been used in the graph. "
+               "Set allow_unused=True if this is the desired behavior.")
+        raise RuntimeError(msg)
+    return res
 
 
 _ENGINE_ENTRIES = {torch.Tensor.backward: _tensor_backward, torch.autograd.backward: _backward,
@@ -474,11 +496,14 @@ class _Lift(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # functorch needs it split out
-        pass
+        ctx.src = id(inputs[0])  # (the id only: a traced backward's bucket finds it by id)
 
     @staticmethod
     def backward(ctx, g):
         if isinstance(g, ShardTensor):
+            key = None if torch.is_grad_enabled() else _bucket_key(g)
+            if key is not None and grad_bucket.defer(ctx.src, g._local, key):
+                return None, None
             return _Full.apply(g), None
         return g, None
 
@@ -493,11 +518,11 @@ class _LiftMany(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        pass
+        ctx.srcs = tuple(id(x) for x in inputs[1:])
 
     @staticmethod
     def backward(ctx, *gs):
-        return (None, *full_plain_grads(gs))
+        return (None, *full_plain_grads(gs, ctx.srcs))
 
 
 def _bucket_key(g: Any) -> tuple | None:
@@ -514,9 +539,10 @@ def _bucket_key(g: Any) -> tuple | None:
     return (g._spec.mesh, g.dtype, tuple(dims)) if dims else None
 
 
-def full_plain_grads(gs: tuple) -> list:
+def full_plain_grads(gs: tuple, srcs: tuple = ()) -> list:
     """The plain full tensors of the gradients ``gs`` (ShardTensors, plain tensors or None).
-    Sum Partials that share a mesh and dtype are reduced in one flattened collective;
+    Sum Partials that share a mesh and dtype are reduced in one flattened collective (or
+    handed to an open :mod:`.grad_bucket` by their source's id in ``srcs``: None here);
     with ``create_graph`` each goes through :class:`_Full` (differentiable). Collective."""
     out = [g if type(g) is not ShardTensor else None for g in gs]
     groups: dict = {}
@@ -524,6 +550,8 @@ def full_plain_grads(gs: tuple) -> list:
         if type(g) is not ShardTensor:
             continue
         key = None if torch.is_grad_enabled() else _bucket_key(g)
+        if key is not None and srcs and grad_bucket.defer(srcs[k], g._local, key):
+            continue
         if key is None:
             out[k] = _Full.apply(g)
         else:
