@@ -111,7 +111,7 @@ def skip_dynamo_frame(fn: Any) -> None:
 def _as_tuple(x: Any) -> tuple:
     if x is None:
         return ()
-    return (x,) if isinstance(x, torch.Tensor) else tuple(x)
+    return (x,) if isinstance(x, (torch.Tensor, torch.autograd.graph.GradientEdge)) else tuple(x)
 
 
 def run_backward(tensors: Any, grad_tensors: Any = None, retain_graph: bool | None = None,

@@ -435,13 +435,14 @@ def _grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fa
           only_inputs=True, allow_unused=None, is_grads_batched=False, materialize_grads=False):
     """``torch.autograd.grad``; while a joint graph is traced, the plain inputs' Partial
     gradients are summed in one collective at the end (:mod:`.grad_bucket`)."""
-    ins = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    one = isinstance(inputs, (torch.Tensor, torch.autograd.graph.GradientEdge))
+    ins = (inputs,) if one else tuple(inputs)
     plain = [None if type(t) is ShardTensor else t for t in ins]
     with grad_bucket.collecting(plain, not create_graph and tracing_a_joint_graph()) as b:
         if b is None:
-            return run_grad(outputs, inputs, grad_outputs, retain_graph, create_graph,
+            return run_grad(outputs, ins, grad_outputs, retain_graph, create_graph,
                             only_inputs, allow_unused, is_grads_batched, materialize_grads)
-        res = run_grad(outputs, inputs, grad_outputs, retain_graph, create_graph, only_inputs,
+        res = run_grad(outputs, ins, grad_outputs, retain_graph, create_graph, only_inputs,
                        True, is_grads_batched, False)
     res = grad_bucket.finish(b, res, reduce_flattened)
     if materialize_grads:
