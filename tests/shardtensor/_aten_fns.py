@@ -204,3 +204,45 @@ def compile_floor_case(rank, world, layouts, backend_name="inductor"):
         pair["fp64"] = [torch.tensor(loss.item(), dtype=torch.float64), xl.grad.clone(),
                         *_grads(model)]
     return rep
+
+
+def compiled_checkpoint_case(rank, world, sizes):
+    """Plain ``torch.compile`` of the Transolver with each block activation-checkpointed
+    (``torch.utils.checkpoint``, non-reentrant: the form compile traces) against one process,
+    fp64, aot_eager: loss, input gradient and weight gradients, two steps accumulated. The
+    blocks' collectives are saved, not recomputed, in the compiled backward."""
+    from torch.utils.checkpoint import checkpoint
+
+    model, (X, F, Y), shard, rows = _setup(rank, world, sizes)
+    torch._dynamo.reset()
+    blocks = list(model.blocks)
+    for blk in blocks:  # checkpoint each block, as a memory-bound user would
+        blk.forward = (lambda fwd: lambda x: checkpoint(fwd, x, use_reentrant=False))(
+            blk.forward)
+    cm = torch.compile(model, backend="aot_eager")
+    xls = []
+    for _ in range(2):
+        x, xl = shard(X, grad=True)
+        f, _ = shard(F)
+        y, _ = shard(Y)
+        loss = ((cm(x, f) - y) ** 2).mean()
+        loss.backward()
+        xls.append(xl.grad)
+    ref = _copy_of(model)
+    xr = X.clone().requires_grad_()
+    lr = ((ref(xr, F) - Y) ** 2).mean()
+    lr.backward()
+    out = {"loss": (loss.full_tensor().detach(), lr.detach()),
+           "x.grad": (xls[1], rows(xr.grad))}
+    for k, (p, q) in enumerate(zip(model.parameters(), ref.parameters())):
+        out[f"weight grad {k}"] = (p.grad, 2 * q.grad)
+    return out
+
+
+def _copy_of(model):
+    """A fresh copy of ``model`` (same weights, no checkpointing, no gradients)."""
+    from meshshard.models import Transolver
+
+    ref = Transolver(**MODEL).to(next(model.parameters()).dtype)
+    ref.load_state_dict(model.state_dict())
+    return ref

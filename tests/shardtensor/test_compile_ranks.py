@@ -53,3 +53,14 @@ def test_plain_torch_compile_with_an_empty_shard_equals_eager(world):
         assert mgn["graph breaks"] == 0
         for k, (got, want) in enumerate(zip(mgn["compiled"], mgn["eager"])):
             _close(got, want, f"mgn rank {rank} tensor {k}", 1e-10)
+
+
+@pytest.mark.parametrize(("world", "sizes"), [(2, (0, 8)), (4, (1, 1, 6, 0))])
+def test_compiled_activation_checkpointing_equals_one_process(world, sizes):
+    """Each Transolver block under ``torch.utils.checkpoint`` inside ``torch.compile``: the
+    blocks' collectives are effectful ops, which the partitioner must not recompute in the
+    backward (it then saved their effect token as None and the compiled forward failed)."""
+    for rank, rep in enumerate(run_ranks(_aten_fns.compiled_checkpoint_case, world, sizes,
+                                         timeout=600)):
+        for key, (got, want) in rep.items():
+            _close(got, want, f"rank {rank} {key}", 1e-10)

@@ -17,8 +17,9 @@ import torch
 from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
 from torch.autograd.graph import _engine_run_backward
 
-__all__ = ["NAMES", "definitely_less", "is_contiguous_or_false", "pinned_to_pass", "run_backward",
-           "run_grad", "skip_dynamo_frame", "traced_region", "tracing_a_joint_graph"]
+__all__ = ["NAMES", "definitely_less", "in_checkpointed_region", "is_contiguous_or_false",
+           "keep_saved", "pinned_to_pass", "run_backward", "run_grad", "skip_dynamo_frame",
+           "traced_region", "tracing_a_joint_graph"]
 
 NAMES = (
     "torch.autograd._make_grads",
@@ -63,6 +64,28 @@ def pinned_to_pass() -> Iterator[None]:
         yield
     finally:
         meta["partitioner_tag"] = old
+
+
+def in_checkpointed_region() -> bool:
+    """True while an activation-checkpointed region is traced (``torch.utils.checkpoint``
+    under compile: its dispatch mode tags each node ``ac_graph_id`` and ``recompute``)."""
+    from torch.fx import traceback as fxt
+
+    return "ac_graph_id" in fxt.current_meta
+
+
+def keep_saved(nodes: list) -> None:
+    """Mark traced nodes must-save, so the partitioner never recomputes them in the backward.
+
+    For collectives in a checkpointed region: they are effectful ops, and recomputing one in
+    the backward replays its effect token, which AOTAutograd then saves for the backward as
+    ``None`` ("expected all tensors_saved_with_vc_check to be Tensors"). The region's dispatch
+    mode tags every node an op creates *after* the op returns (overwriting the tag), so this
+    runs later: at the next op on a ShardTensor, or when the backward is traced."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    for n in nodes:
+        n.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
 def traced_region() -> tuple[Any, bool] | None:

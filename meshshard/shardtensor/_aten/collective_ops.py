@@ -31,12 +31,14 @@ import torch
 from torch._library.effects import EffectType
 
 from meshshard.shardtensor._aten._torch_private import (
+    in_checkpointed_region,
+    keep_saved,
     pinned_to_pass,
     traced_region,
     tracing_a_joint_graph,
 )
 
-__all__ = ["fc"]
+__all__ = ["fc", "keep_checkpointed_collectives_saved"]
 
 _c10d = torch.ops._c10d_functional
 
@@ -90,13 +92,19 @@ class _Collectives:
         self._last: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def _traced(self, op: Any, *args: Any) -> torch.Tensor:
+        keep_checkpointed_collectives_saved()
         region = traced_region()
         chain = None if region is None else self._last.setdefault(region[0], {})
         after = None if chain is None else chain.get(region[1])
+        ac = region is not None and in_checkpointed_region()
+        before = len(region[0].nodes) if ac else 0
         with pinned_to_pass():
             out = op(*args, next(self._seq), after)
         if chain is not None:
             chain[region[1]] = out
+        if ac:  # tagged must-save once the region's mode has tagged them (see keep_saved)
+            _AC_PENDING.extend(n for n in list(region[0].nodes)[before:]
+                               if n.op == "call_function")
         return out
 
     def all_reduce(self, t: torch.Tensor, op: str, group: str) -> torch.Tensor:
@@ -123,3 +131,16 @@ class _Collectives:
 
 
 fc = _Collectives()
+
+# collectives traced in an activation-checkpointed region, not yet marked must-save
+_AC_PENDING: list = []
+
+
+def keep_checkpointed_collectives_saved() -> None:
+    """Mark the collectives traced so far in checkpointed regions must-save (a no-op in
+    eager: nothing is pending). Called before each op on a ShardTensor and each traced
+    collective, and when the backward is traced."""
+    if _AC_PENDING:
+        keep_saved(_AC_PENDING)
+        _AC_PENDING.clear()
+

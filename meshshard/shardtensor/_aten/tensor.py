@@ -39,6 +39,10 @@ from meshshard.shardtensor._aten._torch_private import (
     skip_dynamo_frame,
     tracing_a_joint_graph,
 )
+from meshshard.shardtensor._aten.collective_ops import (
+    _AC_PENDING,
+    keep_checkpointed_collectives_saved,
+)
 from meshshard.shardtensor._aten.no_rule import NoRuleError
 
 __all__ = ["ASpec", "AtenShardTensor", "Blocked", "ShardTensor", "from_local_aten"]
@@ -251,6 +255,8 @@ class ShardTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if _AC_PENDING:  # (only while a checkpointed region is traced)
+            keep_checkpointed_collectives_saved()
         dispatch = LATE.get("dispatch") or _late("dispatch")
         return dispatch(func, args, kwargs or _EMPTY)
 
@@ -435,6 +441,7 @@ def _grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fa
           only_inputs=True, allow_unused=None, is_grads_batched=False, materialize_grads=False):
     """``torch.autograd.grad``; while a joint graph is traced, the plain inputs' Partial
     gradients are summed in one collective at the end (:mod:`.grad_bucket`)."""
+    keep_checkpointed_collectives_saved()
     one = isinstance(inputs, (torch.Tensor, torch.autograd.graph.GradientEdge))
     ins = (inputs,) if one else tuple(inputs)
     plain = [None if type(t) is ShardTensor else t for t in ins]
