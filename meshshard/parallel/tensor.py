@@ -304,7 +304,7 @@ def parallelize_module(
 # that dynamo cannot trace (it breaks at ``_make_wrapper_subclass``, then fails resuming inside
 # ``__new__`` with "AttributeError: _spec"), so under ``torch.compile`` these run eagerly: a
 # graph break at each tensor-parallel linear and at the model's entry and exit.
-@torch._dynamo.disable
+@torch.compiler.disable
 def _tp_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     st: _TPLinear = self._meshshard_tp
     x = lift(x, st.mesh)
@@ -315,7 +315,7 @@ def _tp_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w, b)
 
 
-@torch._dynamo.disable
+@torch.compiler.disable
 def _lift_inputs(module: nn.Module, args: tuple, kwargs: dict):
     root = module._meshshard_tp_root
     mesh = root["mesh"]
@@ -331,7 +331,7 @@ def _lift_inputs(module: nn.Module, args: tuple, kwargs: dict):
     return args, kwargs
 
 
-@torch._dynamo.disable
+@torch.compiler.disable
 def _return_outputs(module: nn.Module, args: tuple, kwargs: dict, out: Any):
     root = module._meshshard_tp_root
     src = root["stack"].pop()  # always_call: popped even when the forward raised

@@ -18,7 +18,8 @@ from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
 from torch.autograd.graph import _engine_run_backward
 
 __all__ = ["NAMES", "definitely_less", "in_checkpointed_region", "is_contiguous_or_false",
-           "keep_saved", "pinned_to_pass", "run_backward", "run_grad", "skip_dynamo_frame",
+           "is_custom_op_autograd_function", "keep_saved", "pinned_to_pass",
+           "register_ordered_effect", "run_backward", "run_grad", "skip_dynamo_frame",
            "traced_region", "tracing_a_joint_graph"]
 
 NAMES = (
@@ -32,6 +33,9 @@ NAMES = (
     "torch.fx.traceback.has_preserved_node_meta",
     "torch._functorch.partitioners._has_tag_must_be_in_backward",
     "torch.fx.experimental.proxy_tensor.get_proxy_mode",
+    "torch.library._register_effectful_op",
+    "torch._library.effects.EffectType",
+    "torch._library.autograd.make_autograd_impl",
 )
 
 
@@ -86,6 +90,20 @@ def keep_saved(nodes: list) -> None:
 
     for n in nodes:
         n.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+
+
+def register_ordered_effect(qualname: str) -> None:
+    """Register the custom op ``qualname`` as an ORDERED effectful op: AOTAutograd threads an
+    effect token through it, so no compile pass drops or merges it."""
+    from torch._library.effects import EffectType
+
+    torch.library._register_effectful_op(qualname, EffectType.ORDERED)
+
+
+def is_custom_op_autograd_function(owner: Any) -> bool:
+    """Whether ``owner`` is the ``autograd.Function`` class that ``torch.library.custom_op``
+    builds for an op with a registered autograd formula (in ``torch._library.autograd``)."""
+    return isinstance(owner, type) and owner.__module__ == "torch._library.autograd"
 
 
 def traced_region() -> tuple[Any, bool] | None:

@@ -28,12 +28,12 @@ import weakref
 from typing import Any
 
 import torch
-from torch._library.effects import EffectType
 
 from meshshard.shardtensor._aten._torch_private import (
     in_checkpointed_region,
     keep_saved,
     pinned_to_pass,
+    register_ordered_effect,
     traced_region,
     tracing_a_joint_graph,
 )
@@ -79,7 +79,7 @@ def _(t, out_splits, in_splits, group, seq, after=None):
 for _op in ("meshshard::all_reduce", "meshshard::all_gather_into_tensor",
             "meshshard::all_to_all_single"):
     # ordered: compile passes neither reorder, merge nor drop them (an effect token chain)
-    torch.library._register_effectful_op(_op, EffectType.ORDERED)
+    register_ordered_effect(_op)
 
 
 class _Collectives:

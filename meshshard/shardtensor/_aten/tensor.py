@@ -34,6 +34,7 @@ from meshshard.shardtensor._aten import grad_bucket
 from meshshard.shardtensor._aten._torch_private import (
     definitely_less,
     is_contiguous_or_false,
+    is_custom_op_autograd_function,
     run_backward,
     run_grad,
     skip_dynamo_frame,
@@ -472,8 +473,7 @@ def _is_custom_op_autograd(func: Any) -> bool:
     if str(getattr(func, "_qualified_op_name", "")).startswith("meshshard::") or \
             getattr(func, "namespace", None) == "meshshard":
         return True  # our custom ops (called on wrappers) take plain weights as they are
-    owner = getattr(func, "__self__", None)
-    return isinstance(owner, type) and owner.__module__ == "torch._library.autograd"
+    return is_custom_op_autograd_function(getattr(func, "__self__", None))
 
 
 # the name the port used before the swap; tests written then still import it
