@@ -53,40 +53,10 @@ def partial_memo(rank, world_size):
                        (d, 6 * full * r1)]}
 
 
-def transolver_step(rank, world_size, sizes, layers):
+def transolver_step(rank, world_size, sizes, layers, compiled=False):
     """All-reduces of one forward and one backward of the Transolver (fp64), and the loss and
-    gradients against one process."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from meshshard.models import Transolver
-    from meshshard.shardtensor import Shard, from_local
-
-    mesh = init_device_mesh("cpu", (world_size,))
-    torch.set_default_dtype(torch.float64)
-    g = torch.Generator().manual_seed(1)
-    n = sum(sizes)
-    full = [torch.randn(1, n, d, generator=g) for d in (3, 2, 2)]
-    off = sum(sizes[:rank])
-    c, f, t = (from_local(a[:, off:off + sizes[rank]].clone(), mesh, [Shard(1)], sizes)
-               for a in full)
-    models = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        models.append(Transolver(3, 2, 2, n_hidden=16, n_layers=layers, heads=2, slices=8))
-    model, ref = models
-    loss, n_fwd = _all_reduces(lambda: ((model(c, f) - t) ** 2).mean())
-    _, n_bwd = _all_reduces(loss.backward)
-    loss_ref = ((ref(full[0], full[1]) - full[2]) ** 2).mean()
-    loss_ref.backward()
-    grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())]
-    return {"n_fwd": n_fwd, "n_bwd": n_bwd, "n_params": sum(1 for _ in model.parameters()),
-            "loss": (loss.full_tensor().detach(), loss_ref.detach()), "grads": grads}
-
-
-def transolver_compiled_step(rank, world_size, sizes, layers):
-    """:func:`transolver_step` through plain ``torch.compile(model)`` (aot_eager): the
-    all-reduces of the second (compiled) step, and its loss and gradients against one
-    process."""
+    gradients against one process; ``compiled``: through plain ``torch.compile(model)``
+    (aot_eager), counting the second (compiled) step."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.models import Transolver
@@ -101,19 +71,22 @@ def transolver_compiled_step(rank, world_size, sizes, layers):
     off = sum(sizes[:rank])
     c, f, t = (from_local(a[:, off:off + sizes[rank]].clone(), mesh, [Shard(1)], sizes)
                for a in full)
-    torch.manual_seed(0)
-    model = Transolver(3, 2, 2, n_hidden=16, n_layers=layers, heads=2, slices=8)
-    torch.manual_seed(0)
-    ref = Transolver(3, 2, 2, n_hidden=16, n_layers=layers, heads=2, slices=8)
-    fwd = torch.compile(model, backend="aot_eager")
-    ((fwd(c, f) - t) ** 2).mean().backward()  # compiles
-    model.zero_grad(set_to_none=True)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(Transolver(3, 2, 2, n_hidden=16, n_layers=layers, heads=2, slices=8))
+    model, ref = models
+    fwd = model
+    if compiled:
+        fwd = torch.compile(model, backend="aot_eager")
+        ((fwd(c, f) - t) ** 2).mean().backward()  # compiles
+        model.zero_grad(set_to_none=True)
     loss, n_fwd = _all_reduces(lambda: ((fwd(c, f) - t) ** 2).mean())
     _, n_bwd = _all_reduces(loss.backward)
     loss_ref = ((ref(full[0], full[1]) - full[2]) ** 2).mean()
     loss_ref.backward()
     grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())]
-    return {"n_fwd": n_fwd, "n_bwd": n_bwd,
+    return {"n_fwd": n_fwd, "n_bwd": n_bwd, "n_params": sum(1 for _ in model.parameters()),
             "loss": (loss.full_tensor().detach(), loss_ref.detach()), "grads": grads}
 
 

@@ -48,7 +48,7 @@ def test_compiled_transolver_sums_the_weight_gradients_in_one_collective():
     summed in one flattened collective (``_aten/grad_bucket``), not one per layer: eager runs
     25 backward all-reduces for 2 layers, compiled 5, with one process's gradients."""
     layers = 2
-    reps = run_ranks(_count_fns.transolver_compiled_step, 2, (3, 5), layers, timeout=300)
+    reps = run_ranks(_count_fns.transolver_step, 2, (3, 5), layers, True, timeout=300)
     for rep in reps:
         assert rep["n_fwd"] == layers
         # per layer: the tokens' gradient, and the temperature (a clamp of the parameter, not
