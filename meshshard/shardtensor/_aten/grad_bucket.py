@@ -20,7 +20,8 @@ Only while a joint graph is traced and not ``create_graph``, and only for the ca
 leaf inputs: eager ``backward()`` accumulates each weight's ``.grad`` as soon as its node
 returns, and tensor hooks see the value then, so eager keeps the per-node sums. A nested
 engine call (``backward`` inside a backward) opens an empty bucket, so nothing defers into an
-outer call's results.
+outer call's results. The open buckets are one stack per process, not per thread: the engine
+may run a traced backward's nodes on a device thread, and tracing is single-threaded.
 """
 
 from __future__ import annotations
