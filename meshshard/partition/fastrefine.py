@@ -25,7 +25,8 @@ were eligible and did not move) are looked at again.
 
 It never accepts a loss: it stops in the local minimum FM climbs out of (measured: within
 0.0-1.1 % of FM's ghost rows after METIS vol, for 1/6-1/11 of its CPU). The counts
-``C`` are a dense (N, P) int32 table (4 N P bytes: 256 MB at 1M vertices and P = 64).
+``C`` are a dense (N, P) table of the narrowest integer type that holds a degree (N P bytes
+for degrees below 255: 64 MB at 1M vertices and P = 64).
 """
 
 from __future__ import annotations
@@ -63,6 +64,29 @@ def _closed_max(indptr: np.ndarray, indices: np.ndarray, verts: np.ndarray,
     pos, nb = _expand(indptr, indices, verts)
     starts = np.flatnonzero(np.r_[True, pos[1:] != pos[:-1]])
     return np.maximum(np.maximum.reduceat(val[nb], starts), val[verts])
+
+
+def _neighbour_counts(indptr: np.ndarray, indices: np.ndarray, a: np.ndarray,
+                      parts: int) -> np.ndarray:
+    """``C[v, p]``, the neighbours of ``v`` in part ``p``, flattened row-major (N * P,), in the
+    narrowest integer type that holds a degree: the table is written row-strided, so its size
+    in pages is most of its cost (1M tet cells, P = 64: 64 MB as uint8 against 256 MB)."""
+    n = a.size
+    deg = np.diff(indptr)
+    rows = np.repeat(np.arange(n, dtype=np.int64), deg)
+    top = int(deg.max(initial=0))
+    flat = np.zeros(n * parts, dtype=np.uint8 if top < 255 else
+                    np.uint16 if top < 65535 else np.int32)  # fmt: skip
+    # counted for boundary rows only; an interior row's one entry is its degree (measured on
+    # 1M cells: 0.11-0.21 s against 0.5-0.8 s for np.add.at over every edge)
+    nbp = a[indices]
+    brow = np.zeros(n, dtype=bool)
+    brow[rows[nbp != a[rows]]] = True
+    inner = np.flatnonzero(~brow)
+    flat[inner * parts + a[inner]] = deg[inner]
+    e = brow[rows]
+    np.add.at(flat, rows[e] * parts + nbp[e], 1)
+    return flat
 
 
 def refine_volume_fast(graph_csr: Any, assignment: Any, parts: int, *, weights: Any = None,
@@ -127,9 +151,7 @@ def _refine_fast(
     indptr = g.indptr.astype(np.int64)
     indices = g.indices.astype(np.int64)
     deg = np.diff(indptr)
-    rows = np.repeat(np.arange(n, dtype=np.int64), deg)
-    flat = np.zeros(n * parts, dtype=np.int32)
-    np.add.at(flat, rows * parts + a[indices], 1)  # (3x faster than bincount + astype)
+    flat = _neighbour_counts(indptr, indices, a, parts)
     cnt = flat.reshape(n, parts)
     wv = np.ones(n) if w is None else w.astype(np.float64)
     load = np.bincount(a, weights=wv, minlength=parts)

@@ -177,3 +177,31 @@ def test_empty_graph_and_more_parts_than_rows():
     p = metis(pts, 8, graph=g, objective="vol", refine="fast", allow_empty=True)
     assert sorted(p.sizes.tolist()) == [0, 0, 0, 1, 1, 1, 1, 1]
     assert p.params["try_volumes"] == [_brute_volume(g, p.assignment)]
+
+
+
+@pytest.mark.parametrize("hub", [254, 255, 300])
+def test_neighbour_counts_hold_hub_degrees_past_the_narrow_type(hub):
+    """The count table is uint8 below degree 255 and wider above: a hub whose neighbours all
+    lie in one part (a count of ``hub``) and a boundary hub are counted exactly."""
+    from meshshard.partition.fastrefine import _neighbour_counts
+
+    rng = np.random.default_rng(hub)
+    n = hub + 41
+    rows = [0] * hub + [1] * hub
+    cols = list(range(2, hub + 2)) + list(range(n - hub, n))
+    extra = rng.integers(0, n, (2, 3 * n))
+    m = sp.coo_matrix((np.ones(len(rows) + extra.shape[1]),
+                       (rows + extra[0].tolist(), cols + extra[1].tolist())), shape=(n, n))
+    g = ((m + m.T) > 0).astype(np.int32).tocsr()
+    g.setdiag(0)
+    g.eliminate_zeros()
+    interior = np.zeros(n, dtype=np.int64)  # the hubs' rows hold only their degree
+    boundary = interior.copy()
+    boundary[[2, 3, n - 1]] = [1, 2, 1]  # the hubs touch parts 1 and 2, most in part 0
+    for a, big in ((interior, True), (boundary, True), (rng.integers(0, 3, n), False)):
+        got = _neighbour_counts(g.indptr.astype(np.int64), g.indices.astype(np.int64), a, 3)
+        want = np.zeros((n, 3), dtype=np.int64)
+        np.add.at(want, (np.repeat(np.arange(n), np.diff(g.indptr)), a[g.indices]), 1)
+        assert not big or want.max() >= hub - 2
+        np.testing.assert_array_equal(got.reshape(n, 3).astype(np.int64), want)
