@@ -103,8 +103,8 @@ class _Collectives:
         if chain is not None:
             chain[region[1]] = out
         if ac:  # tagged must-save once the region's mode has tagged them (see keep_saved)
-            _AC_PENDING.extend(n for n in list(region[0].nodes)[before:]
-                               if n.op == "call_function")
+            new = itertools.islice(reversed(region[0].nodes), len(region[0].nodes) - before)
+            _AC_PENDING.extend(n for n in new if n.op == "call_function")
         return out
 
     def all_reduce(self, t: torch.Tensor, op: str, group: str) -> torch.Tensor:

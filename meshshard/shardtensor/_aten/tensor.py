@@ -509,9 +509,10 @@ class _Lift(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         if isinstance(g, ShardTensor):
-            key = None if torch.is_grad_enabled() else _bucket_key(g)
-            if key is not None and grad_bucket.defer(ctx.src, g._local, key):
-                return None, None
+            if grad_bucket.takes(ctx.src) and not torch.is_grad_enabled():
+                key = _bucket_key(g)  # (asked only where a bucket is open: eager skips it)
+                if key is not None and grad_bucket.defer(ctx.src, g._local, key):
+                    return None, None
             return _Full.apply(g), None
         return g, None
 
