@@ -147,3 +147,9 @@ def weights_compiled(rank, world_size, sizes, compiled):
     grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())]
     grads.append((xg, Xr.grad[:, off:off + sizes[rank]]))
     return {"n_bwd": n_bwd, "grads": grads}
+
+
+def weights_both(rank, world_size, layouts):
+    """:func:`weights_compiled` eager then compiled, for each layout: one spawn of ranks."""
+    return [(weights_compiled(rank, world_size, sizes, False),
+             weights_compiled(rank, world_size, sizes, True)) for sizes in layouts]

@@ -63,12 +63,11 @@ def test_compiled_weight_gradients_tied_plain_and_no_bias_on_uneven_layouts():
     """A tied linear, a linear without bias, a layer norm and a parameter used in a plain
     path too: compiled, one all-reduce for all weights plus one for the plain scalar lifted
     into the points (eager: 7), gradients equal one process's, also with an empty shard."""
-    for world, sizes in ((2, (3, 5)), (2, (0, 8)), (3, (1, 1, 6))):
-        eager = run_ranks(_count_fns.weights_compiled, world, sizes, False, timeout=300)
-        comp = run_ranks(_count_fns.weights_compiled, world, sizes, True, timeout=300)
-        for e, c in zip(eager, comp):
-            assert e["n_bwd"] == 7, sizes
-            assert c["n_bwd"] == 2, sizes
-            for rep in (e, c):
-                for got, want in rep["grads"]:
-                    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    for world, layouts in ((2, [(3, 5), (0, 8)]), (3, [(1, 1, 6)])):
+        for per_layout in run_ranks(_count_fns.weights_both, world, layouts, timeout=300):
+            for sizes, (e, c) in zip(layouts, per_layout):
+                assert e["n_bwd"] == 7, sizes
+                assert c["n_bwd"] == 2, sizes
+                for rep in (e, c):
+                    for got, want in rep["grads"]:
+                        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

@@ -62,5 +62,8 @@ def test_compiled_activation_checkpointing_equals_one_process(world, sizes):
     backward (it then saved their effect token as None and the compiled forward failed)."""
     for rank, rep in enumerate(run_ranks(_aten_fns.compiled_checkpoint_case, world, sizes,
                                          timeout=600)):
+        # fp64 (differences from one process are rounding, ~1e-15 relative); a gradient that
+        # is zero in exact arithmetic is judged against the step's largest one
+        scale = max(float(w.abs().max()) for _, w in rep.values() if w.numel())
         for key, (got, want) in rep.items():
-            _close(got, want, f"rank {rank} {key}", 1e-10)
+            _close(got, want, f"rank {rank} {key}", 1e-10, scale)
