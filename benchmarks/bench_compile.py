@@ -66,7 +66,9 @@ def _counting(backend, calls):
 
 
 def _setup(threads):
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/meshshard-inductor-{os.getpid()}"
+    from meshshard.testing.inductor import private_inductor_cache
+
+    private_inductor_cache()
     torch.set_num_threads(threads)
 
 

@@ -107,12 +107,12 @@ def transformer_case(rank: int, world: int, sizes: tuple, compile_too: bool) -> 
     """The reference point transformer (self-attention blocks with a key-padding-free ring,
     and the cross-attention decoder) on tokens sharded unevenly: loss, every weight gradient
     and the input gradient against one process; optionally plain ``torch.compile`` too."""
-    import os
 
     from meshshard.models import PointTransformer
     from meshshard.shardtensor._aten import from_local
+    from meshshard.testing.inductor import private_inductor_cache
 
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/meshshard-inductor-{os.getpid()}"
+    private_inductor_cache()
     mesh = _mesh(world)
     n = sum(sizes)
     g = torch.Generator().manual_seed(n)
@@ -166,14 +166,14 @@ def transformer_padding_case(rank: int, world: int, sizes: tuple) -> dict:
     ring and cross-attention through ``nn.MultiheadAttention``), loss ``out.sum()`` (its
     gradient arrives replicated), eager and under plain ``torch.compile``: output, input and
     every weight gradient against one process; graph breaks and compiles counted."""
-    import os
 
     import torch._dynamo as dynamo
 
     from meshshard.models import PointTransformer
     from meshshard.shardtensor._aten import from_local
+    from meshshard.testing.inductor import private_inductor_cache
 
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/meshshard-inductor-{os.getpid()}"
+    private_inductor_cache()
     mesh = _mesh(world)
     n = sum(sizes)
     g = torch.Generator().manual_seed(n + 1)

@@ -77,15 +77,15 @@ def graph_cases(rank: int, P: int, cases: list[dict]) -> list[dict]:
 
 def compile_case(rank: int, P: int, case: dict) -> dict:
     """Plain torch.compile(model) with the plug: graph breaks, and equal to eager."""
-    import os
 
     import torch._dynamo as dynamo
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.graph import GraphPlug
+    from meshshard.testing.inductor import private_inductor_cache
     from tests.graph._fns import _graph
 
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/meshshard-inductor-{os.getpid()}"
+    private_inductor_cache()
     mesh = init_device_mesh("cpu", (P,))
     prob = problem(case, P)
     g = _graph(case, prob, rank, P, 1)

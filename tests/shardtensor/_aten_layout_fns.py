@@ -154,9 +154,9 @@ def nd_mesh_case(rank: int, world: int, batch_sizes: tuple, point_sizes: tuple) 
 def compile_redistribute_case(rank: int, world: int, layouts: list) -> dict:
     """``torch.compile`` of a function that re-splits its input and differentiates through it:
     graph breaks, compilations and results against eager, over several layouts."""
-    import os
+    from meshshard.testing.inductor import private_inductor_cache
 
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/meshshard-inductor-{os.getpid()}"
+    private_inductor_cache()
     import torch._dynamo as dynamo
     from torch.distributed.device_mesh import init_device_mesh
 

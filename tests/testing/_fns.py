@@ -86,3 +86,13 @@ def touch_then_sleep(rank: int, world_size: int, flag_dir: str) -> None:
     """Say "I am running" with a file, then sleep (stopped by the parent)."""
     open(os.path.join(flag_dir, f"rank{rank}"), "w").close()
     time.sleep(120)
+
+
+def private_cache_rank(rank: int, world_size: int) -> tuple[str, bool, bool]:
+    """A rank's private inductor cache: set, present while the rank runs."""
+    from meshshard.testing.inductor import private_inductor_cache
+
+    path = private_inductor_cache()
+    with open(os.path.join(path, "artefact"), "w") as f:  # as inductor would leave one
+        f.write("x")
+    return path, os.environ["TORCHINDUCTOR_CACHE_DIR"] == path, os.path.isdir(path)
