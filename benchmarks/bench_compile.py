@@ -4,8 +4,10 @@
 
 1. Graphs and graph breaks of one compiled step on a 1-rank mesh (dynamo's counters).
 2. On 2 gloo ranks (uneven 45/55 split), at ``--points`` (default 1k, 10k, 100k): per-rank CPU
-   ms per step (slowest rank) for one process on all points, ShardTensor eager and ShardTensor
-   under plain ``torch.compile(model)``; compilations counted; overhead = variant - one process.
+   ms per step (slowest rank) for one process on all points, ShardTensor eager, eager with the
+   backward inside ``bucket_weight_grads()`` (one weight-gradient sum, not one per layer), and
+   ShardTensor under plain ``torch.compile(model)``; compilations counted; overhead = variant -
+   one process.
    Compile time (first step minus a steady step) in brackets.
 3. ``--dynamic``: 6 samples of different point counts and splits (one with an empty shard,
    one with a 1-row shard) through one compiled model (how many compilations, each sample's
@@ -30,7 +32,7 @@ import torch
 from meshshard.testing import run_ranks
 
 MODEL = dict(space_dim=3, fun_dim=2, out_dim=2, n_hidden=32, n_layers=2, heads=2, slices=16)
-VARIANTS = ("one process", "eager", "torch.compile")
+VARIANTS = ("one process", "eager", "eager bucketed", "torch.compile")
 
 
 def _data(n: int, seed: int = 0):
@@ -100,7 +102,7 @@ def step_rank(rank, world_size, n, repeats, threads, backend):
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.models import Transolver
-    from meshshard.shardtensor import Shard, from_local
+    from meshshard.shardtensor import Shard, bucket_weight_grads, from_local
 
     _setup(threads)
     mesh = init_device_mesh("cpu", (world_size,))
@@ -120,9 +122,10 @@ def step_rank(rank, world_size, n, repeats, threads, backend):
             if name == "torch.compile" else model
         c, f, t = full if name == "one process" else sharded
 
-        def step(model=model, fwd=fwd, c=c, f=f, t=t):
+        def step(model=model, fwd=fwd, c=c, f=f, t=t, bucket=name == "eager bucketed"):
             model.zero_grad(set_to_none=True)
-            ((fwd(c, f) - t) ** 2).mean().backward()
+            with bucket_weight_grads(bucket):
+                ((fwd(c, f) - t) ** 2).mean().backward()
 
         out[name] = _time(step, repeats)
         if name != "one process":
@@ -194,18 +197,20 @@ def main(argv=None) -> int:
     for reason, k in gb["reasons"].items():
         print(f"  {k:4d}  {reason}")
     print("\n2 gloo ranks (45/55 split), CPU ms per step, slowest rank (compile s in brackets):")
-    print("| points | one process | eager | torch.compile | compiles | eager overhead (ms) | "
-          "torch.compile overhead (ms) | eager / torch.compile | collectives / step |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| points | one process | eager | eager bucketed | torch.compile | compiles | "
+          "eager overhead (ms) | bucketed overhead | torch.compile overhead | "
+          "eager / torch.compile | collectives / step |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in points:
         reps = run_ranks(step_rank, 2, n, args.repeats, args.threads, args.backend,
                          timeout=3600)
         best = {k: max(r[k][0] for r in reps) for k in VARIANTS}
         comp = max(r["torch.compile"][1] for r in reps)
-        one, e, tc = (best[k] * 1e3 for k in VARIANTS)
-        print(f"| {n:,} | {one:.1f} | {e:.1f} | {tc:.1f} [{comp:.0f}] | "
-              f"{max(r['compiles'] for r in reps)} | {e - one:+.1f} | {tc - one:+.1f} | "
-              f"{e / tc:.2f}x | {reps[0]['eager collectives']} eager, "
+        one, e, eb, tc = (best[k] * 1e3 for k in VARIANTS)
+        print(f"| {n:,} | {one:.1f} | {e:.1f} | {eb:.1f} | {tc:.1f} [{comp:.0f}] | "
+              f"{max(r['compiles'] for r in reps)} | {e - one:+.1f} | {eb - one:+.1f} | "
+              f"{tc - one:+.1f} | {e / tc:.2f}x | {reps[0]['eager collectives']} eager, "
+              f"{reps[0]['eager bucketed collectives']} bucketed, "
               f"{reps[0]['torch.compile collectives']} compiled |", flush=True)
     if args.dynamic:
         rows = run_ranks(dynamic_rank, 2, args.threads, args.dynamic_backend, timeout=3600)

@@ -23,6 +23,7 @@ import torch
 from meshshard import ops
 from meshshard.datasets import load_shard
 from meshshard.models import Transolver
+from meshshard.shardtensor import bucket_weight_grads
 from meshshard.store.atomic import publish, resolve
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,16 @@ def relative_l2(pred: torch.Tensor, target: torch.Tensor, columns: slice) -> flo
     return math.sqrt(float(num.item()) / max(float(den.item()), 1e-30))
 
 
+def _can_bucket(model: torch.nn.Module) -> bool:
+    """Whether ``backward`` may sum the weights' gradients at its end (``bucket_weight_grads``):
+    not under DDP or FSDP, whose reducers hook each weight's gradient accumulation."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    wrappers = (DistributedDataParallel, FSDPModule, FullyShardedDataParallel)
+    return not any(isinstance(m, wrappers) for m in model.modules())
+
+
 def train_steps(
     model: torch.nn.Module,
     sample: dict[str, Any],
@@ -174,13 +185,15 @@ def train_steps(
     Collective when the sample is sharded (``loss.item()`` all-reduces).
     """
     opt = optimizer or torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    bucket = _can_bucket(model)
     losses = []
     for step in range(start_step, cfg.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         pred = model(sample["coords"], sample["features"])
         loss = ((pred - sample["target"]) ** 2).mean()
-        loss.backward()
+        with bucket_weight_grads(bucket):  # one weight-gradient sum, not one per layer
+            loss.backward()
         opt.step()
         value = float(loss.item())
         losses.append(value)

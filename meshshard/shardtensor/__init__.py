@@ -5,14 +5,16 @@ at the aten level, traceable by plain ``torch.compile``) that records every rank
 sharded dim, so uneven layouts and empty shards survive every op, forward and backward.
 
 Export: :class:`ShardTensor`, torch's :class:`Shard`, :class:`Replicate`, :class:`Partial`,
-:func:`from_local`, :func:`scatter`, :func:`redistribute`, :func:`even_sizes`, and the errors
-:class:`LayoutError` and :class:`NoShardingRuleError`. Design: ``docs/design/core.md``.
+:func:`from_local`, :func:`scatter`, :func:`redistribute`, :func:`even_sizes`,
+:func:`bucket_weight_grads`, and the errors :class:`LayoutError` and
+:class:`NoShardingRuleError`. Design: ``docs/design/core.md``.
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.errors import LayoutError, NoShardingRuleError
 from meshshard.shardtensor._aten import ShardTensor, from_local, redistribute
+from meshshard.shardtensor._aten.grad_bucket import bucket_weight_grads
 from meshshard.shardtensor._aten.layout_args import even_sizes
 from meshshard.shardtensor._aten.scatter import scatter
 
@@ -23,6 +25,7 @@ __all__ = [
     "Replicate",
     "Shard",
     "ShardTensor",
+    "bucket_weight_grads",
     "even_sizes",
     "from_local",
     "redistribute",

@@ -132,3 +132,15 @@ def bad_inputs(rank, world_size):
     with pytest.raises(ValueError, match="use static_graph=True|Use static_graph=True"):
         data_parallel(model(), mesh, mode="ddp", find_unused_parameters=True)
     data_parallel(model(seed=1 if rank == 3 else 0), mesh, mode="fsdp")
+
+
+def bucket_guard(rank, world_size):
+    """``meshshard.apps.train`` buckets the weight gradients only without a DDP/FSDP wrapper."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    from meshshard.apps.train import _can_bucket
+
+    plain, ddp, fsdp = model(), DistributedDataParallel(model()), model()
+    fully_shard(fsdp.blocks[0])
+    return _can_bucket(plain), _can_bucket(ddp), _can_bucket(fsdp)

@@ -56,3 +56,9 @@ def test_bad_input_errors_on_every_rank():
     assert sorted(info.value.failures) == [0, 1, 2, 3]
     for tb in info.value.failures.values():
         assert "the model's weights differ between ranks" in tb
+
+
+def test_train_loop_buckets_weight_gradients_only_without_ddp_or_fsdp():
+    """Under DDP/FSDP each weight's gradient accumulation is hooked by their reducers, which a
+    deferred (bucketed) weight gradient would never reach."""
+    assert run_ranks(_fns.bucket_guard, 1) == [(True, False, False)]

@@ -53,14 +53,14 @@ def partial_memo(rank, world_size):
                        (d, 6 * full * r1)]}
 
 
-def transolver_step(rank, world_size, sizes, layers, compiled=False):
+def transolver_step(rank, world_size, sizes, layers, compiled=False, bucket=False):
     """All-reduces of one forward and one backward of the Transolver (fp64), and the loss and
     gradients against one process; ``compiled``: through plain ``torch.compile(model)``
     (aot_eager), counting the second (compiled) step."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.models import Transolver
-    from meshshard.shardtensor import Shard, from_local
+    from meshshard.shardtensor import Shard, bucket_weight_grads, from_local
 
     mesh = init_device_mesh("cpu", (world_size,))
     torch.set_default_dtype(torch.float64)
@@ -82,7 +82,8 @@ def transolver_step(rank, world_size, sizes, layers, compiled=False):
         ((fwd(c, f) - t) ** 2).mean().backward()  # compiles
         model.zero_grad(set_to_none=True)
     loss, n_fwd = _all_reduces(lambda: ((fwd(c, f) - t) ** 2).mean())
-    _, n_bwd = _all_reduces(loss.backward)
+    with bucket_weight_grads(bucket):
+        _, n_bwd = _all_reduces(loss.backward)
     loss_ref = ((ref(full[0], full[1]) - full[2]) ** 2).mean()
     loss_ref.backward()
     grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())]
@@ -110,13 +111,13 @@ class _Weights(torch.nn.Module):
         return self.head(h) * (self.s * z).sum()
 
 
-def weights_compiled(rank, world_size, sizes, compiled):
+def weights_compiled(rank, world_size, sizes, compiled, bucket=False):
     """:class:`_Weights` on ShardTensor points (fp64), eager or compiled (aot_eager): the
     backward's all-reduces (second step), and the gradients of every weight and of the points
-    against one process."""
+    against one process; ``bucket``: the backward inside ``bucket_weight_grads()``."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from meshshard.shardtensor import Shard, from_local
+    from meshshard.shardtensor import Shard, bucket_weight_grads, from_local
 
     mesh = init_device_mesh("cpu", (world_size,))
     torch.set_default_dtype(torch.float64)
@@ -137,7 +138,8 @@ def weights_compiled(rank, world_size, sizes, compiled):
         x = from_local(xl, mesh, [Shard(1)], sizes)
         y = from_local(Y[:, off:off + sizes[rank]].clone(), mesh, [Shard(1)], sizes)
         loss = ((fwd(x, z) - y) ** 2).sum()
-        _, n = _all_reduces(loss.backward)
+        with bucket_weight_grads(bucket):
+            _, n = _all_reduces(loss.backward)
         return xl.grad, n
 
     step()
@@ -150,6 +152,78 @@ def weights_compiled(rank, world_size, sizes, compiled):
 
 
 def weights_both(rank, world_size, layouts):
-    """:func:`weights_compiled` eager then compiled, for each layout: one spawn of ranks."""
+    """:func:`weights_compiled` eager, eager bucketed, compiled, for each layout: one spawn."""
     return [(weights_compiled(rank, world_size, sizes, False),
+             weights_compiled(rank, world_size, sizes, False, True),
              weights_compiled(rank, world_size, sizes, True)) for sizes in layouts]
+
+
+def eager_bucket_cases(rank, world_size, sizes):
+    """Eager ``backward()`` / ``autograd.grad`` of :class:`_Weights` (fp64): what the weight-
+    gradient bucket must keep as the per-layer sums had it, against one process:
+
+    - ``grad``: ``torch.autograd.grad`` of the weights (all-reduces, values);
+    - ``twice``: two ``backward`` calls without zeroing, ``.grad`` the sum of both (this and
+      the next two inside ``bucket_weight_grads()``);
+    - ``hooked``: a tensor hook on ``a.weight`` sees the global gradient (it keeps its
+      per-node sum) and may scale it; a post-accumulate hook sees the final ``.grad``;
+    - ``inputs``: ``backward(inputs=[...])`` fills only those ``.grad``.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.shardtensor import Shard, bucket_weight_grads, from_local
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    torch.set_default_dtype(torch.float64)
+    g = torch.Generator().manual_seed(3)
+    n = sum(sizes)
+    X, Y = torch.randn(1, n, 3, generator=g), torch.randn(1, n, 2, generator=g)
+    z = torch.randn(8, generator=g)
+    off = sum(sizes[:rank])
+    torch.manual_seed(0)
+    model, ref = _Weights(), _Weights()
+    ref.load_state_dict(model.state_dict())
+    x = from_local(X[:, off:off + sizes[rank]].clone(), mesh, [Shard(1)], sizes)
+    y = from_local(Y[:, off:off + sizes[rank]].clone(), mesh, [Shard(1)], sizes)
+
+    def loss_of(m, a, b):
+        return ((m(a, z) - b) ** 2).sum()
+
+    params = list(model.parameters())
+    want = torch.autograd.grad(loss_of(ref, X, Y), list(ref.parameters()))
+    out = {}
+    got, n_grad = _all_reduces(lambda: torch.autograd.grad(loss_of(model, x, y), params))
+    out["grad"] = (n_grad, list(zip(got, want)))
+
+    model.zero_grad(set_to_none=True)
+    for _ in range(2):
+        with bucket_weight_grads():
+            _, n_twice = _all_reduces(loss_of(model, x, y).backward)
+    out["n_twice"] = n_twice
+    out["twice"] = [(p.grad, 2 * w) for p, w in zip(params, want)]
+
+    model.zero_grad(set_to_none=True)
+    seen, after = [], []
+    h1 = model.a.weight.register_hook(lambda t: (seen.append(t.clone()), 3 * t)[1])
+    h2 = model.b.weight.register_post_accumulate_grad_hook(lambda p: after.append(p.grad.clone()))
+    with bucket_weight_grads():
+        loss_of(model, x, y).backward()
+    h1.remove()
+    h2.remove()
+    scale = [3.0 if p is model.a.weight else 1.0 for p in params]
+    out["hooked"] = ([(p.grad, s * w) for p, s, w in zip(params, scale, want)]
+                     + [(seen[0], want[_index(params, model.a.weight)]),
+                        (after[0], want[_index(params, model.b.weight)])])
+    out["n_seen"] = (len(seen), len(after))
+
+    model.zero_grad(set_to_none=True)
+    only = [model.b.weight, model.s]
+    with bucket_weight_grads():
+        loss_of(model, x, y).backward(inputs=only)
+    out["inputs"] = [(p.grad, w) for p, w in zip(params, want) if any(p is q for q in only)]
+    out["untouched"] = [p.grad is None for p in params if not any(p is q for q in only)]
+    return out
+
+
+def _index(params: list, p: torch.Tensor) -> int:
+    return next(k for k, q in enumerate(params) if q is p)

@@ -1,27 +1,35 @@
-"""One collective for the weight gradients of a traced backward (issue 22: the 5 ms target).
+"""One collective for the weight gradients of a backward (issue 22: the 5 ms target).
 
 A plain weight used with ShardTensors gets a Partial gradient (each rank's sum over its own
 points), which must be summed over the ranks. Done where it appears (a lifted weight's
 backward, a fused linear's ``dW + db``), that is one all-reduce per layer: 23 of the 27
 collectives of the reference Transolver's step at 1k points, and on gloo each costs a fixed
-~0.3 ms of CPU whatever its size, which was most of the compiled step's overhead.
+~0.3 ms of CPU whatever its size, which was most of the step's overhead at small sizes.
 
 An autograd node must return its input's final gradient when the engine calls it, so a
-per-node backward cannot wait for the others. But while ``torch.compile`` traces the joint
-graph, AOTAutograd asks for the weights' gradients with one ``torch.autograd.grad(outs,
-primals)`` call, which reaches ``ShardTensor``'s entry (the outputs are ShardTensors). Inside
-that call a weight's node hands its Partial piece to the bucket opened here and returns
-nothing for the weight; when the engine is done, the bucket sums all the pieces in one
-flattened collective per (mesh, dtype, mesh dims) and adds each to the result the call
-returns for that weight. The traced backward graph then holds one weight-gradient
-collective instead of one per layer, and every returned gradient is the global one.
+per-node backward cannot wait for the others. But every engine call on ShardTensors goes
+through ``ShardTensor``'s entries (``backward``, ``autograd.grad``; also AOTAutograd's one
+``torch.autograd.grad(outs, primals)`` while ``torch.compile`` traces the joint graph). Such a
+call opens a bucket here for its plain leaf weights; inside it a weight's node hands its
+Partial piece to the bucket and returns nothing for the weight; when the engine is done, the
+bucket sums all the pieces in one flattened collective per (mesh, dtype, mesh dims). For
+``autograd.grad`` (eager or traced) each sum is added to the result returned for that weight;
+for ``backward`` it is added to the weight's ``.grad`` (a fresh tensor laid out like the
+weight, or in place into the ``.grad`` there is), after what the engine accumulated itself.
+So a step's backward holds one weight-gradient collective instead of one per layer.
 
-Only while a joint graph is traced and not ``create_graph``, and only for the call's own plain
-leaf inputs: eager ``backward()`` accumulates each weight's ``.grad`` as soon as its node
-returns, and tensor hooks see the value then, so eager keeps the per-node sums. A nested
+``backward`` defers only inside :func:`bucket_weight_grads` (opt in): frameworks that read a
+weight's ``.grad`` during the backward or hook its AccumulateGrad node (DDP's reducer,
+FSDP2's post-backward) would see it too late, and such hooks are not visible from Python.
+``autograd.grad`` defers always (its results are returned, no AccumulateGrad runs).
+
+Not deferred, so as before: ``create_graph`` (the sum must be differentiable),
+``backward(inputs=...)``, a weight with a tensor hook or a post-accumulate-grad hook (the
+hook must see the summed gradient when its node returns), a tensor that is not a root of the
+graph, a call while Dynamo traces user code (only the joint graph is bucketed). A nested
 engine call (``backward`` inside a backward) opens an empty bucket, so nothing defers into an
 outer call's results. The open buckets are one stack per process, not per thread: the engine
-may run a traced backward's nodes on a device thread, and tracing is single-threaded.
+may run a backward's nodes on a device thread while the caller waits.
 """
 
 from __future__ import annotations
@@ -32,10 +40,43 @@ from typing import Any
 
 import torch
 
-__all__ = ["collecting", "defer", "finish", "takes"]
+__all__ = ["bucket_weight_grads", "collecting", "defer", "eager_backward", "finish", "takes"]
 
 # buckets of the engine calls now running, innermost last (None: this call does not defer)
 _OPEN: list = []
+_EAGER_BACKWARD = [False]  # set by bucket_weight_grads
+
+
+@contextmanager
+def bucket_weight_grads(enabled: bool = True) -> Iterator[None]:
+    """Inside: ``backward()`` on ShardTensors sums the plain weights' gradients over the ranks
+    in one collective per (mesh, dtype) after the engine is done, not one per layer, and adds
+    them to ``.grad`` (the same values; 25 -> 5 backward all-reduces for a 2-layer Transolver).
+
+    Use it where nothing reads a weight's ``.grad`` before the backward returns: not with
+    ``DistributedDataParallel`` or FSDP (their reducers hook each weight's gradient
+    accumulation, which no longer runs for a deferred weight), nor with a hook registered on
+    a gradient-accumulator node. Tensor hooks (``register_hook``) and post-accumulate-grad
+    hooks are seen: those weights keep the per-layer sum. ``torch.autograd.grad`` and the
+    backward of a ``torch.compile``'d model bucket without it.
+
+    Examples
+    --------
+    >>> from meshshard.shardtensor import bucket_weight_grads
+    >>> with bucket_weight_grads():  # doctest: +SKIP
+    ...     loss.backward()
+    """
+    prev = _EAGER_BACKWARD[0]
+    _EAGER_BACKWARD[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _EAGER_BACKWARD[0] = prev
+
+
+def eager_backward() -> bool:
+    """Whether ``backward()`` buckets now (inside :func:`bucket_weight_grads`)."""
+    return _EAGER_BACKWARD[0]
 
 
 class _Bucket:
@@ -47,8 +88,8 @@ class _Bucket:
 def _root(t: Any) -> bool:
     """Nothing upstream of ``t`` (its gradient goes nowhere else): a leaf, or what AOTAutograd
     makes of a graph input (a node with no inputs of its own)."""
-    if not isinstance(t, torch.Tensor):
-        return False
+    if not isinstance(t, torch.Tensor) or t._backward_hooks:
+        return False  # (a tensor hook must see the summed gradient: per-node sum for it)
     return t.is_leaf or not t.grad_fn.next_functions
 
 
