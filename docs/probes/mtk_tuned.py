@@ -21,89 +21,19 @@ from geometric_start import dataset, run as base_run  # noqa: E402
 from meshshard.partition import hypergraph as H  # noqa: E402
 from meshshard.partition.fastrefine import refine_volume_fast  # noqa: E402
 from meshshard.partition.graphpart import metis_assignment  # noqa: E402
+from meshshard.partition.mtk_presets import CONFIGS  # noqa: E402
 from meshshard.partition.volrefine import communication_volume as cv  # noqa: E402
 
-# Mt-KaHyPar 1.7's deterministic_quality parameters (as its print_configuration reports them)
-DQ = """mode=direct
-preset-type=deterministic_quality
-deterministic=true
-maxnet-removal-factor=0.01
-smallest-maxnet-threshold=50000
-maxnet-ignore=1000
-num-vcycles=0
-s-use-localized-random-shuffle=false
-s-static-balancing-work-packages=128
-p-enable-community-detection=true
-p-louvain-edge-weight-function=hybrid
-p-max-louvain-pass-iterations=5
-p-louvain-min-vertex-move-fraction=0.01
-p-vertex-degree-sampling-threshold=200000
-p-louvain-low-memory-contraction=true
-p-num-sub-rounds=16
-c-type=deterministic_multilevel_coarsener
-c-use-adaptive-edge-size=false
-c-resolve-swaps=true
-c-min-shrink-factor=1.01
-c-max-shrink-factor=2.5
-c-s=1
-c-t=160
-c-vertex-degree-sampling-threshold=200000
-c-num-sub-rounds=3
-c-rating-score=heavy_edge
-c-rating-heavy-node-penalty=no_penalty
-c-rating-acceptance-criterion=best_prefer_unmatched
-i-mode=rb
-i-runs=20
-i-use-adaptive-ip-runs=false
-i-perform-refinement-on-best-partitions=false
-i-remove-degree-zero-hns-before-ip=true
-i-fm-refinement-rounds=3
-i-lp-maximum-iterations=20
-i-lp-initial-block-size=5
-i-r-refine-until-no-improvement=false
-i-r-lp-type=deterministic
-i-r-lp-maximum-iterations=5
-i-r-sync-lp-sub-rounds=1
-i-r-lp-he-size-activation-threshold=100
-i-r-sync-lp-active-nodeset=true
-i-r-fm-type=do_nothing
-i-population-size=64
-r-refine-until-no-improvement=false
-r-rebalancer-type=deterministic
-r-max-det-rebalancing-rounds=0
-r-det-rebalancing-deadzone=0.1
-r-det-rebalancing-heavy-vertex-exclusion=1.5
-r-lp-type=do_nothing
-r-lp-maximum-iterations=5
-r-sync-lp-sub-rounds=1
-r-lp-he-size-activation-threshold=100
-r-sync-lp-active-nodeset=true
-r-jet-type=deterministic
-r-jet-num-iterations=8
-r-jet-relative-improvement-threshold=0.001
-r-jet-dynamic-rounds=3
-r-jet-initial-negative-gain=0.75
-r-jet-final-negative-gain=0.0
-r-fm-type=do_nothing
-r-flow-algo=deterministic
-r-flow-scaling=16
-r-flow-max-num-pins=4294967295
-r-flow-find-most-balanced-cut=true
-r-flow-determine-distance-from-cut=true
-r-flow-max-bfs-distance=2
-r-flow-min-relative-improvement-per-round=0.001
-r-flow-time-limit-factor=8
-r-flow-skip-small-cuts=true
-r-flow-skip-unpromising-blocks=true
-r-flow-pierce-in-bulk=true
-r-flow-process-mapping-policy=lower_bound
-"""
+# Mt-KaHyPar 1.7's deterministic_quality parameters: the library's cheaper set with the five
+# changed values put back
+DQ = {**CONFIGS["deterministic_quality_fast"], "r-flow-scaling": "16", "i-runs": "20",
+      "c-t": "160", "r-jet-num-iterations": "8", "r-flow-max-bfs-distance": "2"}
 
 
 def context(overrides, parts, log=False):
     mk = H.require_mtkahypar()
     ip = H._initializer(1)
-    kv = dict(line.split("=", 1) for line in DQ.strip().splitlines())
+    kv = dict(DQ)
     for item in filter(None, overrides.split(";")):
         k, v = item.split("=", 1)
         if k not in kv:

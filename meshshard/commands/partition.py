@@ -141,8 +141,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the graph partitioners")
     parser.add_argument(
         "--preset", default=None,
-        help="kaminpar: fast, default, strong, eco; hypergraph: deterministic (the default, "
-        "reproducible), deterministic_quality, default, quality, highest_quality",
+        help="kaminpar: fast, default, strong, eco, strong_rows; hypergraph: deterministic (the "
+        "default), deterministic_quality, deterministic_quality_fast (these three reproducible), "
+        "default, quality, highest_quality",
     )  # fmt: skip
     parser.add_argument(
         "--objective", choices=("cut", "vol"), default=None,

@@ -9,11 +9,12 @@ needs ``u``. Mt-KaHyPar minimises it directly (``Objective.KM1``); METIS' ``objt
 approximates it for ``rings=1`` only.
 
 Reproducibility: only Mt-KaHyPar's deterministic presets (``"deterministic"``,
-``"deterministic_quality"``) give the same partition for the same seed on every run; ``"default"``,
-``"quality"`` and ``"highest_quality"`` differ from run to run even on one thread with a fixed
-seed (measured, mtkahypar 1.7). Since meshshard promises the same partition on every run and rank,
-those need ``deterministic=False``. Mt-KaHyPar keeps its thread pool for the life of the process,
-so the first ``threads`` value is kept; asking for another later raises.
+``"deterministic_quality"``, and meshshard's ``"deterministic_quality_fast"``) give the same
+partition for the same seed on every run; ``"default"``, ``"quality"`` and ``"highest_quality"``
+differ from run to run even on one thread with a fixed seed (measured, mtkahypar 1.7). Since
+meshshard promises the same partition on every run and rank, those need ``deterministic=False``.
+Mt-KaHyPar keeps its thread pool for the life of the process, so the first ``threads`` value is
+kept; asking for another later raises.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 
 from meshshard.partition._validation import check_epsilon, check_int
 from meshshard.partition.graphpart import check_refine, metis_assignment, partition_on_graph
+from meshshard.partition.mtk_presets import CONFIGS, context_from_config
 from meshshard.partition.record import Partition
 
 __all__ = ["INITS", "PRESETS", "WITH_MTKAHYPAR", "hypergraph", "hypergraph_assignment", "nets_of"]
@@ -39,13 +41,16 @@ except Exception:  # ImportError, or a broken binary build
     _mtk = None
     WITH_MTKAHYPAR = False
 
-PRESETS = ("deterministic", "deterministic_quality", "default", "quality", "highest_quality")
-"""Presets, mapped to Mt-KaHyPar's of the same names (``PresetType.DETERMINISTIC`` ...).
-``"deterministic"`` and ``"deterministic_quality"`` are reproducible for a seed; ``"default"``,
+PRESETS = ("deterministic", "deterministic_quality", "deterministic_quality_fast", "default",
+           "quality", "highest_quality")  # fmt: skip
+"""Presets, mapped to Mt-KaHyPar's of the same names (``PresetType.DETERMINISTIC`` ...), but
+``"deterministic_quality_fast"``: ``deterministic_quality``'s algorithms with cheaper settings
+(:mod:`meshshard.partition.mtk_presets`; about its ghost rows for half its CPU or less).
+The three ``deterministic*`` are reproducible for a seed; ``"default"``,
 ``"quality"`` (adds flow-based refinement) and ``"highest_quality"`` (n-level, slowest) are not,
 and need ``deterministic=False``."""
 
-REPRODUCIBLE = ("deterministic", "deterministic_quality")
+REPRODUCIBLE = ("deterministic", "deterministic_quality", "deterministic_quality_fast")
 
 INITS = (None, "metis")
 """Where the multilevel search starts: ``None`` (Mt-KaHyPar's own initial partition) or
@@ -157,7 +162,10 @@ def hypergraph_assignment(graph: Any, parts: int, *, weights: np.ndarray | None 
         return live[np.arange(n)]
     k = int(live.size)
     ip = _initializer(threads)
-    ctx = ip.context_from_preset(getattr(mk.PresetType, _PRESET_NAMES[preset]))
+    if preset in CONFIGS:
+        ctx = context_from_config(ip, preset)
+    else:
+        ctx = ip.context_from_preset(getattr(mk.PresetType, _PRESET_NAMES[preset]))
     ctx.set_partitioning_parameters(k, float(epsilon), mk.Objective.KM1)
     ctx.logging = False
     vw = np.ones(n, dtype=np.int64) if weights is None else _int_weights(weights)
@@ -225,8 +233,10 @@ def hypergraph(points: Any, parts: int, *, weights: Any = None, targets: Any = N
     rings : int
         Refresh depth to optimise: net ``v`` is the ``rings``-hop ball of ``v``, so the objective
         equals the ghost rows of :func:`halo_plan_graph` ``(rings=rings)``.
-    preset : {"deterministic", "deterministic_quality", "default", "quality", "highest_quality"}
-        Mt-KaHyPar configuration (:data:`PRESETS`); the last three need ``deterministic=False``.
+    preset : str
+        Mt-KaHyPar configuration, one of :data:`PRESETS`: ``"deterministic"``,
+        ``"deterministic_quality"``, ``"deterministic_quality_fast"``, and ``"default"``,
+        ``"quality"``, ``"highest_quality"``, which need ``deterministic=False``.
     epsilon : float
         Allowed imbalance: every shard holds at most ``(1 + epsilon)`` times its target.
     seed : int

@@ -42,7 +42,8 @@ def test_nets_are_the_k_ring_balls():
             assert pins[ptr[v] : ptr[v + 1]].tolist() == np.flatnonzero(reach[v]).tolist()
 
 
-@pytest.mark.parametrize("preset", ["deterministic", "deterministic_quality", "default", "quality"])
+@pytest.mark.parametrize("preset", ["deterministic", "deterministic_quality",
+                                    "deterministic_quality_fast", "default", "quality"])
 @pytest.mark.parametrize("parts", [2, 3, 4])
 def test_valid_balanced_partition_of_a_given_graph(preset, parts):
     g = _grid(20, 20, 8)
@@ -78,7 +79,8 @@ def test_rings_two_optimises_the_two_ring_ghosts(cloud):
 
 
 @pytest.mark.parametrize(
-    "kw", [{}, {"preset": "deterministic_quality"}, {"init": "metis", "vcycles": 1}]
+    "kw", [{}, {"preset": "deterministic_quality"}, {"preset": "deterministic_quality_fast"},
+           {"init": "metis", "vcycles": 1}]
 )
 def test_deterministic_with_a_seed_and_the_seed_matters(cloud, kw):
     pts, g = cloud
@@ -168,3 +170,32 @@ def test_missing_package_names_the_extra(cloud, monkeypatch):
     monkeypatch.setattr(hg_mod, "WITH_MTKAHYPAR", False)
     with pytest.raises(ImportError, match=r"meshshard\[hypergraph\]"):
         partition(cloud[0], 2, method="hypergraph")
+
+
+def test_the_fast_quality_parameter_set_is_what_mtkahypar_runs(capfd):
+    """``deterministic_quality_fast`` reaches Mt-KaHyPar as written (a key left out of the
+    file would take the command line's default silently): its context reports the set's
+    values, and the algorithms of ``deterministic_quality``."""
+    from meshshard.partition.mtk_presets import context_from_config
+
+    ctx = context_from_config(hg_mod._initializer(1), "deterministic_quality_fast")
+    ctx.set_partitioning_parameters(4, 0.03, hg_mod.require_mtkahypar().Objective.KM1)
+    capfd.readouterr()
+    ctx.print_configuration()
+    text = " ".join(capfd.readouterr().out.split())
+    for line in ("Preset: deterministic_quality", "Number of Runs: 5", "Flow Scaling: 4",
+                 "Maximum BFS Distance: 1", "Contraction Limit Multiplier: 80",
+                 "Iterations without Improvement: 6",
+                 "Algorithm: deterministic_multilevel_coarsener"):  # fmt: skip
+        assert line in text, line
+    assert text.count("Algorithm: deterministic") >= 4  # coarsening, Jet, flows, rebalancing
+
+
+def test_a_parameter_set_mtkahypar_refuses_says_what_to_use(monkeypatch, cloud):
+    from meshshard.partition import mtk_presets
+
+    bad = {**mtk_presets.CONFIGS["deterministic_quality_fast"], "no-such-parameter": "1"}
+    monkeypatch.setitem(mtk_presets.CONFIGS, "deterministic_quality_fast", bad)
+    with pytest.raises(RuntimeError, match="use preset='deterministic_quality'"):
+        partition(cloud[0], 2, method="hypergraph", graph=cloud[1],
+                  preset="deterministic_quality_fast")  # fmt: skip
