@@ -128,7 +128,8 @@ def run(method, pts, g, parts):
     return a
 
 
-def main():
+def main(run=run):
+    """The rows of ``run(method, points, graph, parts)`` for the command line's cases."""
     name, n = sys.argv[1], int(float(sys.argv[2]))
     parts_list = [int(p) for p in sys.argv[3].split(",")]
     methods = sys.argv[4].split(",")

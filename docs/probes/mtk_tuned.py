@@ -11,18 +11,17 @@ others as in geometric_start.py. CPU = process_time of everything the method doe
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from geometric_start import dataset, run as base_run  # noqa: E402
+import geometric_start  # noqa: E402
+from geometric_start import run as base_run  # noqa: E402
 
 from meshshard.partition import hypergraph as H  # noqa: E402
 from meshshard.partition.fastrefine import refine_volume_fast  # noqa: E402
 from meshshard.partition.graphpart import metis_assignment  # noqa: E402
 from meshshard.partition.mtk_presets import CONFIGS  # noqa: E402
-from meshshard.partition.volrefine import communication_volume as cv  # noqa: E402
 
 # Mt-KaHyPar 1.7's deterministic_quality parameters: the library's cheaper set with the five
 # changed values put back
@@ -70,29 +69,5 @@ def run(method, pts, g, parts):
     return a
 
 
-def main():
-    name, n = sys.argv[1], int(float(sys.argv[2]))
-    parts_list = [int(p) for p in sys.argv[3].split(",")]
-    methods = sys.argv[4].split(",")
-    pts, g = dataset(name, n)
-    print(f"# {name} n={pts.shape[0]} load {os.getloadavg()}", flush=True)
-    for parts in parts_list:
-        ref = {}
-        for m in methods:
-            c0 = time.process_time()
-            a = run(m, pts, g, parts)
-            dc = time.process_time() - c0
-            rows = cv(g, a, parts)
-            sz = np.bincount(a, minlength=parts)
-            ref.setdefault(m, (rows, dc))
-            ks, mc = ref.get("kaminpar_strong"), ref.get("metis_cut")
-            r = f"{rows / ks[0]:.3f}x" if ks else "-"
-            ck = f"{dc / ks[1]:.2f}x" if ks else "-"
-            cm = f"{dc / mc[1]:.2f}x" if mc else "-"
-            print(f"| {name} | {parts} | {m} | {rows:,} | {dc:.2f} | {sz.max() / sz.mean():.3f} "
-                  f"| {r} | {ck} | {cm} |", flush=True)
-    print(f"# load at end {os.getloadavg()}")
-
-
 if __name__ == "__main__":
-    main()
+    geometric_start.main(run)

@@ -111,25 +111,31 @@ class _Weights(torch.nn.Module):
         return self.head(h) * (self.s * z).sum()
 
 
+def _weights_setup(rank: int, world_size: int, sizes, seed: int) -> tuple:
+    """(1-d mesh, full X, Y, plain z, this rank's offset, model, its copy) in fp64."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    torch.set_default_dtype(torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    n = sum(sizes)
+    X, Y = torch.randn(1, n, 3, generator=g), torch.randn(1, n, 2, generator=g)
+    z = torch.randn(8, generator=g)
+    torch.manual_seed(0)
+    model, ref = _Weights(), _Weights()
+    ref.load_state_dict(model.state_dict())
+    return mesh, X, Y, z, sum(sizes[:rank]), model, ref
+
+
 def weights_compiled(rank, world_size, sizes, compiled, bucket=False):
     """:class:`_Weights` on ShardTensor points (fp64), eager or compiled (aot_eager): the
     backward's all-reduces (second step), and the gradients of every weight and of the points
     against one process; ``bucket``: the backward inside ``bucket_weight_grads()``."""
-    from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.shardtensor import Shard, bucket_weight_grads, from_local
 
-    mesh = init_device_mesh("cpu", (world_size,))
-    torch.set_default_dtype(torch.float64)
     torch._dynamo.reset()
-    g = torch.Generator().manual_seed(2)
-    n = sum(sizes)
-    X, Y = torch.randn(1, n, 3, generator=g), torch.randn(1, n, 2, generator=g)
-    z = torch.randn(8, generator=g)
-    off = sum(sizes[:rank])
-    torch.manual_seed(0)
-    model, ref = _Weights(), _Weights()
-    ref.load_state_dict(model.state_dict())
+    mesh, X, Y, z, off, model, ref = _weights_setup(rank, world_size, sizes, 2)
     fwd = torch.compile(model, backend="aot_eager") if compiled else model
 
     def step():
@@ -169,20 +175,9 @@ def eager_bucket_cases(rank, world_size, sizes):
       per-node sum) and may scale it; a post-accumulate hook sees the final ``.grad``;
     - ``inputs``: ``backward(inputs=[...])`` fills only those ``.grad``.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-
     from meshshard.shardtensor import Shard, bucket_weight_grads, from_local
 
-    mesh = init_device_mesh("cpu", (world_size,))
-    torch.set_default_dtype(torch.float64)
-    g = torch.Generator().manual_seed(3)
-    n = sum(sizes)
-    X, Y = torch.randn(1, n, 3, generator=g), torch.randn(1, n, 2, generator=g)
-    z = torch.randn(8, generator=g)
-    off = sum(sizes[:rank])
-    torch.manual_seed(0)
-    model, ref = _Weights(), _Weights()
-    ref.load_state_dict(model.state_dict())
+    mesh, X, Y, z, off, model, ref = _weights_setup(rank, world_size, sizes, 3)
     x = from_local(X[:, off:off + sizes[rank]].clone(), mesh, [Shard(1)], sizes)
     y = from_local(Y[:, off:off + sizes[rank]].clone(), mesh, [Shard(1)], sizes)
 
