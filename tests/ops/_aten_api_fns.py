@@ -44,3 +44,47 @@ def cases(rank: int, world: int, sizes: tuple, k: int) -> dict:
     counts = torch.from_numpy(np.bincount(ref_i[:, 1:].ravel(), minlength=n)).double()
     out["gather grad"] = (gf.full_tensor(), counts[:, None].expand(n, 3))
     return out
+
+
+def compiled_cases(rank: int, world: int, layouts: list) -> list:
+    """A compiled function that computes on the points, queries kNN and radius neighbours and
+    uses the distances: Dynamo's graph breaks (one per neighbour query), and the value and the
+    points' gradient against the same function run eagerly, for each layout (fp64)."""
+    from torch._dynamo.utils import counters
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard import ops
+    from meshshard.shardtensor import from_local
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.set_default_dtype(torch.float64)
+
+    def f(x):
+        h = x * 2 + 1
+        d, _ = ops.knn(h, 2, loop=False)
+        rd, ri = ops.radius(h, 0.8, max_num_neighbors=4)
+        rd = torch.where(ri >= 0, rd, 0.0)  # padding: inf / -1
+        return (d.sum(1, keepdim=True) * h).sum() + (rd.sum(1, keepdim=True) * h.sin()).sum()
+
+    out = []
+    for sizes in layouts:
+        n = sum(sizes)
+        X = torch.rand(n, 3, generator=torch.Generator().manual_seed(n))
+        off = sum(sizes[:rank])
+
+        def point(X=X, off=off, sizes=sizes):
+            return from_local(X[off : off + sizes[rank]].clone(), mesh, [Shard(0)], [sizes]) \
+                .requires_grad_()
+
+        torch._dynamo.reset()
+        counters.clear()
+        x, xe = point(), point()
+        got = torch.compile(f, backend="aot_eager")(x)
+        breaks = sum(counters["graph_break"].values())
+        want = f(xe)
+        gx, = torch.autograd.grad(got, x)
+        gxe, = torch.autograd.grad(want, xe)
+        out.append({"breaks": breaks, "value": (got.detach().full_tensor(),
+                                                want.detach().full_tensor()),
+                    "grad": (gx.full_tensor(), gxe.full_tensor())})
+    return out
