@@ -221,6 +221,7 @@ class ShardTensor(torch.Tensor):
         for name, c in inner.items():
             if name != "_local":
                 out.__dict__[name] = c
+        out.__dict__["_from_graph"] = True  # what a compiled graph returns (see _KeepLayout)
         return out
 
     # ---------------------------------------------------------------- dispatch
@@ -241,6 +242,9 @@ class ShardTensor(torch.Tensor):
             # the backward pass must run with torch-function handling on: recomputations in it
             # (reentrant checkpointing) and custom backward formulas meet plain weights too
             return entry(*args, **kwargs)
+        if not torch.compiler.is_compiling() and torch.is_grad_enabled() and \
+                getattr(func, "__self__", None) is not _KeepLayout:
+            args, kwargs = _keep_compiled_layouts(args, kwargs)
         fn = FUNCTION_RULES.get(func)
         if fn is not None:  # a rule at function level (ring attention, fused linear, ...):
             out = fn(*args, **kwargs)  # it lifts plain tensors itself where it needs to
@@ -353,6 +357,65 @@ class ShardTensor(torch.Tensor):
 
     def __repr__(self) -> str:  # type: ignore[override]
         return f"ShardTensor(local={tuple(self._local.shape)}, {self._spec})"
+
+
+# ------------------------------------------- gradients into a compiled graph, in its layout
+def _from_compiled(a: Any) -> bool:
+    return type(a) is ShardTensor and a.grad_fn is not None and \
+        type(a.grad_fn).__name__ == "CompiledFunctionBackward"
+
+
+def _keep_compiled_layouts(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Pass each output of a compiled graph that an eager op uses through :class:`_KeepLayout`.
+
+    A compiled graph's backward takes each output's gradient in the layout it traced, but the
+    layout's per-rank sizes are not in what torch hands ``__coerce_same_metadata_as_tangent__``
+    (only the mesh and placements, so that new sizes reuse the graph). An eager op may give the
+    output a gradient in another layout: ``compiled(x).sum()``'s backward expands a Replicate
+    scalar. Where the output is used, its layout is known; the identity node made here turns
+    the gradient back into it."""
+    if not any(type(a) is ShardTensor and "_from_graph" in a.__dict__
+               for a in (*args, *kwargs.values())):  # fmt: skip
+        return args, kwargs  # (the cheap test first: no wrapper of this call left a graph)
+    with torch._C.DisableTorchFunction():  # (reading grad_fn is a torch function)
+        pos = [_from_compiled(a) for a in args]
+        names = [k for k, v in kwargs.items() if _from_compiled(v)]
+    if not any(pos) and not names:
+        return args, kwargs
+    args = tuple(_KeepLayout.apply(a) if hit else a for a, hit in zip(args, pos))
+    kwargs = {k: _KeepLayout.apply(v) if k in names else v for k, v in kwargs.items()}
+    return args, kwargs
+
+
+# an eager fallback region inside a compiled function calls these from ``__torch_function__``;
+# dynamo would compile each as a frame of its own and break at ``grad_fn``
+skip_dynamo_frame(_keep_compiled_layouts)
+skip_dynamo_frame(_from_compiled)
+
+
+class _KeepLayout(torch.autograd.Function):
+    """Identity on a ShardTensor; backward: the gradient in the input's own layout (placements
+    and per-rank sizes), redistributed if it came in another (differentiable, collective)."""
+
+    @staticmethod
+    def forward(x: ShardTensor) -> ShardTensor:
+        return ShardTensor(x._local.view_as(x._local), x._spec)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.spec = inputs[0]._spec
+
+    @staticmethod
+    def backward(ctx, g):
+        spec = ctx.spec
+        if type(g) is not ShardTensor or (g._spec.placements == spec.placements
+                                          and g._spec.sizes == spec.sizes):  # fmt: skip
+            return g
+        return _late("redistribute")(g, spec.placements, list(spec.sizes))
+
+
+for _fn in (_KeepLayout.forward, _KeepLayout.setup_context, _KeepLayout.backward):
+    skip_dynamo_frame(_fn)
 
 
 # ------------------------------------------------------------------ lifting plain tensors
