@@ -4,7 +4,7 @@ The compiled backward takes each output's gradient in the layout it traced; only
 placements reach torch's ``__coerce_same_metadata_as_tangent__``, not the per-rank sizes. An
 eager ``sum`` gives the output a Replicate gradient, which failed ("we guessed its metadata
 incorrectly"); each compiled output an eager op uses now passes an identity node that returns
-the gradient in the output's layout (``_aten/tensor._KeepLayout``). Gradients against one
+the gradient in the output's layout (``_aten/compiled_outputs._KeepLayout``). Gradients against one
 process, fp64, on uneven layouts with empty shards.
 """
 

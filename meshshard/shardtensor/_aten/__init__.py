@@ -4,6 +4,8 @@ functions the tensor class calls: see ``tensor.LATE``). See ``docs/design/core.m
 """
 
 from meshshard.shardtensor._aten import (  # noqa: F401  (each registers its rules)
+    compiled_outputs,
+    engine,
     rules_attention,
     rules_fused,
     rules_generic,

@@ -17,7 +17,7 @@ lift (:class:`_Lift`) in ``__torch_function__``: forward treats them as Replicat
 the gradient (Partial or Replicate) back into a plain, full tensor. So a weight's ``.grad`` is a
 plain tensor equal to the single-device gradient, with no hook and no patch.
 
-Length (~610 lines): the class, its tracing protocol (carriers, flatten/unflatten), the lift of
+Length (~650 lines): the class, its tracing protocol (carriers, flatten/unflatten), the lift of
 plain tensors and the autograd Functions between local pieces and wrappers are one contract:
 each relies on the others' layout record.
 """
@@ -35,10 +35,7 @@ from meshshard.shardtensor._aten._torch_private import (
     definitely_less,
     is_contiguous_or_false,
     is_custom_op_autograd_function,
-    run_backward,
-    run_grad,
     skip_dynamo_frame,
-    tracing_a_joint_graph,
 )
 from meshshard.shardtensor._aten.collective_ops import (
     _AC_PENDING,
@@ -242,9 +239,9 @@ class ShardTensor(torch.Tensor):
             # the backward pass must run with torch-function handling on: recomputations in it
             # (reentrant checkpointing) and custom backward formulas meet plain weights too
             return entry(*args, **kwargs)
-        if not torch.compiler.is_compiling() and torch.is_grad_enabled() and \
-                getattr(func, "__self__", None) is not _KeepLayout:
-            args, kwargs = _keep_compiled_layouts(args, kwargs)
+        if not torch.compiler.is_compiling() and torch.is_grad_enabled():
+            # compiled graphs' outputs, each through an identity that keeps its gradient's layout
+            args, kwargs = _late("keep_compiled_layouts")(func, args, kwargs)
         fn = FUNCTION_RULES.get(func)
         if fn is not None:  # a rule at function level (ring attention, fused linear, ...):
             out = fn(*args, **kwargs)  # it lifts plain tensors itself where it needs to
@@ -359,65 +356,6 @@ class ShardTensor(torch.Tensor):
         return f"ShardTensor(local={tuple(self._local.shape)}, {self._spec})"
 
 
-# ------------------------------------------- gradients into a compiled graph, in its layout
-def _from_compiled(a: Any) -> bool:
-    return type(a) is ShardTensor and a.grad_fn is not None and \
-        type(a.grad_fn).__name__ == "CompiledFunctionBackward"
-
-
-def _keep_compiled_layouts(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Pass each output of a compiled graph that an eager op uses through :class:`_KeepLayout`.
-
-    A compiled graph's backward takes each output's gradient in the layout it traced, but the
-    layout's per-rank sizes are not in what torch hands ``__coerce_same_metadata_as_tangent__``
-    (only the mesh and placements, so that new sizes reuse the graph). An eager op may give the
-    output a gradient in another layout: ``compiled(x).sum()``'s backward expands a Replicate
-    scalar. Where the output is used, its layout is known; the identity node made here turns
-    the gradient back into it."""
-    if not any(type(a) is ShardTensor and "_from_graph" in a.__dict__
-               for a in (*args, *kwargs.values())):  # fmt: skip
-        return args, kwargs  # (the cheap test first: no wrapper of this call left a graph)
-    with torch._C.DisableTorchFunction():  # (reading grad_fn is a torch function)
-        pos = [_from_compiled(a) for a in args]
-        names = [k for k, v in kwargs.items() if _from_compiled(v)]
-    if not any(pos) and not names:
-        return args, kwargs
-    args = tuple(_KeepLayout.apply(a) if hit else a for a, hit in zip(args, pos))
-    kwargs = {k: _KeepLayout.apply(v) if k in names else v for k, v in kwargs.items()}
-    return args, kwargs
-
-
-# an eager fallback region inside a compiled function calls these from ``__torch_function__``;
-# dynamo would compile each as a frame of its own and break at ``grad_fn``
-skip_dynamo_frame(_keep_compiled_layouts)
-skip_dynamo_frame(_from_compiled)
-
-
-class _KeepLayout(torch.autograd.Function):
-    """Identity on a ShardTensor; backward: the gradient in the input's own layout (placements
-    and per-rank sizes), redistributed if it came in another (differentiable, collective)."""
-
-    @staticmethod
-    def forward(x: ShardTensor) -> ShardTensor:
-        return ShardTensor(x._local.view_as(x._local), x._spec)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.spec = inputs[0]._spec
-
-    @staticmethod
-    def backward(ctx, g):
-        spec = ctx.spec
-        if type(g) is not ShardTensor or (g._spec.placements == spec.placements
-                                          and g._spec.sizes == spec.sizes):  # fmt: skip
-            return g
-        return _late("redistribute")(g, spec.placements, list(spec.sizes))
-
-
-for _fn in (_KeepLayout.forward, _KeepLayout.setup_context, _KeepLayout.backward):
-    skip_dynamo_frame(_fn)
-
-
 # ------------------------------------------------------------------ lifting plain tensors
 def _lift_plain(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     mesh = None
@@ -461,108 +399,8 @@ def _lift_plain(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return tuple(out), kw
 
 
-def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-    """``Tensor.backward`` without going through torch-function handling again."""
-    return _backward(self, gradient, retain_graph, create_graph, inputs=inputs)
-
-
-def _backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
-              grad_variables=None, inputs=None):  # fmt: skip
-    """``torch.autograd.backward``; inside :func:`.grad_bucket.bucket_weight_grads` the plain
-    leaves' Partial gradients (weights used with ShardTensors) are summed in one collective per
-    (mesh, dtype, dims) once the engine is done and added to their ``.grad``, instead of one
-    collective per layer."""
-    roots = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
-    leaves = _plain_leaves(roots)
-    # a leaf with tensor hooks keeps its per-node sum, so its hooks see the summed gradient
-    bucketed = [v for v in leaves if not _has_hooks(v)]
-    enabled = grad_bucket.eager_backward() and not create_graph and inputs is None \
-        and bool(bucketed)
-    with grad_bucket.collecting(bucketed, enabled) as b:
-        run_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs)
-    _complete_plain_leaf_grads(leaves)
-    if b is not None:
-        with torch.no_grad():
-            for v, g in zip(bucketed, grad_bucket.finish(b, [None] * len(bucketed),
-                                                         reduce_flattened)):  # fmt: skip
-                if g is not None:
-                    _accumulate(v, g)
-
-
-def _plain_leaves(roots) -> list:
-    """The plain leaves that need a gradient under ``roots`` (the variables of the graph's
-    AccumulateGrad nodes), in one walk of the graph: same graph, same order on every rank."""
-    stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-    seen: set = set()
-    out = []
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        v = getattr(node, "variable", None)
-        if v is not None:
-            if type(v) is not ShardTensor:
-                out.append(v)
-            continue
-        stack.extend(n for n, _ in node.next_functions)
-    return out
-
-
-def _has_hooks(v: torch.Tensor) -> bool:
-    return bool(v._backward_hooks) or bool(getattr(v, "_post_accumulate_grad_hooks", None))
-
-
-def _accumulate(v: torch.Tensor, g: torch.Tensor) -> None:
-    """Add ``g`` to ``v.grad`` as the engine's AccumulateGrad would (``.grad`` laid out as
-    ``v``; a new tensor, never a view of the bucket's flat buffer shared with others)."""
-    if v.grad is None:
-        v.grad = torch.empty_like(v, memory_format=torch.preserve_format).copy_(g)
-    else:
-        v.grad += g
-
-
-def _complete_plain_leaf_grads(leaves) -> None:
-    """Make a ShardTensor left in a plain leaf's ``.grad`` the plain global gradient.
-
-    torch runs a custom ``autograd.Function`` without torch-function handling, so its plain
-    inputs (weights) are not lifted as they are for every torch op, and its backward may give
-    them a ShardTensor gradient (e.g. a Partial sum over points). ``leaves`` come from one
-    walk of the graph before ``backward`` (same order on every rank: the reduction is
-    collective). No torch function is patched."""
-    for v in leaves:
-        if type(v.grad) is ShardTensor:
-            with torch.no_grad():
-                v.grad = v.grad.full_tensor()
-
-
-def _grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
-          only_inputs=True, allow_unused=None, is_grads_batched=False, materialize_grads=False):
-    """``torch.autograd.grad``; the plain inputs' Partial gradients are summed in one
-    collective at the end (:mod:`.grad_bucket`), eager or while a joint graph is traced."""
-    keep_checkpointed_collectives_saved()
-    one = isinstance(inputs, (torch.Tensor, torch.autograd.graph.GradientEdge))
-    ins = (inputs,) if one else tuple(inputs)
-    plain = [None if type(t) is ShardTensor else t for t in ins]
-    enabled = not create_graph and (tracing_a_joint_graph() or not torch.compiler.is_compiling())
-    with grad_bucket.collecting(plain, enabled) as b:
-        if b is None:
-            return run_grad(outputs, ins, grad_outputs, retain_graph, create_graph,
-                            only_inputs, allow_unused, is_grads_batched, materialize_grads)
-        res = run_grad(outputs, ins, grad_outputs, retain_graph, create_graph, only_inputs,
-                       True, is_grads_batched, False)
-    res = grad_bucket.finish(b, res, reduce_flattened)
-    if materialize_grads:
-        return tuple(torch.zeros_like(i) if g is None else g for g, i in zip(res, ins))
-    if not allow_unused and any(g is None for g in res):
-        msg = ("One of the differentiated Tensors appears to not have been used in the graph. "
-               "Set allow_unused=True if this is the desired behavior.")
-        raise RuntimeError(msg)
-    return res
-
-
-_ENGINE_ENTRIES = {torch.Tensor.backward: _tensor_backward, torch.autograd.backward: _backward,
-                   torch.autograd.grad: _grad}
+# the engine entries (``backward``, ``autograd.grad``): :mod:`.engine` fills this
+_ENGINE_ENTRIES: dict = {}
 
 
 def _is_custom_op_autograd(func: Any) -> bool:
