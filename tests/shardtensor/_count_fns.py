@@ -189,6 +189,11 @@ def eager_bucket_cases(rank, world_size, sizes):
     out = {}
     got, n_grad = _all_reduces(lambda: torch.autograd.grad(loss_of(model, x, y), params))
     out["grad"] = (n_grad, list(zip(got, want)))
+    # the same weights passed twice (lifted alone, and with the layer norm's bias): twice theirs
+    s, lw, lb = model.s, model.ln.weight, model.ln.bias
+    twice = torch.autograd.grad(loss_of(model, x, y), [s, lw, lb, s, lw])
+    ks = [_index(params, t) for t in (s, lw, lb, s, lw)]
+    out["same"] = [(got, want[k]) for got, k in zip(twice, ks)]
 
     model.zero_grad(set_to_none=True)
     for _ in range(2):

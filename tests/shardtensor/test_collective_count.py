@@ -88,14 +88,15 @@ def test_eager_bucket_keeps_grad_accumulation_hooks_and_inputs():
     gradients (2 all-reduces; ``backward`` inside ``bucket_weight_grads`` too), two backwards
     accumulate, a tensor hook sees
     (and may change) the global gradient, a post-accumulate hook sees the final ``.grad``,
-    ``backward(inputs=...)`` fills only those. Against one process, (3, 5), (0, 8), (1, 1, 6)."""
+    ``backward(inputs=...)`` fills only those, a weight passed to ``autograd.grad`` twice gets
+    its gradient twice. Against one process, (3, 5), (0, 8), (1, 1, 6)."""
     for world, sizes in ((2, (3, 5)), (2, (0, 8)), (3, (1, 1, 6))):
         for rep in run_ranks(_count_fns.eager_bucket_cases, world, sizes, timeout=300):
             n, pairs = rep["grad"]
             assert n == 2 and rep["n_twice"] == 2, sizes
             assert rep["n_seen"] == (1, 1), sizes
             assert all(rep["untouched"]), sizes
-            for key in ("twice", "hooked", "inputs"):
+            for key in ("twice", "hooked", "inputs", "same"):
                 pairs = pairs + rep[key]
             for got, want in pairs:
                 torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

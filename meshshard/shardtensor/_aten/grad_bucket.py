@@ -81,7 +81,15 @@ def eager_backward() -> bool:
 
 class _Bucket:
     def __init__(self, inputs: Sequence[Any]) -> None:
-        self.index = {id(t): k for k, t in enumerate(inputs) if _root(t)}
+        self.index: dict = {}  # id -> the first position of that tensor among the inputs
+        self.same: dict = {}  # first position -> later positions of the same tensor
+        for k, t in enumerate(inputs):
+            if not _root(t):
+                continue
+            if id(t) in self.index:
+                self.same.setdefault(self.index[id(t)], []).append(k)
+            else:
+                self.index[id(t)] = k
         self.parts: list = []
 
 
@@ -140,4 +148,7 @@ def finish(b: Any, results: Sequence[Any], reduce: Callable[[list, Any, Any], li
         ks = list(per)
         for k, t in zip(ks, reduce([per[k] for k in ks], mesh, dims)):
             out[k] = t if out[k] is None else out[k] + t
+    for k, later in b.same.items():  # a tensor passed twice gets its gradient twice
+        for j in later:
+            out[j] = out[k]
     return tuple(out)
