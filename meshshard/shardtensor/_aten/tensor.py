@@ -17,7 +17,7 @@ lift (:class:`_Lift`) in ``__torch_function__``: forward treats them as Replicat
 the gradient (Partial or Replicate) back into a plain, full tensor. So a weight's ``.grad`` is a
 plain tensor equal to the single-device gradient, with no hook and no patch.
 
-Length (~650 lines): the class, its tracing protocol (carriers, flatten/unflatten), the lift of
+Length (~600 lines): the class, its tracing protocol (carriers, flatten/unflatten), the lift of
 plain tensors and the autograd Functions between local pieces and wrappers are one contract:
 each relies on the others' layout record.
 """
