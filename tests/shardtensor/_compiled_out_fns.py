@@ -17,11 +17,12 @@ LOSSES = {
 def compiled_losses(rank: int, world: int, sizes: tuple) -> dict:
     """The Transolver compiled (aot_eager) on points split ``sizes``; for each loss of
     :data:`LOSSES` (computed eagerly on the output), the points' and every weight's gradient
-    and the loss, with the same model on all points in one process."""
+    and the loss, with the same model on all points in one process; then the same gradients
+    for a Replicate gradient given to ``backward`` and to ``autograd.grad``."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard.models import Transolver
-    from meshshard.shardtensor import Shard, from_local
+    from meshshard.shardtensor import Replicate, Shard, from_local
 
     mesh = init_device_mesh("cpu", (world,))
     torch.set_default_dtype(torch.float64)
@@ -51,6 +52,25 @@ def compiled_losses(rank: int, world: int, sizes: tuple) -> dict:
         pairs = [(got.detach(), lr.detach()), (xl.grad, xr.grad[:, off:off + sizes[rank]])]
         pairs += [(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters())]
         out[name] = pairs
+    # a gradient given for the output, Replicate: backward(gradient) and autograd.grad
+    G = torch.randn(1, n, 2, generator=g)
+    xr = full[0].clone().requires_grad_(True)
+    ref.zero_grad(set_to_none=True)
+    ref(xr, full[1]).backward(G)
+    want = [xr.grad[:, off:off + sizes[rank]]] + [q.grad for q in ref.parameters()]
+    for how in ("backward(gradient)", "autograd.grad(grad_outputs)"):
+        model.zero_grad(set_to_none=True)
+        xl = full[0][:, off:off + sizes[rank]].clone().requires_grad_(True)
+        c = from_local(xl, mesh, [Shard(1)], sizes)
+        f = from_local(full[1][:, off:off + sizes[rank]].clone(), mesh, [Shard(1)], sizes)
+        o = fwd(c, f)
+        gr = from_local(G.clone(), mesh, [Replicate()])
+        if how.startswith("backward"):
+            o.backward(gr)
+            got = [xl.grad] + [q.grad for q in model.parameters()]
+        else:
+            got = list(torch.autograd.grad(o, [xl, *model.parameters()], grad_outputs=gr))
+        out[how] = list(zip(got, want))
     return out
 
 

@@ -4,8 +4,10 @@ The compiled backward takes each output's gradient in the layout it traced; only
 placements reach torch's ``__coerce_same_metadata_as_tangent__``, not the per-rank sizes. An
 eager ``sum`` gives the output a Replicate gradient, which failed ("we guessed its metadata
 incorrectly"); each compiled output an eager op uses now passes an identity node that returns
-the gradient in the output's layout (``_aten/compiled_outputs._KeepLayout``). Gradients against one
-process, fp64, on uneven layouts with empty shards.
+the gradient in the output's layout (``_aten/compiled_outputs._KeepLayout``); a gradient the
+user gives ``backward`` or ``autograd.grad`` for the output is redistributed to its layout
+(``_aten/engine._in_root_layouts``). Gradients against one process, fp64, on uneven layouts
+with empty shards.
 """
 
 import pytest

@@ -9,6 +9,8 @@ done, and turn a ShardTensor left in a plain leaf's ``.grad`` into the plain glo
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from meshshard.shardtensor._aten import grad_bucket
@@ -18,7 +20,12 @@ from meshshard.shardtensor._aten._torch_private import (
     tracing_a_joint_graph,
 )
 from meshshard.shardtensor._aten.collective_ops import keep_checkpointed_collectives_saved
-from meshshard.shardtensor._aten.tensor import _ENGINE_ENTRIES, ShardTensor, reduce_flattened
+from meshshard.shardtensor._aten.tensor import (
+    _ENGINE_ENTRIES,
+    ShardTensor,
+    _late,
+    reduce_flattened,
+)
 
 __all__: list = []
 
@@ -35,6 +42,7 @@ def _backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
     (mesh, dtype, dims) once the engine is done and added to their ``.grad``, instead of one
     collective per layer."""
     roots = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    grad_tensors = _in_root_layouts(roots, grad_tensors)
     leaves = _plain_leaves(roots)
     # a leaf with tensor hooks keeps its per-node sum, so its hooks see the summed gradient
     bucketed = [v for v in leaves if not _has_hooks(v)]
@@ -49,6 +57,26 @@ def _backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,
                                                          reduce_flattened)):  # fmt: skip
                 if g is not None:
                     _accumulate(v, g)
+
+
+def _in_root_layouts(roots: tuple, grads: Any) -> Any:
+    """``grads`` (given for ``roots``) with each gradient of a compiled graph's output in that
+    output's layout: the compiled backward takes no other, and only the mesh and placements of
+    the traced layout reach ``__coerce_same_metadata_as_tangent__`` (see
+    :mod:`.compiled_outputs`). Others as given."""
+    if grads is None:
+        return grads
+    single = isinstance(grads, torch.Tensor)
+    gs = (grads,) if single else tuple(grads)
+    if len(gs) != len(roots):
+        return grads  # (torch's own error)
+    out = []
+    for r, g in zip(roots, gs):
+        if type(r) is ShardTensor and "_from_graph" in r.__dict__ and type(g) is ShardTensor \
+                and (g._spec.placements, g._spec.sizes) != (r._spec.placements, r._spec.sizes):
+            g = _late("redistribute")(g, r._spec.placements, list(r._spec.sizes))
+        out.append(g)
+    return out[0] if single else out
 
 
 def _plain_leaves(roots) -> list:
@@ -103,6 +131,9 @@ def _grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fa
     """``torch.autograd.grad``; the plain inputs' Partial gradients are summed in one
     collective at the end (:mod:`.grad_bucket`), eager or while a joint graph is traced."""
     keep_checkpointed_collectives_saved()
+    if grad_outputs is not None:
+        outs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+        grad_outputs = _in_root_layouts(outs, grad_outputs)
     one = isinstance(inputs, (torch.Tensor, torch.autograd.graph.GradientEdge))
     ins = (inputs,) if one else tuple(inputs)
     plain = [None if type(t) is ShardTensor else t for t in ins]
