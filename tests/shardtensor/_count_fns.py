@@ -227,3 +227,8 @@ def eager_bucket_cases(rank, world_size, sizes):
 
 def _index(params: list, p: torch.Tensor) -> int:
     return next(k for k, q in enumerate(params) if q is p)
+
+
+def eager_bucket_layouts(rank, world_size, layouts):
+    """:func:`eager_bucket_cases` for each of ``layouts``: one spawn of ranks."""
+    return [eager_bucket_cases(rank, world_size, sizes) for sizes in layouts]

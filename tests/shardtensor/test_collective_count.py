@@ -86,17 +86,19 @@ def test_eager_bucket_keeps_grad_accumulation_hooks_and_inputs():
     """Eager, the weight-gradient bucket sums every weight's Partial gradient in one
     collective after the engine and adds it to ``.grad``: ``autograd.grad`` returns the global
     gradients (2 all-reduces; ``backward`` inside ``bucket_weight_grads`` too), two backwards
-    accumulate, a tensor hook sees
-    (and may change) the global gradient, a post-accumulate hook sees the final ``.grad``,
+    accumulate, a tensor hook sees (and may change) the global gradient, a post-accumulate
+    hook sees the final ``.grad``,
     ``backward(inputs=...)`` fills only those, a weight passed to ``autograd.grad`` twice gets
     its gradient twice. Against one process, (3, 5), (0, 8), (1, 1, 6)."""
-    for world, sizes in ((2, (3, 5)), (2, (0, 8)), (3, (1, 1, 6))):
-        for rep in run_ranks(_count_fns.eager_bucket_cases, world, sizes, timeout=300):
-            n, pairs = rep["grad"]
-            assert n == 2 and rep["n_twice"] == 2, sizes
-            assert rep["n_seen"] == (1, 1), sizes
-            assert all(rep["untouched"]), sizes
-            for key in ("twice", "hooked", "inputs", "same"):
-                pairs = pairs + rep[key]
-            for got, want in pairs:
-                torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    for world, layouts in ((2, [(3, 5), (0, 8)]), (3, [(1, 1, 6)])):
+        for per_layout in run_ranks(_count_fns.eager_bucket_layouts, world, layouts,
+                                    timeout=300):  # fmt: skip
+            for sizes, rep in zip(layouts, per_layout):
+                n, pairs = rep["grad"]
+                assert n == 2 and rep["n_twice"] == 2, sizes
+                assert rep["n_seen"] == (1, 1), sizes
+                assert all(rep["untouched"]), sizes
+                for key in ("twice", "hooked", "inputs", "same"):
+                    pairs = pairs + rep[key]
+                for got, want in pairs:
+                    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)

@@ -20,7 +20,7 @@ import torch
 from meshshard.shardtensor._aten._torch_private import skip_dynamo_frame
 from meshshard.shardtensor._aten.tensor import LATE, ShardTensor, _late
 
-__all__ = ["keep_compiled_layouts"]
+__all__ = ["in_layout", "keep_compiled_layouts"]
 
 
 def _from_compiled(a: Any) -> bool:
@@ -66,11 +66,16 @@ class _KeepLayout(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        spec = ctx.spec
-        if type(g) is not ShardTensor or (g._spec.placements == spec.placements
-                                          and g._spec.sizes == spec.sizes):  # fmt: skip
-            return g
-        return _late("redistribute")(g, spec.placements, list(spec.sizes))
+        return in_layout(g, ctx.spec)
+
+
+def in_layout(g: Any, spec: Any) -> Any:
+    """The ShardTensor ``g`` in the layout ``spec`` (placements and per-rank sizes),
+    redistributed if it is in another (differentiable, collective); anything else as given."""
+    if type(g) is not ShardTensor or (g._spec.placements, g._spec.sizes) == \
+            (spec.placements, spec.sizes):
+        return g
+    return _late("redistribute")(g, spec.placements, list(spec.sizes))
 
 
 for _fn in (_KeepLayout.forward, _KeepLayout.setup_context, _KeepLayout.backward):

@@ -20,10 +20,10 @@ from meshshard.shardtensor._aten._torch_private import (
     tracing_a_joint_graph,
 )
 from meshshard.shardtensor._aten.collective_ops import keep_checkpointed_collectives_saved
+from meshshard.shardtensor._aten.compiled_outputs import in_layout
 from meshshard.shardtensor._aten.tensor import (
     _ENGINE_ENTRIES,
     ShardTensor,
-    _late,
     reduce_flattened,
 )
 
@@ -72,10 +72,8 @@ def _in_root_layouts(roots: tuple, grads: Any) -> Any:
         return grads  # (torch's own error)
     out = []
     for r, g in zip(roots, gs):
-        if type(r) is ShardTensor and "_from_graph" in r.__dict__ and type(g) is ShardTensor \
-                and (g._spec.placements, g._spec.sizes) != (r._spec.placements, r._spec.sizes):
-            g = _late("redistribute")(g, r._spec.placements, list(r._spec.sizes))
-        out.append(g)
+        out.append(in_layout(g, r._spec) if type(r) is ShardTensor and "_from_graph" in
+                   r.__dict__ else g)  # fmt: skip
     return out[0] if single else out
 
 
