@@ -1,7 +1,12 @@
-"""The ``meshshard`` command: ``partition``, ``inspect``, ``preprocess``, ``demo``.
+"""The ``meshshard`` command: ``generate``, ``partition``, ``inspect``, ``preprocess``, ``train``,
+``predict``, ``evaluate``, ``demo``.
 
 Each subcommand is a module in :mod:`meshshard.commands` with ``add_args(parser)`` and
-``run(args) -> int``; they are imported only when chosen, so ``meshshard --help`` is fast.
+``run(args) -> int``. A command module's top level imports only the standard library and
+meshshard's light modules (no torch, numpy, zarr or pyvista): ``run`` imports the heavy ones
+when the command is dispatched. So ``meshshard --version``, ``--help`` and a usage error answer
+without importing torch (a test holds every command module to it). The Ctrl-C handler is
+installed before the parser is built: an interrupt at any time after start-up is one line.
 
 Errors reach the user as one line, ``meshshard COMMAND: error: ...``: exit code 2 for a user
 error (bad option, path, permission, file format; a bad option too, without argparse's usage
@@ -23,12 +28,14 @@ import traceback
 from collections.abc import Sequence
 
 from meshshard.commands import CLIError as CLIError  # re-exported: the commands' user error
-from meshshard.errors import DistributedError, MeshShardError
+from meshshard.errors import USER_ERROR_TYPES, is_user_error
 
 _COMMANDS = {
+    "generate": "write synthetic DrivaerML-like runs (varied cars) into a RAW directory",
     "partition": "cut a mesh or point cloud into shards and write the Partition",
     "inspect": "report partition quality like gpmetis (--json, --png)",
     "preprocess": "DrivaerML runs -> partition-aware sharded zarr stores",
+    "train": "train the reference Transolver (or DoMINO) on stores, domain-parallel",
     "predict": "a trained model on one run, domain-parallel: fields back in VTK, a PNG",
     "evaluate": "errors and drag/lift of a model (or the truth) over runs: table, JSON, PNG",
     "demo": "the main job on built-in data: generate, preprocess, inspect, train domain-parallel",
@@ -71,8 +78,9 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="meshshard",
-        description="Domain parallelism for irregular scientific data: partition, inspect, "
-        "preprocess DrivaerML runs, and the demo.",
+        description="Domain parallelism for irregular scientific data: generate DrivaerML-like "
+        "runs, partition and inspect meshes, preprocess runs into sharded stores, train, "
+        "predict and evaluate domain-parallel, and the demo.",
     )
     parser.add_argument("--version", action="version", version=f"meshshard {_version()}")
     _add_global_flags(parser, default=False)
@@ -91,15 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
 #: exceptions that mean "the input or the options are wrong": no traceback, exit 2 (meshshard's
 #: own are :class:`~meshshard.errors.MeshShardError`; the builtins stay for errors raised by the
 #: libraries below, e.g. a path that does not exist)
-USER_ERRORS: tuple[type[BaseException], ...] = (MeshShardError, ValueError, TypeError, OSError)
+USER_ERRORS: tuple[type[BaseException], ...] = USER_ERROR_TYPES
 
 
 def exit_code(exc: BaseException) -> int:
     """2 for a user error (:data:`USER_ERRORS`), 1 for a valid run that failed
     (:class:`~meshshard.errors.DistributedError`) or anything unexpected."""
-    if isinstance(exc, DistributedError):
-        return EXIT_FAILURE
-    return EXIT_USER_ERROR if isinstance(exc, USER_ERRORS) else EXIT_FAILURE
+    return EXIT_USER_ERROR if is_user_error(exc) else EXIT_FAILURE
 
 
 def describe_error(exc: BaseException) -> str:
@@ -124,18 +130,20 @@ def interrupted(command: str | None, signum: int = signal.SIGINT) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    saved = _on_interrupt_raise()  # first: Ctrl-C while the parser is built is one line too
+    args = None
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version, or a bad option (one line already printed)
-        return exc.code if isinstance(exc.code, int) else EXIT_USER_ERROR
-    debug = bool(getattr(args, "debug", False))
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    saved = _on_interrupt_raise()
-    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help, --version, or a bad option (one line printed)
+            return exc.code if isinstance(exc.code, int) else EXIT_USER_ERROR
+        debug = bool(getattr(args, "debug", False))
+        logging.basicConfig(
+            level=logging.DEBUG if debug else logging.INFO if args.verbose else logging.WARNING,
+            format="%(levelname)s %(name)s: %(message)s",
+        )
         return int(args._module.run(args) or 0)
     except BrokenPipeError:  # the reader went away (``| head``): nothing left to tell it
         _silence_stdout()
@@ -144,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         signum = exc.args[0] if isinstance(exc, Interrupted) else signal.SIGINT
-        return interrupted(args.command, signum)
+        return interrupted(getattr(args, "command", None), signum)
     except Exception as exc:
         if debug:
             traceback.print_exc()
@@ -154,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             line = f"{type(exc).__name__}: {line}"
             if not debug:
                 line += " (rerun with --debug for the traceback)"
-        print(f"meshshard {args.command}: error: {line}", file=sys.stderr)
+        who = f"meshshard {args.command}" if args is not None else "meshshard"
+        print(f"{who}: error: {line}", file=sys.stderr)
         return code
     finally:
         for s, handler in saved.items():

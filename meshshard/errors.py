@@ -23,7 +23,7 @@ This module imports nothing: every floor of the house may use it.
 from __future__ import annotations
 
 __all__ = ["DistributedError", "InputError", "LayoutError", "MeshShardError", "NoShardingRuleError",
-           "StoreError"]
+           "StoreError", "is_user_error"]
 
 
 class MeshShardError(Exception):
@@ -50,3 +50,16 @@ class StoreError(MeshShardError, ValueError):
 class DistributedError(MeshShardError, RuntimeError):
     """Cooperating processes (ranks of a process group, worker processes) failed, diverged
     or stalled: the input may be fine, the run was not."""
+
+
+#: the builtins that also mean "the input or the options are wrong" when a library below
+#: meshshard raises them (a path that does not exist, a file it cannot parse)
+USER_ERROR_TYPES: tuple[type[BaseException], ...] = (MeshShardError, ValueError, TypeError,
+                                                     OSError)
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says the input or the options are wrong (the ``meshshard`` command's
+    exit code 2), not that a valid run failed (a :class:`DistributedError`, a crash, memory).
+    """
+    return isinstance(exc, USER_ERROR_TYPES) and not isinstance(exc, DistributedError)

@@ -281,7 +281,7 @@ def _read_weights(path: Path, meta: dict) -> dict[str, torch.Tensor]:
             state = torch.load(wfile, map_location="cpu", weights_only=True)
     except ImportError as exc:
         msg = f"{wfile}: reading safetensors needs the 'safetensors' package " \
-              "(pip install meshshard[safetensors])"
+              "(pip install -e '.[safetensors]')"
         raise ModelFileError(msg) from exc
     except Exception as exc:
         msg = f"{wfile}: unreadable weights ({type(exc).__name__}: {str(exc)[:200]})"

@@ -9,7 +9,11 @@ from typing import Any
 
 from meshshard.commands import CLIError
 
-__all__ = ["check_inference_args", "check_out_dir", "check_out_file"]
+__all__ = ["check_inference_args", "check_out_dir", "check_out_file", "check_run_paths"]
+
+#: what ``predict`` and ``evaluate`` read, for their messages
+RUN_KINDS = ("a run directory (run_<i>/ with boundary_<i>.vtp), a meshshard store "
+             "(run_<i>.zarr) or a physicsnemo-curator store")
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -88,3 +92,15 @@ def check_inference_args(args: Any) -> None:
         msg = f"--max-points-per-chunk {args.max_points_per_chunk} must be >= 1"
         raise CLIError(msg)
     check_out_dir(args.out)
+
+
+def check_run_paths(paths: list[Path], what: str = "RUN") -> None:
+    """Every run ``predict``/``evaluate`` was given exists and is not an empty directory,
+    checked before any rank reads a file (an empty directory is not a misnamed run)."""
+    for p in map(Path, paths):
+        if not p.exists():
+            msg = f"{what} {p}: no such file or directory; give {RUN_KINDS}"
+            raise CLIError(msg)
+        if p.is_dir() and not any(p.iterdir()):
+            msg = f"{what} {p}: is an empty directory; give {RUN_KINDS}"
+            raise CLIError(msg)

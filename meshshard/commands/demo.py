@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from meshshard.apps.demo import run_demo
 from meshshard.commands import CLIError
 from meshshard.commands._checks import check_out_dir
 from meshshard.commands.partition import METHOD_HELP, METHODS
@@ -28,10 +27,15 @@ def run(args: argparse.Namespace) -> int:
     if args.parts % args.ranks:
         msg = f"--ranks {args.ranks} must divide --parts {args.parts}"
         raise CLIError(msg)
-    if args.cells < 100 or args.steps < 1:
-        msg = "--cells must be >= 100 and --steps >= 1"
+    if args.cells < 100:
+        msg = f"--cells {args.cells} must be >= 100"
+        raise CLIError(msg)
+    if args.steps < 1:
+        msg = f"--steps {args.steps} must be >= 1"
         raise CLIError(msg)
     check_out_dir(args.out)  # before generating anything
+    from meshshard.apps.demo import run_demo
+
     summary = run_demo(args.out, cells=args.cells, parts=args.parts, ranks=args.ranks,
                        steps=args.steps, method=args.method, png=not args.no_png)
     return 0 if summary["max_rel_diff"] < 1e-3 else 1

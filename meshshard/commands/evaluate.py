@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from meshshard.apps.evaluate import evaluate_runs, format_table
-from meshshard.commands._checks import check_inference_args
-from meshshard.commands._world import join_world, leave_world
+from meshshard.commands._checks import check_inference_args, check_run_paths
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -45,8 +43,13 @@ def expand(paths: list[str]) -> list:
 
 def run(args: argparse.Namespace) -> int:
     check_inference_args(args)
+    runs = expand(args.runs)
+    check_run_paths(runs)
+    from meshshard.apps.evaluate import evaluate_runs, format_table
+    from meshshard.commands._world import join_world, leave_world
+
     rank, _, mesh = join_world()
-    res = evaluate_runs(expand(args.runs), args.out, checkpoint=args.checkpoint, mesh=mesh,
+    res = evaluate_runs(runs, args.out, checkpoint=args.checkpoint, mesh=mesh,
                         max_points_per_chunk=args.max_points_per_chunk,
                         reference_area=args.reference_area, png=not args.no_png)
     if rank == 0:

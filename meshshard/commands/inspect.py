@@ -23,10 +23,6 @@ from meshshard.commands.partition import (
     parse_targets,
     run_partitioner,
 )
-from meshshard.partition import Partition, knn_graph, partition
-from meshshard.partition.io import MESH_SUFFIXES, load_geometry
-from meshshard.partition.report import format_report, render_png, report
-from meshshard.store.format import store_surfels, verify_store
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -105,8 +101,16 @@ def _format_tree(d: dict, indent: int = 0) -> list[str]:
 def _inspect_store(path: Path, args: argparse.Namespace) -> int:
     """``run_i.zarr``: the pipelines' store summary, then a partition report per stored part
     (surface, volume) on the kNN graph of its cell centres (stores keep no connectivity)."""
+    from meshshard.partition import knn_graph
+    from meshshard.partition.report import format_report, render_png, report
+
     try:  # deferred: a failing store reader becomes this command's one-line error
-        from meshshard.store.format import inspect_store, store_partition
+        from meshshard.store.format import (
+            inspect_store,
+            store_partition,
+            store_surfels,
+            verify_store,
+        )
     except ImportError as exc:
         msg = f"{path}: inspecting zarr stores needs meshshard.store.format ({exc})"
         raise CLIError(msg) from exc
@@ -170,7 +174,30 @@ def _refuse_partition_options(target: Path, args: argparse.Namespace, what: str)
         raise CLIError(msg)
 
 
+def _check_partition_dir(target: Path) -> None:
+    """A directory to inspect is one ``meshshard partition --out`` wrote; anything else (a
+    raw run directory, an empty one) is named for what it is, with what to inspect instead."""
+    if (target / "partition.npz").is_file() or (target / "partition.json").is_file():
+        return  # a partition directory (Partition.load names what is missing or damaged)
+    from meshshard.partition.io import MESH_SUFFIXES
+
+    meshes = sorted(p.name for p in target.iterdir() if p.suffix in MESH_SUFFIXES)
+    if meshes:
+        msg = (f"{target}: a directory of meshes, not one written by `meshshard partition "
+               f"--out`; inspect one of its files (meshshard inspect {target / meshes[0]} "
+               "--parts P), or its store after meshshard preprocess")
+    else:
+        msg = (f"{target}: not a directory written by `meshshard partition --out` (no "
+               "partition.npz); give such a directory, a run_i.zarr store, or a mesh/points "
+               "file with --parts P")
+    raise CLIError(msg)
+
+
 def run(args: argparse.Namespace) -> int:
+    from meshshard.partition import Partition, partition
+    from meshshard.partition.io import MESH_SUFFIXES, load_geometry
+    from meshshard.partition.report import format_report, render_png
+
     target = Path(args.target)
     if args.png:
         check_out_file(args.png)
@@ -185,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         _refuse_partition_options(target, args, "a store")
         return _inspect_store(target, args)
     if target.is_dir():
+        _check_partition_dir(target)
         _refuse_partition_options(target, args, "a partition directory")
     method = args.method or "hilbert"
     enabled = progress_enabled(args.no_progress)

@@ -12,12 +12,6 @@ from typing import Any
 from meshshard.commands import CLIError
 from meshshard.commands._checks import check_out_dir, check_out_file
 from meshshard.commands._progress import Stages, progress_enabled
-from meshshard.partition import Partition, partition
-from meshshard.partition import hypergraph as hg
-from meshshard.partition import kaminpar_part as kp
-from meshshard.partition.cutcount import dual_cut_metrics
-from meshshard.partition.io import load_geometry
-from meshshard.partition.report import format_report, render_png, report
 
 METHODS = ("hilbert", "morton", "rcb", "metis")
 #: ``--method`` help, shared by the commands that partition
@@ -31,8 +25,8 @@ EXTRA_METHODS = ("kaminpar", "hypergraph")
 GRAPH_METHODS = ("metis", *EXTRA_METHODS)
 CLI_METHODS = (*METHODS, *EXTRA_METHODS)
 CLI_METHOD_HELP = METHOD_HELP.replace(
-    "; default:", "; kaminpar (KaMinPar, extra meshshard[kaminpar]); hypergraph (Mt-KaHyPar "
-    "on the refresh hypergraph: fewest ghost rows, extra meshshard[hypergraph]); default:")
+    "; default:", "; kaminpar (KaMinPar; pip install -e '.[kaminpar]'); hypergraph (Mt-KaHyPar "
+    "on the refresh hypergraph: fewest ghost rows; pip install -e '.[hypergraph]'); default:")
 
 
 def graph_method_options(args: argparse.Namespace) -> dict:
@@ -47,6 +41,9 @@ def graph_method_options(args: argparse.Namespace) -> dict:
         return {}
     out: dict = {"seed": getattr(args, "seed", 0)}
     if preset is not None:
+        from meshshard.partition import hypergraph as hg
+        from meshshard.partition import kaminpar_part as kp
+
         if method == "metis":
             msg = "--preset is an option of --method kaminpar or hypergraph, not metis"
             raise CLIError(msg)
@@ -61,6 +58,8 @@ def graph_method_options(args: argparse.Namespace) -> dict:
         if getattr(args, key, None) is not None:
             out[key] = getattr(args, key)
     return out
+
+
 #: ``--metrics auto`` builds the whole dual graph up to this many cells (a few seconds)
 AUTO_FULL_CELLS = 1_000_000
 
@@ -180,6 +179,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from meshshard.partition import Partition, partition
+    from meshshard.partition.io import load_geometry
+    from meshshard.partition.report import format_report, render_png
+
     # everything that can be refused is refused before the expensive work
     out = Path(args.out)
     if out.exists() and not args.force:
@@ -258,12 +261,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``--method`` -> (the package it needs, the extra of meshshard that installs it)
+EXTRA_PACKAGES = {"kaminpar": ("kaminpar", "kaminpar"), "hypergraph": ("mtkahypar", "hypergraph")}
+
+
+def missing_extra(method: str) -> CLIError:
+    """The error for ``--method METHOD`` whose optional package is not installed, in the
+    command's words (meshshard is installed from a checkout, not from the package index)."""
+    pkg, extra = EXTRA_PACKAGES[method]
+    alt = "--method metis --objective vol" if method == "hypergraph" else "--method metis"
+    msg = (f"--method {method} needs the {pkg} package, which is not installed: in the "
+           f"meshshard checkout run `pip install -e '.[{extra}]'` (or `pip install {pkg}`), or "
+           f"use {alt}")
+    return CLIError(msg)
+
+
 def run_partitioner(partition: Any, *args: Any, **kwargs: Any) -> Any:
     """``partition(...)``, with a missing optional partitioner (kaminpar, mtkahypar) as a
     one-line CLI error saying which extra to install."""
     try:
         return partition(*args, **kwargs)
     except ImportError as exc:
+        method = kwargs.get("method")
+        if method in EXTRA_PACKAGES:
+            raise missing_extra(method) from exc
         raise CLIError(str(exc)) from exc
 
 
@@ -287,6 +308,9 @@ def build_report(
     part: Any, geom: Any, graph: Any, weights: Any, mode: str, st: Any, *, auto: bool
 ) -> dict:
     """The report dict for ``--metrics`` ``mode`` (full / cut / none)."""
+    from meshshard.partition.cutcount import dual_cut_metrics
+    from meshshard.partition.report import report
+
     if mode == "full":
         with st.stage("metrics"):
             return report(part, graph=graph, points=geom.points, weights=weights,

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from meshshard.comm.launch import launch
-from meshshard.comm.process import init
+from meshshard.commands import CLIError
 from meshshard.commands._checks import check_out_dir
-from meshshard.commands.partition import METHOD_HELP, METHODS
-from meshshard.datasets import DRIVAERML
-from meshshard.pipelines import RunOptions, preprocess_runs
-from meshshard.pipelines._alloc import tune_allocator
-from meshshard.pipelines.distributed import preprocess_distributed
+from meshshard.commands.partition import METHOD_HELP, METHODS, missing_extra
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -21,9 +18,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", type=int, required=True, help="shards per sample")
     parser.add_argument(
         "--method", default="hilbert", choices=(*METHODS, "hypergraph"),
-        help=METHOD_HELP + "; hypergraph: fewest ghost rows (needs pip install "
-        "meshshard[hypergraph]); with --graph dual, metis and hypergraph cut the surface's "
-        "dual graph",
+        help=METHOD_HELP + "; hypergraph: fewest ghost rows (needs pip install -e "
+        "'.[hypergraph]' in the checkout); with --graph dual, metis and hypergraph cut the "
+        "surface's dual graph",
     )
     parser.add_argument(
         "--workers",
@@ -63,9 +60,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _options(args: argparse.Namespace) -> RunOptions:
-    """The per-run options the flags ask for (checked: a bad value is a ValueError)."""
+def _options(args: argparse.Namespace) -> Any:
+    """The per-run :class:`~meshshard.pipelines.RunOptions` the flags ask for (checked: a bad
+    value is a ValueError)."""
     from dataclasses import replace
+
+    from meshshard.datasets import DRIVAERML
+    from meshshard.pipelines import RunOptions
 
     return RunOptions(
         parts=args.parts,
@@ -86,6 +87,8 @@ def _distributed(args: argparse.Namespace) -> int:
     """``--distributed``: the flags that path does not implement are refused (every rank, exit
     2, before any collective), then all ranks repartition together."""
     import torch.distributed as dist
+
+    from meshshard.pipelines.distributed import preprocess_distributed
 
     unsupported = [flag for flag, on in (
         ("--halo-radius", args.halo_radius is not None),
@@ -117,12 +120,17 @@ def _distributed(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from meshshard.pipelines import preprocess_runs
+    from meshshard.pipelines._alloc import tune_allocator
+
+    _check_flags(args)
     # before any run is read: an unwritable DST is one user error, not one failure per run
     check_out_dir(args.dst, "DST")
     tune_allocator()  # this process is ours: keep freed arrays for reuse (see _alloc)
     if args.distributed:
         return _distributed(args)
 
+    _check_runs(args)
     results = preprocess_runs(
         args.src,
         args.dst,
@@ -142,14 +150,84 @@ def run(args: argparse.Namespace) -> int:
             f"meshshard preprocess{_rank_label()}: {counts['written']} written, "
             f"{counts['skipped']} skipped (up to date), {counts['failed']} failed -> {args.dst}"
         )
-        return 1 if failed else 0
+        return _exit_code(failed)
     world, sums = total
     if _rank() == 0:
         print(
             f"meshshard preprocess: {sums[0]} written, {sums[1]} skipped (up to date), "
             f"{sums[2]} failed over {world} ranks -> {args.dst}"
         )
-    return 1 if failed else 0
+    return _exit_code(failed)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """The numeric flags and a missing optional partitioner, refused in the command's words
+    (``--parts 0``) before the options are made (whose own check speaks Python: ``parts=0``)."""
+    import math
+
+    if args.method == "hypergraph":
+        from meshshard.partition import hypergraph
+
+        if not hypergraph.WITH_MTKAHYPAR:
+            raise missing_extra(args.method)
+
+    for flag, value in (("--parts", args.parts), ("--workers", args.workers),
+                        ("--max-volume-cells", args.max_volume_cells)):
+        if value is not None and value < 1:
+            msg = f"{flag} {value} must be >= 1"
+            raise CLIError(msg)
+    for flag, value in (("--halo-radius", args.halo_radius), ("--u-inf", args.u_inf),
+                        ("--rho", args.rho)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            msg = f"{flag} {value} must be a number > 0"
+            raise CLIError(msg)
+
+
+def _exit_code(failed: list) -> int:
+    """0 when no run failed; 2 when every failure is the input's or the options' fault (a
+    missing or damaged file, a store made with other options); 1 when a run crashed."""
+    if not failed:
+        return 0
+    return 2 if all(r.user_error for r in failed) else 1
+
+
+def _check_runs(args: argparse.Namespace) -> None:
+    """What every run would refuse, said once before any worker starts: a ``--runs`` name
+    that is not a run directory of SRC; a volume (asked for by default) that no run has."""
+    from pathlib import Path
+
+    from meshshard.datasets import DRIVAERML
+    from meshshard.pipelines.preprocess import discover_runs
+
+    src = Path(args.src)
+    if not src.is_dir():
+        return  # preprocess_runs says what SRC is
+    there = discover_runs(src, DRIVAERML)
+    if args.runs:
+        missing = [n for n in args.runs if not (src / n).is_dir()]
+        if missing:
+            held = ", ".join(there[:8]) + (", ..." if len(there) > 8 else "") or "none"
+            msg = (f"--runs {' '.join(missing)}: no such run directory in {src} (runs there: "
+                   f"{held})")
+            raise CLIError(msg)
+    names = args.runs or there
+    if args.surface or args.distributed or not names:
+        return
+    from meshshard.datasets.drivaerml import run_index
+
+    def has_volume(name: str) -> bool:
+        try:
+            i = run_index(src / name, DRIVAERML)
+        except ValueError:
+            return True  # not a run name: preprocess_runs says so
+        return (src / name / DRIVAERML.volume_file.format(i=i)).exists()
+
+    if not any(has_volume(n) for n in names):
+        one = DRIVAERML.volume_file.format(i="<i>")
+        which = "the run" if len(names) == 1 else f"any of the {len(names)} runs"
+        msg = (f"{src}: no {one} in {which}; pass --surface to preprocess the surfaces "
+               "only (a volume is preprocessed by default)")
+        raise CLIError(msg)
 
 
 def _rank() -> int:
@@ -173,6 +251,8 @@ def _total_over_ranks(counts: list[int]) -> tuple[int, list[int]] | None:
         return None
     import torch
     import torch.distributed as dist
+
+    from meshshard.comm.process import init
 
     made = not dist.is_initialized()
     if made:  # a caller's own group is used as it is (its timeouts untouched)

@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema, FieldSpec
+from meshshard.errors import InputError
 from meshshard.io.errors import InputFileError
 from meshshard.io.geometry import (
     cell_centres,
@@ -169,7 +170,8 @@ def run_index(run_dir: str | Path, schema: DatasetSchema = DRIVAERML) -> int:
     if not m:
         msg = (
             f"{run_dir}: run directories must be named {schema.run_prefix}<number> "
-            f"(e.g. {schema.run_prefix}1); rename it or pass a DatasetSchema(run_prefix=...)"
+            f"(e.g. {schema.run_prefix}1); rename it (from Python, a dataset named otherwise "
+            "takes a DatasetSchema(run_prefix=...))"
         )
         raise ValueError(msg)
     return int(m.group(1))
@@ -189,9 +191,29 @@ def _corrupt(path: Path, exc: BaseException, vtk_said: str = "") -> InputFileErr
     return InputFileError(msg, path)
 
 
+#: the values ``MESHSHARD_READER`` takes (unset or empty: ``auto``)
+READER_MODES = ("auto", "vtk")
+
+
+def reader_mode() -> str:
+    """``MESHSHARD_READER``: ``"auto"`` (meshshard's XML reader first) or ``"vtk"``.
+
+    Raises
+    ------
+    InputError
+        Any other value (``VTK``, a typo): a setting that would be ignored is refused.
+    """
+    value = os.environ.get(READER_ENV, "").strip()
+    if value in ("", *READER_MODES):
+        return value or "auto"
+    msg = (f"{READER_ENV}={value!r} is not one of {', '.join(READER_MODES)} (lower case); "
+           f"set {READER_ENV}=vtk to read every file with VTK, or unset it")
+    raise InputError(msg)
+
+
 def _own_reader(path: Path, suffixes) -> bool:
     """Whether ``path`` goes to meshshard's XML reader first (not with MESHSHARD_READER=vtk)."""
-    return path.suffix.lower() in suffixes and os.environ.get(READER_ENV, "auto") != "vtk"
+    return path.suffix.lower() in suffixes and reader_mode() != "vtk"
 
 
 def _require_cells(path: Path, mesh) -> None:

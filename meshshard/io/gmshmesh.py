@@ -134,7 +134,7 @@ def tet_volume(
     Raises
     ------
     ImportError
-        gmsh is not installed (``pip install meshshard[mesh]``).
+        gmsh is not installed (``pip install -e '.[mesh]'``).
     ValueError
         ``cells`` < 1000.
 
@@ -149,7 +149,7 @@ def tet_volume(
     try:
         import gmsh  # noqa: F401
     except ImportError as exc:
-        msg = "tet_volume needs gmsh: pip install 'meshshard[mesh]' (or pip install gmsh)"
+        msg = "tet_volume needs gmsh: pip install -e '.[mesh]' (or pip install gmsh)"
         raise ImportError(msg) from exc
     paths = None
     if cache_dir is not None:

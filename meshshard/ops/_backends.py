@@ -18,8 +18,8 @@ def require_cluster():
     if not WITH_CLUSTER:
         msg = (
             "backend='cluster' needs torch_cluster, which is not installed; "
-            "run `pip install meshshard[cluster]` (it compiles from source, ~30 min on CPU) "
-            "or use backend='kdtree' / 'brute' / 'auto'"
+            "in the meshshard checkout run `pip install -e '.[cluster]'` (it compiles from "
+            "source, ~30 min on CPU) or use backend='kdtree' / 'brute' / 'auto'"
         )
         raise ImportError(msg)
     return _torch_cluster

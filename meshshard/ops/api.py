@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from meshshard.errors import InputError
 from meshshard.ops import functional as F
 from meshshard.ops import halo as H
 from meshshard.partition.record import HaloPlan
@@ -74,6 +75,23 @@ def _layout(st, name: str, op: str):
         raise ValueError(msg)
     mesh = st.device_mesh
     return st.to_local(), mesh, pl, md, st.sharding_sizes(md), mesh.get_group(md)
+
+
+def _plain_group(group: dist.ProcessGroup | None, op: str) -> dist.ProcessGroup | None:
+    """``group`` for plain local tensors, checked: with no group given, the default one must
+    exist (otherwise torch's "Default process group has not been initialized" would be the
+    whole message)."""
+    if group is not None or (dist.is_available() and dist.is_initialized()):
+        return group
+    msg = (
+        f"ops.{op} on plain tensors runs over a process group, and none is initialised: call "
+        "meshshard.comm.init() first (under torchrun each rank joins the job; in a plain "
+        "python process it makes a world of one), or pass group="
+    )
+    if op in ("knn", "knn_graph"):
+        msg += ("; on one process without torch.distributed, meshshard.ops.kernels.knn(x, y, k) "
+                "is the local search (squared distances)")
+    raise InputError(msg)
 
 
 def _one_class(op: str, *ts: Any) -> None:
@@ -171,7 +189,7 @@ def knn(
         k,
         yl,
         loop=loop,
-        group=g if out else group,
+        group=g if out else _plain_group(group, "knn"),
         x_sizes=xs,
         backend=backend,
         nboxes=nboxes,
@@ -225,7 +243,7 @@ def radius(
         max_num_neighbors=max_num_neighbors,
         loop=loop,
         format=format,
-        group=g if out else group,
+        group=g if out else _plain_group(group, "radius"),
         backend=backend,
         nboxes=nboxes,
         stats=stats,
@@ -267,7 +285,8 @@ def knn_graph(
     Collective: every rank of the mesh must call this.
     """
     xl, _, g, out, _ = _pair(x, None, "knn_graph")
-    e = F.knn_graph(xl, k, loop, flow, group=g if out else group, backend=backend, nboxes=nboxes)
+    g = g if out else _plain_group(group, "knn_graph")
+    e = F.knn_graph(xl, k, loop, flow, group=g, backend=backend, nboxes=nboxes)
     return _graph_out(e, out)
 
 
@@ -295,7 +314,7 @@ def radius_graph(
         loop,
         max_num_neighbors,
         flow,
-        group=g if out else group,
+        group=g if out else _plain_group(group, "radius_graph"),
         backend=backend,
         nboxes=nboxes,
     )
@@ -310,7 +329,7 @@ def halo_exchange(features, plan: HaloPlan, *, group: dist.ProcessGroup | None =
     summed at their owners. Collective.
     """
     if not _is_st(features):
-        return H.halo_exchange(features, plan, group=group)
+        return H.halo_exchange(features, plan, group=_plain_group(group, "halo_exchange"))
     fl, mesh, pl, _, sizes, g = _layout(features, "features", "halo_exchange")
     out = H.halo_exchange(fl, plan, group=g)
     halo = plan.halo_sizes() if plan.nparts == len(sizes) else [0] * len(sizes)
@@ -327,6 +346,7 @@ def gather_neighbors(
     (the result is a local Tensor). Differentiable; collective.
     """
     if not _is_st(features):
+        group = _plain_group(group, "gather_neighbors")
         return H.gather_neighbors(features, index, group=group, sizes=sizes)
     _one_class("gather_neighbors", features, index)
     fl, mesh, _, _, fs, g = _layout(features, "features", "gather_neighbors")
@@ -378,4 +398,5 @@ def scatter_to_owners(
     if sizes is None:
         msg = "scatter_to_owners: pass sizes= (every rank's destination row count) for Tensors"
         raise ValueError(msg)
+    group = _plain_group(group, "scatter_to_owners")
     return H.scatter_to_owners(values, index, reduce, sizes=sizes, group=group)

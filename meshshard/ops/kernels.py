@@ -20,7 +20,7 @@ Backends
               on one node (torchrun sets ``OMP_NUM_THREADS``) do not each start one thread per
               core.
 ``"brute"``   tiled torch brute force on the tensors' device (CPU or GPU).
-``"cluster"`` ``torch_cluster`` when installed (``pip install meshshard[cluster]``).
+``"cluster"`` ``torch_cluster`` when installed (``pip install -e '.[cluster]'``).
 ``"auto"``    ``"kdtree"`` on CPU; on GPU ``"cluster"`` when installed, else ``"brute"``.
 """
 

@@ -72,9 +72,9 @@ def partition(
     method : {"hilbert", "morton", "rcb", "metis"} or a registered name
         ``"metis"`` takes ``graph=`` (scipy.sparse adjacency, e.g. from :func:`dual_graph`)
         or builds a symmetric kNN graph (``knn=8``) of the points; ``"kaminpar"`` takes the
-        same graphs (optional: ``pip install meshshard[kaminpar]``; ``preset``, ``epsilon``);
+        same graphs (optional: ``pip install -e '.[kaminpar]'``; ``preset``, ``epsilon``);
         ``"hypergraph"`` minimises the ghost rows of a ``rings``-deep refresh exactly, with
-        Mt-KaHyPar on the same graphs (optional: ``pip install meshshard[hypergraph]``;
+        Mt-KaHyPar on the same graphs (optional: ``pip install -e '.[hypergraph]'``;
         ``preset``, ``epsilon``, ``rings``, ``init``, ``vcycles``).
     weights : array of shape (N,), optional
         Non-negative per-point work to balance.

@@ -1,5 +1,5 @@
 """Hypergraph partitioning on the connectivity objective with Mt-KaHyPar (optional backend,
-``pip install meshshard[hypergraph]``).
+``pip install -e '.[hypergraph]'``).
 
 Why: a halo refresh moves the *ghost rows*, the distinct (shard, outside row) pairs, not the cut
 edges. Give every vertex ``v`` one net holding ``v`` and every vertex within ``rings`` hops of it.
@@ -71,8 +71,9 @@ def require_mtkahypar() -> Any:
     """Return the ``mtkahypar`` module or raise an ImportError saying how to get it."""
     if not WITH_MTKAHYPAR:
         msg = (
-            "method='hypergraph' needs the mtkahypar package, which is not installed; run "
-            "`pip install meshshard[hypergraph]` (or `pip install mtkahypar`), or use "
+            "method='hypergraph' needs the mtkahypar package, which is not installed; in the "
+            "meshshard checkout run "
+            "`pip install -e '.[hypergraph]'` (or `pip install mtkahypar`), or use "
             "method='metis' with objective='vol'"
         )
         raise ImportError(msg)
@@ -263,7 +264,7 @@ def hypergraph(points: Any, parts: int, *, weights: Any = None, targets: Any = N
     Raises
     ------
     ImportError
-        mtkahypar is not installed (``pip install meshshard[hypergraph]``).
+        mtkahypar is not installed (``pip install -e '.[hypergraph]'``).
     ValueError
         Bad graph, sizes, weights or targets; an unknown ``preset`` or ``init``; ``epsilon``
         outside (0, 1); ``threads``/``rings`` < 1, ``seed``/``vcycles`` < 0, ``tries`` < 1;

@@ -1,4 +1,4 @@
-"""KaMinPar graph partitioning (optional backend, ``pip install meshshard[kaminpar]``).
+"""KaMinPar graph partitioning (optional backend, ``pip install -e '.[kaminpar]'``).
 
 Same inputs as :func:`meshshard.partition.graphpart.metis`: a symmetric CSR graph (e.g. the
 mesh :func:`dual_graph`) or a kNN graph of the points, ``parts``, weights, targets. KaMinPar's
@@ -54,8 +54,9 @@ def require_kaminpar():
     """Return the ``kaminpar`` module or raise an ImportError saying how to get it."""
     if not WITH_KAMINPAR:
         msg = (
-            "method='kaminpar' needs the kaminpar package, which is not installed; run "
-            "`pip install meshshard[kaminpar]` (or `pip install kaminpar`), or use method='metis'"
+            "method='kaminpar' needs the kaminpar package, which is not installed; in the "
+            "meshshard checkout run `pip install -e '.[kaminpar]'` (or `pip install kaminpar`), "
+            "or use method='metis'"
         )
         raise ImportError(msg)
     return _kaminpar
@@ -186,7 +187,7 @@ def kaminpar(points: Any, parts: int, *, weights: Any = None, targets: Any = Non
     Raises
     ------
     ImportError
-        kaminpar is not installed (``pip install meshshard[kaminpar]``).
+        kaminpar is not installed (``pip install -e '.[kaminpar]'``).
     ValueError
         Asymmetric or self-looped graph, mismatched sizes, bad weights/targets, an unknown
         ``preset``, ``epsilon`` outside (0, 1), ``threads`` < 1, ``seed`` < 0, ``refine``

@@ -32,7 +32,7 @@ class RunOptions:
     parts : int
         Shards per sample (>= 1).
     method : {"hilbert", "morton", "rcb", "metis", "hypergraph"}
-        Partition method; ``"hypergraph"`` needs ``pip install meshshard[hypergraph]``.
+        Partition method; ``"hypergraph"`` needs ``pip install -e '.[hypergraph]'``.
     surface, volume : bool
         Which parts of the run to store (at least one).
     halo_radius : float, optional

@@ -39,9 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from meshshard.comm.launch import launch
-from meshshard.datasets.drivaerml import file_fingerprint, read_run, run_index
+from meshshard.datasets.drivaerml import file_fingerprint, read_run, reader_mode, run_index
 from meshshard.datasets.graphstore import surface_dual_adjacency, write_graph
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
+from meshshard.errors import is_user_error
 from meshshard.io.vtkxml import THREADS_ENV, usable_cpus
 from meshshard.partition import halo_plan_radius, partition
 from meshshard.pipelines._alloc import tune_allocator
@@ -76,6 +77,9 @@ class RunResult:
     path: str
     seconds: float
     message: str = ""
+    #: a failure because the input or the options are wrong (a missing or damaged file, a
+    #: store made with other options), not a crash (:func:`meshshard.errors.is_user_error`)
+    user_error: bool = False
     #: seconds per stage ("fingerprint", "read", "partition", "halo", "write")
     timings: dict = field(default_factory=dict)
 
@@ -117,6 +121,13 @@ def _no_runs_message(src: Path, schema: DatasetSchema) -> str:
     held = "it is empty" if not entries else "it holds " + ", ".join(entries[:8])
     held += ", ..." if len(entries) > 8 else ""
     return f"no runs to preprocess: looked for {want} directly under {where}; {held}"
+
+
+def _missing_runs_message(src: Path, missing: list[str], schema: DatasetSchema) -> str:
+    """Which of the runs asked for are not directories under ``src``, and which are."""
+    there = discover_runs(src, schema) if src.is_dir() else []
+    held = ", ".join(there[:8]) + (", ..." if len(there) > 8 else "") if there else "none"
+    return (f"{src}: no run directory {', '.join(missing)} (runs there: {held})")
 
 
 def _safe_child(root: Path, name: str, what: str) -> Path:
@@ -259,8 +270,9 @@ def _write_run(run_dir: Path, dst: Path, out: Path, opts: RunOptions) -> RunResu
                 kw["objective"] = "vol"
         if d.centers.shape[0] < parts:
             msg = (
-                f"{run_dir}: the {part} has {d.centers.shape[0]} cells, fewer than parts={parts}: "
-                f"every shard needs a cell; use at most {d.centers.shape[0]} parts"
+                f"{run_dir}: the {part} has {d.centers.shape[0]} cells, fewer than the {parts} "
+                f"parts asked for: every shard needs a cell; use at most {d.centers.shape[0]} "
+                "parts"
             )
             raise ValueError(msg)
         partitions[part] = partition(d.centers, parts, method=method, **kw)
@@ -301,13 +313,14 @@ def _safe_process(run_dir: str, dst: str, opts: RunOptions, hooks: bool = False)
         if hooks:
             _test_hooks(Path(run_dir).name)
         return _process(run_dir, dst, opts)
-    except Exception as exc:  # reported per run; the other runs go on
-        log.error("%s: failed: %s", run_dir, exc)
+    except Exception as exc:  # reported per run, in the result; the other runs go on
+        log.debug("%s: failed", run_dir, exc_info=True)
         text = str(exc) or ("out of memory" if isinstance(exc, MemoryError) else "no message")
         msg = f"{type(exc).__name__}: {text}"
         if isinstance(exc, MemoryError) and run_dir not in text:
             msg += f" (while preprocessing {run_dir})"
-        return RunResult(Path(run_dir).name, "failed", "", time.perf_counter() - t0, msg)
+        return RunResult(Path(run_dir).name, "failed", "", time.perf_counter() - t0, msg,
+                         user_error=is_user_error(exc))
 
 
 #: this worker's address-space budget (bytes beyond what it maps; None: no cap), set by
@@ -482,10 +495,12 @@ def preprocess_runs(
     ------
     FileNotFoundError
         ``src`` is missing, or holds no run directories (the message says what was looked
-        for and notices a run directory passed in place of its parent).
+        for and notices a run directory passed in place of its parent), or a name in ``runs``
+        is not a directory under it; before any worker starts.
     ValueError, TypeError
-        Bad options (see :class:`~meshshard.pipelines.options.RunOptions`), before any worker
-        starts, not once per run inside each.
+        Bad options (see :class:`~meshshard.pipelines.options.RunOptions`) or a
+        ``MESHSHARD_READER`` other than ``auto``/``vtk``, before any worker starts, not once
+        per run inside each.
     """
     opts = RunOptions.from_call("preprocess_runs", options, keywords)
     schema = opts.schema
@@ -496,12 +511,16 @@ def preprocess_runs(
     if not isolate and workers != 1:
         msg = f"isolate=False runs in this process: workers={workers} must be 1"
         raise ValueError(msg)
+    reader_mode()  # a MESHSHARD_READER that would be ignored: refused before any run
     names = list(runs) if runs is not None else discover_runs(src, schema)
     if runs is None and not names:
         raise FileNotFoundError(_no_runs_message(src, schema))
     dirs = [_safe_child(src, n, "run") for n in names]
     for n in names:
         _safe_child(dst, f"{n}.zarr", "run")
+    missing = [d.name for d in dirs if not d.is_dir()]
+    if missing:  # before any worker starts
+        raise FileNotFoundError(_missing_runs_message(src, missing, schema))
     created = not dst.exists()  # removed again if nothing is written into it
     job = launch()
     rank = job.rank if rank is None else rank

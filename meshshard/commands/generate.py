@@ -1,0 +1,76 @@
+"""`meshshard generate RAW --runs N`: synthetic DrivaerML-like runs to try every command on.
+
+Writes ``RAW/run_<i>/boundary_<i>.vtp`` (surface cells with ``pMeanTrim`` and
+``wallShearStressMeanTrim``), optionally ``volume_<i>.vtu``, and ``drivaer_<i>.stl``: the files
+and arrays of a DrivaerML run, so ``meshshard preprocess drivaerml RAW STORES`` reads them as it
+reads the real dataset. The generator is :mod:`meshshard.datasets.synthetic`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from meshshard.commands import CLIError
+from meshshard.commands._checks import check_out_dir
+
+#: fewest surface cells the generator's car body is made of
+MIN_CELLS = 100
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out", metavar="RAW", help="directory the run_<i>/ directories go to")
+    parser.add_argument("--runs", type=int, default=4, help="how many runs (%(default)s)")
+    parser.add_argument("--cells", type=int, default=50_000,
+                        help="surface cells per run, about (%(default)s; DrivaerML: ~8.8M)")
+    parser.add_argument("--volume-cells", type=int, default=0,
+                        help="volume cells per run, about (default 0: no volume_<i>.vtu; "
+                             "give one to train on the volume)")
+    parser.add_argument("--first", type=int, default=1,
+                        help="number of the first run (run_<first>, run_<first+1>, ...)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed; run i uses seed + i, so the same seed writes the same runs")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace runs that exist (refused otherwise)")
+
+
+def check_args(args: argparse.Namespace) -> list[int]:
+    """The run numbers to write, after every option is checked (nothing written yet)."""
+    if args.runs < 1:
+        msg = f"--runs {args.runs} must be >= 1"
+        raise CLIError(msg)
+    if args.cells < MIN_CELLS:
+        msg = f"--cells {args.cells} must be >= {MIN_CELLS}"
+        raise CLIError(msg)
+    if args.volume_cells < 0:
+        msg = f"--volume-cells {args.volume_cells} must be >= 0 (0: no volume)"
+        raise CLIError(msg)
+    if args.first < 0:
+        msg = f"--first {args.first} must be >= 0"
+        raise CLIError(msg)
+    check_out_dir(args.out, "RAW")
+    numbers = list(range(args.first, args.first + args.runs))
+    there = [f"run_{i}" for i in numbers if (Path(args.out) / f"run_{i}").exists()]
+    if there and not args.overwrite:
+        msg = (f"{args.out}: {', '.join(there[:3])}{' ...' if len(there) > 3 else ''} "
+               "exist already; pass --overwrite to replace them, or --first N to add runs "
+               "after them")
+        raise CLIError(msg)
+    return numbers
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    numbers = check_args(args)
+    from meshshard.datasets.synthetic import make_synthetic_run
+
+    t0 = time.perf_counter()
+    for i in numbers:
+        r = make_synthetic_run(args.out, index=i, surface_cells=args.cells,
+                               volume_cells=args.volume_cells, seed=args.seed + i)
+        extra = f", {r.volume_cells:,} volume cells" if r.volume_cells else ""
+        print(f"  {r.run_dir}: {r.surface_cells:,} surface cells{extra}", flush=True)
+    print(f"meshshard generate: {len(numbers)} run(s) in {time.perf_counter() - t0:.1f} s "
+          f"-> {args.out}")
+    return 0
