@@ -36,8 +36,11 @@ $(BIN)/.docs-installed: $(BIN)/.installed pyproject.toml
 docs: $(BIN)/.docs-installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict  # not --quiet: with it mkdocs 1.6 ignores --strict
 
+# DEMO_ARGS: options of `meshshard demo` (e.g. DEMO_ARGS="--cells 2000 --steps 3")
+DEMO_ARGS ?=
+
 demo: venv
-	$(BIN)/meshshard demo
+	$(BIN)/meshshard demo $(DEMO_ARGS)
 
 # quick sizes; docs/benchmarks.md lists the full-size commands
 bench: venv
