@@ -42,3 +42,34 @@ def test_the_readme_leads_to_every_user_guide_page():
     assert (DOCS / "index.md").resolve() in readme
     guide = {p.resolve() for p in (DOCS / "guide").glob("*.md")}
     assert sorted(str(p) for p in guide - readme) == [], "guide pages not linked from README"
+
+
+def test_every_command_is_listed_where_a_newcomer_looks():
+    """README, the manual's home and the command's page list every ``meshshard`` command."""
+    from meshshard.cli import _COMMANDS
+
+    for page in (ROOT / "README.md", DOCS / "index.md", DOCS / "guide" / "cli.md"):
+        text = page.read_text()
+        missing = [c for c in _COMMANDS
+                   if not re.search(rf"`{c}`|meshshard {c}\b|\| {c}\b| {c}`", text)]
+        assert not missing, f"{page.name} does not list {missing}"
+
+
+#: development notes that do not belong in a user's page
+_DEV_NOTES = ("no time left", "this session", "ran out of time", "next session", "TODO")
+
+
+def test_user_pages_hold_no_development_notes():
+    """(The design pages under docs/design/ keep their dated history.)"""
+    pages = [ROOT / "README.md", *(p for p in DOCS.rglob("*.md") if "design" not in p.parts)]
+    found = [f"{p.relative_to(ROOT)}: {n!r}" for p in pages for n in _DEV_NOTES
+             if n in p.read_text()]
+    assert not found, found
+
+
+def test_the_cli_page_examples_do_not_write_over_each_other():
+    """Run in order, the command page's first block works: no two ``partition`` lines write
+    the same ``--out`` (the second would be refused without --force)."""
+    block = re.search(r"```bash\n(.*?)```", (DOCS / "guide" / "cli.md").read_text(), re.S)
+    outs = re.findall(r"meshshard partition .*?--out (\S+)", block.group(1))
+    assert len(outs) >= 2 and len(outs) == len(set(outs)), outs
