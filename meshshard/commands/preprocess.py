@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 
 from meshshard.comm.launch import launch
-from meshshard.comm.process import init
 from meshshard.commands._checks import check_out_dir
 from meshshard.commands.partition import METHOD_HELP, METHODS
 from meshshard.datasets import DRIVAERML
 from meshshard.pipelines import RunOptions, preprocess_runs
 from meshshard.pipelines._alloc import tune_allocator
-from meshshard.pipelines.distributed import preprocess_distributed
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +84,8 @@ def _distributed(args: argparse.Namespace) -> int:
     """``--distributed``: the flags that path does not implement are refused (every rank, exit
     2, before any collective), then all ranks repartition together."""
     import torch.distributed as dist
+
+    from meshshard.pipelines.distributed import preprocess_distributed
 
     unsupported = [flag for flag, on in (
         ("--halo-radius", args.halo_radius is not None),
@@ -173,6 +173,8 @@ def _total_over_ranks(counts: list[int]) -> tuple[int, list[int]] | None:
         return None
     import torch
     import torch.distributed as dist
+
+    from meshshard.comm.process import init
 
     made = not dist.is_initialized()
     if made:  # a caller's own group is used as it is (its timeouts untouched)

@@ -40,7 +40,6 @@ from typing import Any
 
 from meshshard.comm.launch import launch
 from meshshard.datasets.drivaerml import file_fingerprint, read_run, run_index
-from meshshard.datasets.graphstore import surface_dual_adjacency, write_graph
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.io.vtkxml import THREADS_ENV, usable_cpus
 from meshshard.partition import halo_plan_radius, partition
@@ -254,6 +253,8 @@ def _write_run(run_dir: Path, dst: Path, out: Path, opts: RunOptions) -> RunResu
             # a GNN's ghost rows are the dual graph's communication volume: cut that graph,
             # for that objective (METIS on a kNN graph of the centres moves up to 1.6x more;
             # the hypergraph method minimises exactly those ghost rows)
+            from meshshard.datasets.graphstore import surface_dual_adjacency  # imports torch
+
             dual_edges, kw["graph"] = surface_dual_adjacency(run_dir, d.source_index, schema)
             if method == "metis":
                 kw["objective"] = "vol"
@@ -282,6 +283,8 @@ def _write_run(run_dir: Path, dst: Path, out: Path, opts: RunOptions) -> RunResu
             compressor=opts.compressor,
         )
         if graph is not None:
+            from meshshard.datasets.graphstore import write_graph  # imports torch
+
             write_graph(tmp, run_dir, partitions.get("surface"), data, graph, schema=schema,
                         edges=dual_edges)  # fmt: skip
     except BaseException:
