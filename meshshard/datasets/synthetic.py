@@ -13,7 +13,7 @@ are computed from the shape (its normals, its ride height), so drag and lift cha
   flow, on the roof), blended to a base pressure in the wake, with more suction under a lower
   car; wall shear stress along the surface-projected free stream (tangential by construction).
   Drag grows with a blunter nose or tail, a taller body and a higher ride height, and falls
-  with length (C_d about 0.02-0.45 over :data:`MORPH_RANGES`, 0.15 for the baseline car);
+  with length (C_d about 0.1-0.45 over :data:`MORPH_RANGES`, 0.15 for the baseline car);
 - a volume of hexahedra (wedges at the two ends) extruded from a coarser body mesh along the
   vertex normals with geometric grading, so cells crowd into a boundary layer; velocity with a
   no-slip wall damping, Bernoulli pressure, and an eddy viscosity that peaks near the wall.
@@ -47,10 +47,10 @@ MORPH_RANGES: dict[str, tuple[float, float]] = {
     "width": (0.92, 1.08),
     "height": (0.9, 1.1),
     "ride_height": (0.08, 0.18),
-    "nose": (0.25, 0.6),
+    "nose": (0.25, 0.5),
     "tail": (0.2, 0.6),
     "boat_tail": (0.0, 0.3),
-    "cabin": (0.3, 0.6),
+    "cabin": (0.3, 0.55),
 }
 
 
