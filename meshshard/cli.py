@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from meshshard.commands import CLIError as CLIError  # re-exported: the commands' user error
 from meshshard.errors import DistributedError, MeshShardError
+from meshshard.logs import quiet_library_loggers
 
 _COMMANDS = {
     "partition": "cut a mesh or point cloud into shards and write the Partition",
@@ -134,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if debug else logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    quiet_library_loggers()  # --debug: meshshard's lines, not every codec registration
     saved = _on_interrupt_raise()
     try:
         return int(args._module.run(args) or 0)

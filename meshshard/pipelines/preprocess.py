@@ -42,6 +42,7 @@ from meshshard.comm.launch import launch
 from meshshard.datasets.drivaerml import file_fingerprint, read_run, run_index
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.io.vtkxml import THREADS_ENV, usable_cpus
+from meshshard.logs import quiet_library_loggers
 from meshshard.partition import halo_plan_radius, partition
 from meshshard.pipelines._alloc import tune_allocator
 from meshshard.pipelines._memcap import MEMORY_ENV, apply_cap, worker_budget
@@ -409,6 +410,7 @@ def _init_worker(
         logging.basicConfig(level=level, format=fmt)
     else:
         logging.getLogger().setLevel(level)
+    quiet_library_loggers()
     tune_allocator()
     os.environ[THREADS_ENV] = str(threads)
     try:  # numcodecs guards Blosc with a multiprocessing.Lock: a named semaphore that a crashed
