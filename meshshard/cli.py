@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 from meshshard.commands import CLIError as CLIError  # re-exported: the commands' user error
 from meshshard.errors import USER_ERROR_TYPES, is_user_error
+from meshshard.logs import quiet_library_loggers
 
 _COMMANDS = {
     "generate": "write synthetic DrivaerML-like runs (varied cars) into a RAW directory",
@@ -144,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=logging.DEBUG if debug else logging.INFO if args.verbose else logging.WARNING,
             format="%(levelname)s %(name)s: %(message)s",
         )
+        quiet_library_loggers()  # --debug: meshshard's lines, not every codec registration
         return int(args._module.run(args) or 0)
     except BrokenPipeError:  # the reader went away (``| head``): nothing left to tell it
         _silence_stdout()

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.apps.figures import evaluate_png, r_squared
+from meshshard.apps.figures import evaluate_png, r2_caveat, r_squared
 from meshshard.apps.forces import PRESSURE, WALL_SHEAR, field_errors, force_coefficients
 from meshshard.apps.inputs import read_surface_rows
 from meshshard.apps.model_file import ModelFileError, load_model
@@ -124,35 +124,70 @@ def _fmt(v: float, spec: str = ".4f") -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
+#: short names of the usual fields in the table's header (the legend under it spells them out)
+_SHORT = {"pMeanTrim": "p", "wallShearStressMeanTrim": "wss", "UMeanTrim": "U",
+          "nutMeanTrim": "nut", "CpMeanTrim": "Cp"}
+
+
+def _short(field: str) -> str:
+    """``pMeanTrim`` -> ``p``, ``volume:UMeanTrim`` -> ``vol U``; other names unchanged."""
+    part, _, name = field.rpartition(":")
+    short = _SHORT.get(name, name)
+    return f"vol {short}" if part == "volume" else (f"{part}:{short}" if part else short)
+
+
+def _count(n: int) -> str:
+    """``49,952``; ``8.81M`` from a million up (the table stays narrow)."""
+    return f"{n:,}" if n < 1_000_000 else f"{n / 1e6:.3g}M"
+
+
 def format_table(result: dict[str, Any]) -> str:
-    """The text table of :func:`evaluate_runs`' result."""
+    """The text table of :func:`evaluate_runs`' result, at most about 100 columns wide: each
+    field's relative L2 error under a short name, drag and lift true / predicted / their
+    difference, a legend, the summary over the runs and, where R^2 cannot say much, one line
+    saying why."""
     rows = result["runs"]
     fields = sorted({k for r in rows for k in r["rel_l2"]})
     vol = any("volume_cells" in r for r in rows)
-    head = ["run", "cells"] + (["volume cells"] if vol else []) + [f"L2 {f}" for f in fields] + [
-        "Cd true", "Cd pred", "dCd", "Cl true", "Cl pred", "dCl"]
+    head = ["run", "cells"] + (["vol cells"] if vol else []) + [_short(f) for f in fields] + [
+        "Cd", "pred", "dCd", "Cl", "pred", "dCl"]
     body = []
     for r in rows:
-        cells = [f"{r['cells']:,}" if r["cells"] else "-"]
+        cells = [_count(r["cells"]) if r["cells"] else "-"]
         if vol:
-            cells.append(f"{r['volume_cells']:,}" if "volume_cells" in r else "-")
-        body.append([r["run"], *cells] + [_fmt(r["rel_l2"].get(f), ".4f")
-                                          for f in fields] + [
-            _fmt(r["cd_true"]), _fmt(r["cd_pred"]), _fmt(r["cd_pred"] - r["cd_true"], "+.4f"),
-            _fmt(r["cl_true"]), _fmt(r["cl_pred"]), _fmt(r["cl_pred"] - r["cl_true"], "+.4f")])
+            cells.append(_count(r["volume_cells"]) if "volume_cells" in r else "-")
+        body.append([r["run"], *cells] + [_fmt(r["rel_l2"].get(f), ".3f") for f in fields] + [
+            _fmt(r["cd_true"], ".3f"), _fmt(r["cd_pred"], ".3f"),
+            _fmt(r["cd_pred"] - r["cd_true"], "+.3f"), _fmt(r["cl_true"], ".3f"),
+            _fmt(r["cl_pred"], ".3f"), _fmt(r["cl_pred"] - r["cl_true"], "+.3f")])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    line = "  ".join(h.rjust(w) for h, w in zip(head, widths))
+    line = " ".join(h.rjust(w) for h, w in zip(head, widths))
     out = [f"model: {result['model'] or 'none (truth against truth)'}", line, "-" * len(line)]
-    out += ["  ".join(c.rjust(w) for c, w in zip(b, widths)) for b in body]
+    out += [" ".join(c.rjust(w) for c, w in zip(b, widths)) for b in body]
     s = result["summary"]
     out.append("-" * len(line))
     out.append(f"R^2 drag {_fmt(s['r2_cd'])}   R^2 lift {_fmt(s['r2_cl'])}   mean |dCd| "
-               f"{_fmt(s['mean_abs_dcd'])}   " + "   ".join(
-                   f"mean L2 {f} {_fmt(v)}" for f, v in s["mean_rel_l2"].items()))
-    if len(rows) < 3:
-        out.append(f"(R^2 measures the spread of drag across runs: over {len(rows)} run(s) it "
-                   "says little)")
+               f"{_fmt(s['mean_abs_dcd'])}")
+    out += _wrap("mean L2:", [f"{_short(f)} {_fmt(v)}" for f, v in s["mean_rel_l2"].items()])
+    legend = [f"{_short(f)} = {f}" for f in fields if _short(f) != f]
+    out += _wrap("relative L2 errors of", legend)
+    out.append("Cd, Cl: true drag and lift coefficients; pred: predicted; dCd, dCl: pred - true")
+    caveat = r2_caveat([r["cd_pred"] for r in rows], [r["cd_true"] for r in rows])
+    if caveat:
+        out.append(f"({caveat})")
     return "\n".join(out)
+
+
+def _wrap(first: str, items: list[str], width: int = 100) -> list[str]:
+    """``first`` then ``items`` joined by two spaces, in lines of at most ``width``."""
+    lines, cur = [], first
+    for item in items:
+        if len(cur) + 2 + len(item) > width:
+            lines.append(cur)
+            cur = "  " + item
+        else:
+            cur += "  " + item
+    return [*lines, cur]
 
 
 def _checkpoints(checkpoint: Any) -> list:

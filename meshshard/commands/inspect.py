@@ -150,13 +150,28 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2, sort_keys=True, default=str))
         return 0
     print(f"meshshard store report: {path}")
+    verdict = _verdict(path, summary.pop("verified", None))
+    if verdict:
+        print(verdict)
     print("\n".join(_format_tree(summary, 1)))
     for name in ("surface", "volume"):
         if name in out:
             print(format_report(out[name]))
     if args.png:
         print(f"wrote {args.png} ({shown[3]} shards)")
+    if verdict:  # the report is long: the verdict again where the eye lands
+        print(verdict)
     return 0
+
+
+def _verdict(path: Path, verified: dict | None) -> str | None:
+    """``--verify``'s verdict in one line (a damaged store never gets here: it fails with a
+    one-line error naming the damage)."""
+    if verified is None:
+        return None
+    return (f"VERIFIED OK: {path}: {verified['arrays']} arrays, {verified['chunk_files']} chunk "
+            f"files, {verified['bytes'] / 2**20:.1f} MiB; every checksum matches the record "
+            "written when the store was finished")
 
 
 def _refuse_partition_options(target: Path, args: argparse.Namespace, what: str) -> None:

@@ -40,10 +40,10 @@ from typing import Any
 
 from meshshard.comm.launch import launch
 from meshshard.datasets.drivaerml import file_fingerprint, read_run, reader_mode, run_index
-from meshshard.datasets.graphstore import surface_dual_adjacency, write_graph
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.errors import is_user_error
 from meshshard.io.vtkxml import THREADS_ENV, usable_cpus
+from meshshard.logs import quiet_library_loggers
 from meshshard.partition import halo_plan_radius, partition
 from meshshard.pipelines._alloc import tune_allocator
 from meshshard.pipelines._memcap import MEMORY_ENV, apply_cap, worker_budget
@@ -265,6 +265,8 @@ def _write_run(run_dir: Path, dst: Path, out: Path, opts: RunOptions) -> RunResu
             # a GNN's ghost rows are the dual graph's communication volume: cut that graph,
             # for that objective (METIS on a kNN graph of the centres moves up to 1.6x more;
             # the hypergraph method minimises exactly those ghost rows)
+            from meshshard.datasets.graphstore import surface_dual_adjacency  # imports torch
+
             dual_edges, kw["graph"] = surface_dual_adjacency(run_dir, d.source_index, schema)
             if method == "metis":
                 kw["objective"] = "vol"
@@ -294,6 +296,8 @@ def _write_run(run_dir: Path, dst: Path, out: Path, opts: RunOptions) -> RunResu
             compressor=opts.compressor,
         )
         if graph is not None:
+            from meshshard.datasets.graphstore import write_graph  # imports torch
+
             write_graph(tmp, run_dir, partitions.get("surface"), data, graph, schema=schema,
                         edges=dual_edges)  # fmt: skip
     except BaseException:
@@ -419,6 +423,7 @@ def _init_worker(
         logging.basicConfig(level=level, format=fmt)
     else:
         logging.getLogger().setLevel(level)
+    quiet_library_loggers()
     tune_allocator()
     os.environ[THREADS_ENV] = str(threads)
     try:  # numcodecs guards Blosc with a multiprocessing.Lock: a named semaphore that a crashed

@@ -80,7 +80,7 @@ def test_with_model_table_json_png(trained, tmp_path, capsys):
     assert table.strip() in text
     for r in res["runs"]:
         assert r["run"] in table and r["rel_l2"]["pMeanTrim"] > 0
-        assert f"{r['cd_pred']:.4f}" in table
+        assert f"{r['cd_pred']:.3f}" in table
     cd_p = [r["cd_pred"] for r in res["runs"]]
     cd_t = [r["cd_true"] for r in res["runs"]]
     assert res["summary"]["r2_cd"] == pytest.approx(r_squared(cd_p, cd_t))

@@ -95,7 +95,7 @@ def test_evaluate_volume_equals_numpy(trained_volume, one_process, tmp_path, cap
             assert abs(got - want[f]) <= 1e-5 * want[f], (r["run"], f, got, want[f])
         assert r["cd_true"] is None  # volume alone: no drag (nan -> null)
     table = (tmp_path / "evaluation.txt").read_text()
-    assert "L2 volume:UMeanTrim" in table and "volume cells" in table
+    assert "vol cells" in table and "vol U = volume:UMeanTrim" in table
 
 
 def test_evaluate_surface_and_volume_models(trained, trained_volume, tmp_path, capsys):

@@ -133,6 +133,16 @@ def test_inspect_verify_reports_a_good_store(good, capsys):
     assert out["store"]["verified"]["chunk_files"] > 0
 
 
+def test_inspect_verify_says_its_verdict_first_and_last(good, capsys):
+    """The report runs to ~100 lines: the verdict is the second line and the last one, not
+    buried in the store's tree."""
+    assert main(["inspect", str(good), "--verify", "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith(f"VERIFIED OK: {good}: ") and "checksum" in lines[1]
+    assert lines[-1] == lines[1] and len(lines) > 20
+    assert not any(line.strip() == "verified:" for line in lines)
+
+
 PTR_EDITS = {
     "past_end": lambda p: p[:-1] + [p[-1] + 5],
     "out_of_order": lambda p: [p[0], p[2], p[1]] + p[3:],
