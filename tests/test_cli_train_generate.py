@@ -36,7 +36,14 @@ def test_generate_writes_runs_preprocess_reads(generated, tmp_path, capsys):
     assert sorted(p.name for p in raw.iterdir()) == ["run_1", "run_2"]
     for i in (1, 2):
         assert (raw / f"run_{i}" / f"boundary_{i}.vtp").is_file()
+        assert (raw / f"run_{i}" / f"geo_parameters_{i}.csv").is_file()  # its car's shape
         assert not (raw / f"run_{i}" / f"volume_{i}.vtu").exists()  # --volume-cells 0
+    stl = [(raw / f"run_{i}" / f"drivaer_{i}.stl").read_bytes() for i in (1, 2)]
+    assert stl[0] != stl[1]  # two different cars
+    assert main(["generate", str(tmp_path / "same"), "--runs", "2", "--cells", "800",
+                 "--same-car"]) == 0
+    same = [(tmp_path / "same" / f"run_{i}" / f"drivaer_{i}.stl").read_bytes() for i in (1, 2)]
+    assert same[0] == same[1]  # --same-car: the baseline car every time
     assert main(["preprocess", "drivaerml", str(raw), str(tmp_path / "s"), "--parts", "2",
                  "--surface", "--no-progress"]) == 0
     assert "2 written" in capsys.readouterr().out

@@ -3,7 +3,10 @@
 Writes ``RAW/run_<i>/boundary_<i>.vtp`` (surface cells with ``pMeanTrim`` and
 ``wallShearStressMeanTrim``), optionally ``volume_<i>.vtu``, and ``drivaer_<i>.stl``: the files
 and arrays of a DrivaerML run, so ``meshshard preprocess drivaerml RAW STORES`` reads them as it
-reads the real dataset. The generator is :mod:`meshshard.datasets.synthetic`.
+reads the real dataset. Every run is a different car (length, width, height, ride height,
+nose, tail, boat tail, cabin drawn per run and recorded in ``geo_parameters_<i>.csv``), so drag
+varies over the runs as it does over DrivaerML's morphs. The generator is
+:func:`meshshard.datasets.synthetic.generate_runs`.
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first", type=int, default=1,
                         help="number of the first run (run_<first>, run_<first+1>, ...)")
     parser.add_argument("--seed", type=int, default=0,
-                        help="seed; run i uses seed + i, so the same seed writes the same runs")
+                        help="seed of the shapes and the fields' noise: the same seed writes "
+                             "the same runs")
+    parser.add_argument("--same-car", action="store_true",
+                        help="every run the baseline car (default: a different car per run)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace runs that exist (refused otherwise)")
 
@@ -63,14 +69,15 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     numbers = check_args(args)
-    from meshshard.datasets.synthetic import make_synthetic_run
+    from meshshard.datasets.synthetic import generate_runs
 
     t0 = time.perf_counter()
-    for i in numbers:
-        r = make_synthetic_run(args.out, index=i, surface_cells=args.cells,
-                               volume_cells=args.volume_cells, seed=args.seed + i)
+    runs = generate_runs(args.out, len(numbers), cells=args.cells,
+                         volume_cells=args.volume_cells, seed=args.seed,
+                         vary=not args.same_car, first_index=numbers[0])
+    for r in runs:
         extra = f", {r.volume_cells:,} volume cells" if r.volume_cells else ""
-        print(f"  {r.run_dir}: {r.surface_cells:,} surface cells{extra}", flush=True)
+        print(f"  {r.run_dir}: {r.surface_cells:,} surface cells{extra}")
     print(f"meshshard generate: {len(numbers)} run(s) in {time.perf_counter() - t0:.1f} s "
           f"-> {args.out}")
     return 0
