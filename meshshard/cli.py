@@ -1,12 +1,13 @@
 """The ``meshshard`` command: ``generate``, ``partition``, ``inspect``, ``preprocess``, ``train``,
 ``predict``, ``evaluate``, ``demo``.
 
-Each subcommand is a module in :mod:`meshshard.commands` with ``add_args(parser)`` and
-``run(args) -> int``. A command module's top level imports only the standard library and
-meshshard's light modules (no torch, numpy, zarr or pyvista): ``run`` imports the heavy ones
-when the command is dispatched. So ``meshshard --version``, ``--help`` and a usage error answer
-without importing torch (a test holds every command module to it). The Ctrl-C handler is
-installed before the parser is built: an interrupt at any time after start-up is one line.
+Each subcommand has two modules: its options, ``meshshard.commands.NAME`` with
+``add_args(parser)`` (the standard library and meshshard's light modules only: no torch, numpy,
+zarr or pyvista), and its work, ``meshshard.commands.handlers.NAME`` with ``run(args) -> int``,
+imported only when the command runs. So ``meshshard --version``, ``--help`` and a usage error
+answer without importing torch (``tests/test_cli_startup.py`` holds every command to it). The
+Ctrl-C handler is installed before the parser is built: an interrupt during start-up is one
+line too.
 
 Errors reach the user as one line, ``meshshard COMMAND: error: ...``: exit code 2 for a user
 error (bad option, path, permission, file format; a bad option too, without argparse's usage
@@ -91,9 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         # SUPPRESS: a flag given before the subcommand is not reset by the subparser's default
         _add_global_flags(p, default=argparse.SUPPRESS)
-        mod = importlib.import_module(f"meshshard.commands.{name}")
-        mod.add_args(p)
-        p.set_defaults(_module=mod)
+        importlib.import_module(f"meshshard.commands.{name}").add_args(p)
     return parser
 
 
@@ -146,7 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             format="%(levelname)s %(name)s: %(message)s",
         )
         quiet_library_loggers()  # --debug: meshshard's lines, not every codec registration
-        return int(args._module.run(args) or 0)
+        handler = importlib.import_module(f"meshshard.commands.handlers.{args.command}")
+        return int(handler.run(args) or 0)
     except BrokenPipeError:  # the reader went away (``| head``): nothing left to tell it
         _silence_stdout()
         return EXIT_BROKEN_PIPE

@@ -145,7 +145,7 @@ def test_debug_shows_the_traceback(files, tmp_path, capfd):
 
 
 def test_unexpected_error_exit_1_and_interrupt_exit_130(monkeypatch, capfd):
-    import meshshard.commands.inspect as cmd
+    import meshshard.commands.handlers.inspect as cmd
 
     def boom(args):
         raise RuntimeError("something broke")
@@ -297,7 +297,7 @@ def test_every_error_is_in_the_family_and_still_its_builtin():
     [("InputError", 2), ("LayoutError", 2), ("StoreError", 2), ("DistributedError", 1)],
 )
 def test_the_family_is_one_line_exit_2_or_1_for_a_failed_run(kind, code, capfd, monkeypatch):
-    import meshshard.commands.inspect as cmd
+    import meshshard.commands.handlers.inspect as cmd
     import meshshard.errors as errors
 
     def fail(args):

@@ -24,9 +24,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from meshshard.apps.domino_train import compare_curves, domino_sample, make_domino, train_domino
+from meshshard.apps.export import export_surface_model
 from meshshard.apps.train import TrainConfig, load_sample, make_model, relative_l2
+from meshshard.apps.volume import export_volume_model, load_volume_sample
 from meshshard.comm import check_collective, init, shutdown
 from meshshard.errors import InputError
+from meshshard.models.domino import LocalOps
+from meshshard.ops.domino_ops import ShardedDominoOps
 from meshshard.parallel import data_parallel, load_checkpoint, save_checkpoint
 from meshshard.parallel.plans import transolver_plan
 from meshshard.parallel.tensor import init_mesh_3d, parallelize_module
@@ -86,8 +91,6 @@ def train_main(args: argparse.Namespace) -> int:
     def sample(path: Path) -> dict:
         if path not in cache:  # loading builds the features: collective over the domain group
             if args.part == "volume":
-                from meshshard.apps.volume import load_volume_sample
-
                 cache[path] = load_volume_sample(path, dmesh)
             else:
                 cache[path] = load_sample(path, d_rank, domain, dmesh, knn=cfg.knn,
@@ -139,14 +142,10 @@ def train_main(args: argparse.Namespace) -> int:
         check_collective("barrier", detail="after the checkpoint")  # debug mode only
         dist.barrier()
     # the model with its class, config, field names and scales: what `meshshard predict` reads
-    from meshshard.apps.export import export_surface_model
-
     model_out = args.model_out or args.checkpoint.with_name(args.checkpoint.name + "-model")
     config = cfg.model_kwargs(first["features"].shape[-1], first["target"].shape[-1])
     extra = {"steps": cfg.steps, "runs": len(train_runs)}
     if args.part == "volume":  # inputs.part = "volume": predict reads the .vtu's cells
-        from meshshard.apps.volume import export_volume_model
-
         export_volume_model(model_out, model, model_config=config, rows=first["rows"],
                             target_mean=scale["mean"].tolist(),
                             target_std=scale["std"].tolist(), extra=extra)
@@ -185,15 +184,6 @@ def _double(sample: dict) -> dict:
 
 def train_domino_main(args, rank: int, world: int) -> int:
     """DoMINO, domain-parallel over all ranks; optionally the same training on one process."""
-    from meshshard.apps.domino_train import (
-        compare_curves,
-        domino_sample,
-        make_domino,
-        train_domino,
-    )
-    from meshshard.models.domino import LocalOps
-    from meshshard.ops.domino_ops import ShardedDominoOps
-
     runs = sorted(p for p in args.stores.glob("run_*.zarr") if p.is_dir())
     if not runs:
         msg = f"{args.stores}: no run_<i>.zarr stores (run meshshard preprocess first)"

@@ -1,4 +1,7 @@
-"""`meshshard demo`: generate, preprocess, inspect and train domain-parallel on built-in data."""
+"""`meshshard demo`: generate, preprocess, inspect and train domain-parallel on built-in data.
+
+The options and their checks; the work is :mod:`meshshard.commands.handlers.demo`.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-png", action="store_true", help="skip the PNG renderings")
 
 
-def run(args: argparse.Namespace) -> int:
+def check_args(args: argparse.Namespace) -> None:
+    """Every option checked, and ``--out`` writable, before anything is generated."""
     for flag, value in (("--parts", args.parts), ("--ranks", args.ranks)):
         if value < 1:
             msg = f"{flag} {value} must be >= 1"
@@ -33,9 +37,4 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         msg = f"--steps {args.steps} must be >= 1"
         raise CLIError(msg)
-    check_out_dir(args.out)  # before generating anything
-    from meshshard.apps.demo import run_demo
-
-    summary = run_demo(args.out, cells=args.cells, parts=args.parts, ranks=args.ranks,
-                       steps=args.steps, method=args.method, png=not args.no_png)
-    return 0 if summary["max_rel_diff"] < 1e-3 else 1
+    check_out_dir(args.out)

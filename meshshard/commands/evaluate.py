@@ -1,10 +1,11 @@
-"""`meshshard evaluate RUN... [--checkpoint CKPT] --out OUT`: errors and drag/lift over runs."""
+"""`meshshard evaluate RUN... [--checkpoint CKPT] --out OUT`: errors and drag/lift over runs.
+
+The options; the work is :mod:`meshshard.commands.handlers.evaluate`.
+"""
 
 from __future__ import annotations
 
 import argparse
-
-from meshshard.commands._checks import check_inference_args, check_run_paths
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -23,14 +24,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def expand(paths: list[str]) -> list:
-    """Directories of stores or run directories become their members (sorted by run number)."""
+    """Directories of stores or run directories become their members (sorted by run number);
+    a directory whose name ends in a digit (``stores2/``) is one of them too when it holds
+    numbered runs or stores."""
     import re
     from pathlib import Path
 
     out = []
     for p in map(Path, paths):
         members = []
-        if p.is_dir() and not (p / "zarr.json").is_file() and not re.fullmatch(r".*?\d+", p.name):
+        if p.is_dir() and not (p / "zarr.json").is_file():
             members = [c for c in p.iterdir()
                        if re.fullmatch(r".*?\d+(\.zarr)?", c.name) and c.is_dir()]
         if members:
@@ -40,20 +43,3 @@ def expand(paths: list[str]) -> list:
             out.append(p)
     return out
 
-
-def run(args: argparse.Namespace) -> int:
-    check_inference_args(args)
-    runs = expand(args.runs)
-    check_run_paths(runs)
-    from meshshard.apps.evaluate import evaluate_runs, format_table
-    from meshshard.commands._world import join_world, leave_world
-
-    rank, _, mesh = join_world()
-    res = evaluate_runs(runs, args.out, checkpoint=args.checkpoint, mesh=mesh,
-                        max_points_per_chunk=args.max_points_per_chunk,
-                        reference_area=args.reference_area, png=not args.no_png)
-    if rank == 0:
-        print(format_table(res))
-        for k, v in res["files"].items():
-            print(f"  {k}: {v}")
-    return leave_world(0)

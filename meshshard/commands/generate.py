@@ -6,7 +6,8 @@ and arrays of a DrivaerML run, so ``meshshard preprocess drivaerml RAW STORES`` 
 reads the real dataset. Every run is a different car (length, width, height, ride height,
 nose, tail, boat tail, cabin drawn per run and recorded in ``geo_parameters_<i>.csv``), so drag
 varies over the runs as it does over DrivaerML's morphs. The generator is
-:func:`meshshard.datasets.synthetic.generate_runs`.
+:func:`meshshard.datasets.synthetic.generate_runs`, called by
+:mod:`meshshard.commands.handlers.generate`.
 """
 
 from __future__ import annotations
@@ -64,20 +65,3 @@ def check_args(args: argparse.Namespace) -> list[int]:
         raise CLIError(msg)
     return numbers
 
-
-def run(args: argparse.Namespace) -> int:
-    import time
-
-    numbers = check_args(args)
-    from meshshard.datasets.synthetic import generate_runs
-
-    t0 = time.perf_counter()
-    runs = generate_runs(args.out, len(numbers), cells=args.cells,
-                         volume_cells=args.volume_cells, seed=args.seed,
-                         vary=not args.same_car, first_index=numbers[0])
-    for r in runs:
-        extra = f", {r.volume_cells:,} volume cells" if r.volume_cells else ""
-        print(f"  {r.run_dir}: {r.surface_cells:,} surface cells{extra}")
-    print(f"meshshard generate: {len(numbers)} run(s) in {time.perf_counter() - t0:.1f} s "
-          f"-> {args.out}")
-    return 0

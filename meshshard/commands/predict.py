@@ -1,10 +1,11 @@
-"""`meshshard predict CHECKPOINT RUN --out OUT`: a trained model on one run, fields back in VTK."""
+"""`meshshard predict CHECKPOINT RUN --out OUT`: a trained model on one run, fields back in VTK.
+
+The options; the work is :mod:`meshshard.commands.handlers.predict`.
+"""
 
 from __future__ import annotations
 
 import argparse
-
-from meshshard.commands._checks import check_inference_args, check_run_paths
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -22,28 +23,3 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                              "else the frontal area)")
     parser.add_argument("--no-png", action="store_true", help="skip the pressure PNG")
 
-
-def run(args: argparse.Namespace) -> int:
-    check_inference_args(args)
-    check_run_paths([args.run])
-    from meshshard.apps.predict import predict_run
-    from meshshard.commands._world import join_world, leave_world
-
-    rank, world, mesh = join_world()
-    s = predict_run(args.checkpoint, args.run, args.out, mesh=mesh,
-                    max_points_per_chunk=None if args.unchunked else args.max_points_per_chunk,
-                    png=not args.no_png, reference_area=args.reference_area)
-    if rank == 0:
-        line = f"meshshard predict: {s['run']}: {s['cells']:,} cells on {world} rank(s)"
-        if s.get("part") == "volume":
-            line = f"meshshard predict: {s['run']}: {s['cells']:,} volume cells on {world} rank(s)"
-        if "rel_l2" in s:
-            errs = ", ".join(f"{k} {v:.4f}" for k, v in s["rel_l2"].items())
-            line += f"; relative L2 {errs}"
-        if "forces_pred" in s:
-            line += (f"; Cd pred {s['forces_pred']['cd']:.4f} "
-                     f"true {s['forces_true']['cd']:.4f}")
-        print(line)
-        for k, v in s["files"].items():
-            print(f"  {k}: {v}")
-    return leave_world(0)

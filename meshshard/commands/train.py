@@ -6,7 +6,8 @@ preprocessed run stores, domain-parallel under torchrun, one process without it.
     torchrun --standalone --nproc-per-node 4 -m meshshard train STORES --data-parallel 2 \\
         --data-parallel-mode fsdp --resume --checkpoint ckpt/t
 
-The app is :func:`meshshard.apps.train_runs.train_main`; it ends by writing the model
+The options and their checks; the work is :mod:`meshshard.commands.handlers.train` over
+:func:`meshshard.apps.train_runs.train_main`, which ends by writing the model
 checkpoint (``--model-out``, default ``<checkpoint>-model``) that ``predict`` and ``evaluate``
 read.
 """
@@ -94,22 +95,3 @@ def check_args(args: argparse.Namespace) -> None:
                f"drivaerml RAW {args.stores} --parts P`")
         raise CLIError(msg)
 
-
-def run(args: argparse.Namespace) -> int:
-    check_args(args)
-    import torch.distributed as dist
-
-    from meshshard.apps.train_runs import train_main
-    from meshshard.comm.launch import launch
-    from meshshard.comm.process import shutdown
-
-    owned = not dist.is_initialized()
-    try:
-        code = train_main(args)
-    except BaseException:
-        if owned and dist.is_initialized() and dist.get_world_size() == 1:
-            dist.destroy_process_group()  # a world of one made here: nothing waits on it
-        raise
-    if owned and launch().launched:  # under torchrun: skip the teardown where gloo may abort
-        shutdown(exit_code=code)
-    return code

@@ -265,7 +265,8 @@ def _write_run(run_dir: Path, dst: Path, out: Path, opts: RunOptions) -> RunResu
             # a GNN's ghost rows are the dual graph's communication volume: cut that graph,
             # for that objective (METIS on a kNN graph of the centres moves up to 1.6x more;
             # the hypergraph method minimises exactly those ghost rows)
-            from meshshard.datasets.graphstore import surface_dual_adjacency  # imports torch
+            # deferred: graphstore imports torch, which a worker without --graph never needs
+            from meshshard.datasets.graphstore import surface_dual_adjacency
 
             dual_edges, kw["graph"] = surface_dual_adjacency(run_dir, d.source_index, schema)
             if method == "metis":
@@ -296,7 +297,8 @@ def _write_run(run_dir: Path, dst: Path, out: Path, opts: RunOptions) -> RunResu
             compressor=opts.compressor,
         )
         if graph is not None:
-            from meshshard.datasets.graphstore import write_graph  # imports torch
+            # deferred: graphstore imports torch, which a worker without --graph never needs
+            from meshshard.datasets.graphstore import write_graph
 
             write_graph(tmp, run_dir, partitions.get("surface"), data, graph, schema=schema,
                         edges=dual_edges)  # fmt: skip
