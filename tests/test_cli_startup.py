@@ -104,3 +104,20 @@ sys.exit(cli.main(["--version"]))
     assert r.returncode == 130, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert lines == ["meshshard: interrupted by SIGINT, stopped"], r.stderr
+
+
+def test_a_pip_install_ships_every_command_and_its_handler():
+    """pyproject's package list (what ``pip install`` copies) holds the commands, their
+    handlers and the training app, so ``meshshard train`` works outside a checkout too."""
+    import tomllib
+    from setuptools import find_packages
+
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = conf["tool"]["setuptools"]["packages"]["find"]["include"]
+    shipped = set(find_packages(where=str(ROOT), include=include))
+    assert {"meshshard.commands", "meshshard.commands.handlers", "meshshard.apps"} <= shipped
+    assert conf["project"]["scripts"]["meshshard"] == "meshshard.cli:main"
+    for name in _commands():
+        assert (ROOT / "meshshard" / "commands" / f"{name}.py").is_file(), name
+        assert (ROOT / "meshshard" / "commands" / "handlers" / f"{name}.py").is_file(), name
+    assert (ROOT / "meshshard" / "apps" / "train_runs.py").is_file()
