@@ -17,7 +17,7 @@ PKG = ROOT / "meshshard"
 #: the floor of every room (a sub-package, or a module at the package root); a room may
 #: import only from rooms on a lower floor
 FLOORS = {
-    "errors": 0, "models": 0,
+    "errors": 0, "logs": 0, "models": 0,
     "io": 1, "comm": 1,
     "partition": 2, "shardtensor": 2, "testing": 2,
     "ops": 3, "store": 3,

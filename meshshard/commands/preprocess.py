@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from meshshard import comm, pipelines  # their torch-heavy names load on first use
 from meshshard.comm.launch import launch
 from meshshard.commands._checks import check_out_dir
 from meshshard.commands.partition import METHOD_HELP, METHODS
@@ -85,8 +86,6 @@ def _distributed(args: argparse.Namespace) -> int:
     2, before any collective), then all ranks repartition together."""
     import torch.distributed as dist
 
-    from meshshard.pipelines.distributed import preprocess_distributed
-
     unsupported = [flag for flag, on in (
         ("--halo-radius", args.halo_radius is not None),
         ("--max-volume-cells", args.max_volume_cells is not None),
@@ -104,7 +103,7 @@ def _distributed(args: argparse.Namespace) -> int:
             "`meshshard preprocess ... --graph dual` without --distributed"
         )
         raise ValueError(msg)
-    counts = preprocess_distributed(args.src, args.dst, _options(args), runs=args.runs)
+    counts = pipelines.preprocess_distributed(args.src, args.dst, _options(args), runs=args.runs)
     if dist.get_rank() == 0:
         print(
             f"meshshard preprocess --distributed: {counts['written']} written, "
@@ -174,11 +173,9 @@ def _total_over_ranks(counts: list[int]) -> tuple[int, list[int]] | None:
     import torch
     import torch.distributed as dist
 
-    from meshshard.comm.process import init
-
     made = not dist.is_initialized()
     if made:  # a caller's own group is used as it is (its timeouts untouched)
-        init("gloo", timeout=datetime.timedelta(days=1))
+        comm.init("gloo", timeout=datetime.timedelta(days=1))
     try:
         t = torch.tensor(counts, dtype=torch.int64)
         dist.all_reduce(t)
