@@ -11,13 +11,19 @@ from meshshard.commands import CLIError
 from meshshard.commands._checks import check_out_dir
 from meshshard.commands.partition import METHOD_HELP, METHODS
 
+#: the default of --steps (:data:`meshshard.apps.demo.DEMO_STEPS`; kept here as a literal so
+#: building the parser imports no training code)
+DEMO_STEPS = 90
+
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="demo_out", help="output directory (default demo_out)")
     parser.add_argument("--cells", type=int, default=200_000, help="surface cells (~200k)")
     parser.add_argument("--parts", type=int, default=4, help="shards in the store")
     parser.add_argument("--ranks", type=int, default=2, help="gloo ranks that train")
-    parser.add_argument("--steps", type=int, default=30, help="training steps")
+    parser.add_argument("--steps", type=int, default=DEMO_STEPS,
+                        help=f"training steps (default {DEMO_STEPS}: enough for the drag of an "
+                        "unseen car)")
     parser.add_argument("--method", default="hilbert", choices=METHODS, help=METHOD_HELP)
     parser.add_argument("--no-png", action="store_true", help="skip the PNG renderings")
 

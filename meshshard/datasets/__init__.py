@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from meshshard.datasets.drivaerml import RunData, read_run
+    from meshshard.datasets.graphstore import surface_dual_adjacency, write_graph
     from meshshard.datasets.loader import ShardedRunDataset, load_halo, load_shard
     from meshshard.datasets.schema import DRIVAERML, DatasetSchema, FieldSpec
     from meshshard.datasets.synthetic import Morph, generate_runs, make_synthetic_run
@@ -39,6 +40,8 @@ _EXPORTS = {
     "load_shard": "loader",
     "make_synthetic_run": "synthetic",
     "read_run": "drivaerml",
+    "surface_dual_adjacency": "graphstore",
+    "write_graph": "graphstore",
 }
 
 __all__ = [
@@ -53,6 +56,8 @@ __all__ = [
     "load_shard",
     "make_synthetic_run",
     "read_run",
+    "surface_dual_adjacency",
+    "write_graph",
 ]
 
 

@@ -13,7 +13,24 @@ format), :mod:`meshshard.datasets` (schemas, the DrivaerML reader, synthetic run
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from meshshard.pipelines.options import RunOptions
 from meshshard.pipelines.preprocess import RunResult, preprocess_runs, process_run
 
-__all__ = ["RunOptions", "RunResult", "preprocess_runs", "process_run"]
+if TYPE_CHECKING:
+    from meshshard.pipelines.distributed import preprocess_distributed
+
+__all__ = ["RunOptions", "RunResult", "preprocess_distributed", "preprocess_runs", "process_run"]
+
+
+def __getattr__(name: str) -> Any:
+    """``preprocess_distributed`` loads on first use: it imports torch, which a preprocessing
+    worker never needs."""
+    if name == "preprocess_distributed":
+        value = importlib.import_module("meshshard.pipelines.distributed").preprocess_distributed
+        globals()[name] = value
+        return value
+    msg = f"module 'meshshard.pipelines' has no attribute {name!r}"
+    raise AttributeError(msg)

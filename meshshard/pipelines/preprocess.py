@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meshshard import datasets  # the graph store (torch) loads on first use: --graph only
 from meshshard.comm.launch import launch
 from meshshard.datasets.drivaerml import file_fingerprint, read_run, reader_mode, run_index
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
@@ -265,10 +266,8 @@ def _write_run(run_dir: Path, dst: Path, out: Path, opts: RunOptions) -> RunResu
             # a GNN's ghost rows are the dual graph's communication volume: cut that graph,
             # for that objective (METIS on a kNN graph of the centres moves up to 1.6x more;
             # the hypergraph method minimises exactly those ghost rows)
-            # deferred: graphstore imports torch, which a worker without --graph never needs
-            from meshshard.datasets.graphstore import surface_dual_adjacency
-
-            dual_edges, kw["graph"] = surface_dual_adjacency(run_dir, d.source_index, schema)
+            dual_edges, kw["graph"] = datasets.surface_dual_adjacency(run_dir, d.source_index,
+                                                                      schema)
             if method == "metis":
                 kw["objective"] = "vol"
         if d.centers.shape[0] < parts:
@@ -297,11 +296,8 @@ def _write_run(run_dir: Path, dst: Path, out: Path, opts: RunOptions) -> RunResu
             compressor=opts.compressor,
         )
         if graph is not None:
-            # deferred: graphstore imports torch, which a worker without --graph never needs
-            from meshshard.datasets.graphstore import write_graph
-
-            write_graph(tmp, run_dir, partitions.get("surface"), data, graph, schema=schema,
-                        edges=dual_edges)  # fmt: skip
+            datasets.write_graph(tmp, run_dir, partitions.get("surface"), data, graph,
+                                 schema=schema, edges=dual_edges)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a crash (os._exit, kill) leaves it for a rerun
         raise

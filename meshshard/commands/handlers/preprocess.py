@@ -1,7 +1,8 @@
 """`meshshard preprocess`: the work (options: :mod:`meshshard.commands.preprocess`).
 
 A plain ``meshshard preprocess`` imports no torch in this process (nor in its workers): the
-``--distributed`` path and the sum of the counts over torchrun's ranks import it when used.
+``--distributed`` path and the sum of the counts over torchrun's ranks reach torch through
+:mod:`meshshard.pipelines` and :mod:`meshshard.comm`, whose names load on first use.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from meshshard import comm, pipelines  # their torch-heavy names load on first use
 from meshshard.comm.launch import launch
 from meshshard.commands import CLIError
 from meshshard.commands._checks import check_out_dir
@@ -46,9 +48,6 @@ def _distributed(args: argparse.Namespace) -> int:
     2, before any collective), then all ranks repartition together."""
     import torch.distributed as dist
 
-    # deferred: the distributed path imports torch; a plain preprocess does not need it
-    from meshshard.pipelines.distributed import preprocess_distributed
-
     unsupported = [flag for flag, on in (
         ("--halo-radius", args.halo_radius is not None),
         ("--max-volume-cells", args.max_volume_cells is not None),
@@ -66,7 +65,8 @@ def _distributed(args: argparse.Namespace) -> int:
             "`meshshard preprocess ... --graph dual` without --distributed"
         )
         raise ValueError(msg)
-    counts = preprocess_distributed(args.src, args.dst, _options(args), runs=args.runs)
+    counts = pipelines.preprocess_distributed(args.src, args.dst, _options(args),
+                                              runs=args.runs)
     if dist.get_rank() == 0:
         print(
             f"meshshard preprocess --distributed: {counts['written']} written, "
@@ -195,12 +195,9 @@ def _total_over_ranks(counts: list[int]) -> tuple[int, list[int]] | None:
     import torch
     import torch.distributed as dist
 
-    # deferred: comm.process imports torch, needed here only under torchrun
-    from meshshard.comm.process import init
-
     made = not dist.is_initialized()
     if made:  # a caller's own group is used as it is (its timeouts untouched)
-        init("gloo", timeout=datetime.timedelta(days=1))
+        comm.init("gloo", timeout=datetime.timedelta(days=1))
     try:
         t = torch.tensor(counts, dtype=torch.int64)
         dist.all_reduce(t)
