@@ -77,6 +77,18 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked (reading the package
+    metadata costs more than building the whole parser)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+        parser.exit(0, f"meshshard {_version()}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="meshshard",
@@ -84,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         "runs, partition and inspect meshes, preprocess runs into sharded stores, train, "
         "predict and evaluate domain-parallel, and the demo.",
     )
-    parser.add_argument("--version", action="version", version=f"meshshard {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     _add_global_flags(parser, default=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
