@@ -86,7 +86,8 @@ class _VersionAction(argparse.Action):
                          help="show the version and exit")
 
     def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
-        parser.exit(0, f"meshshard {_version()}\n")
+        print(f"meshshard {_version()}")  # on stdout, as argparse's own version action
+        parser.exit(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
