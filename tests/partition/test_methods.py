@@ -14,21 +14,12 @@ import numpy as np
 import pytest
 import zarr
 
-from meshshard.datasets import make_synthetic_run
 from meshshard.partition import list_methods, method_info, partition, register_method
 from meshshard.partition import methods as registry
 from meshshard.pipelines import RunOptions, preprocess_runs
 from tests.partition._methods_fns import x_slabs
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def runs_src(tmp_path_factory):
-    root = tmp_path_factory.mktemp("src")
-    make_synthetic_run(root, 1, surface_cells=1500, volume_cells=500, seed=1)
-    make_synthetic_run(root, 2, surface_cells=1000, volume_cells=500, seed=2)
-    return root
 
 
 @pytest.fixture
