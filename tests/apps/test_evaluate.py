@@ -1,7 +1,7 @@
 """``meshshard evaluate``: truth against truth gives drag and lift equal to an independent
 computation with exact (Newell) polygon area vectors (to 1e-6), from run directories,
-meshshard stores and curator stores, on 1 and 2 ranks; with a model, the table, JSON and PNG, and R^2
-as defined."""
+meshshard stores and curator stores, on 1 and 2 ranks; with a model, the table, JSON and PNG,
+and R^2 as defined."""
 
 from __future__ import annotations
 
