@@ -102,7 +102,9 @@ def _surface_metrics(source: str | Path, mf: Any = None, *, mesh: Any = None,
         names = [n for n in (PRESSURE, WALL_SHEAR) if n in rows.columns]
         if len(names) < 2:
             missing = [n for n in (PRESSURE, WALL_SHEAR) if n not in rows.columns][0]
-            msg = f"{source}: has no field {missing!r} (fields present: {sorted(rows.columns)})"
+            msg = (f"{source}: has no field {missing!r} (fields present: "
+                   f"{sorted(rows.columns)}); map the file's names with --fields FILE=SCHEMA "
+                   "(--fields openfoam for p, wallShearStress, U, nut)")
             raise ValueError(msg)
         cols, c = {}, 0
         for n in names:
