@@ -158,18 +158,19 @@ def format_table(result: dict[str, Any]) -> str:
             _fmt(r["cl_true"]), _fmt(r["cl_pred"]), _fmt(r["cl_pred"] - r["cl_true"], "+.4f")])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
     line = "  ".join(h.rjust(w) for h, w in zip(head, widths))
-    out = [f"model: {result['model'] or 'none (truth against truth)'}", line, "-" * len(line)]
+    out = [f"model: {result['model'] or 'none (truth against truth)'}"]
+    est = [r["run"] for r in rows if r.get("reference_area_from") == ESTIMATED]
+    if est:
+        out.append(f"WARNING: no reference area for {', '.join(est)}: Cd and Cl use an estimated "
+                   "frontal area (give --reference-area, a geo_ref_<i>.csv, or preprocess "
+                   "with one)")
+    out += [line, "-" * len(line)]
     out += ["  ".join(c.rjust(w) for c, w in zip(b, widths)) for b in body]
     s = result["summary"]
     out.append("-" * len(line))
     out.append(f"R^2 drag {_fmt(s['r2_cd'])}   R^2 lift {_fmt(s['r2_cl'])}   mean |dCd| "
                f"{_fmt(s['mean_abs_dcd'])}   " + "   ".join(
                    f"mean L2 {f} {_fmt(v)}" for f, v in s["mean_rel_l2"].items()))
-    est = [r["run"] for r in rows if r.get("reference_area_from") == ESTIMATED]
-    if est:
-        out.append(f"WARNING: no reference area for {', '.join(est)}: Cd and Cl use an estimated "
-                   "frontal area (give --reference-area, a geo_ref_<i>.csv, or preprocess "
-                   "with one)")
     if len(rows) < 3:
         out.append(f"(R^2 measures the spread of drag across runs: over {len(rows)} run(s) it "
                    "says little)")

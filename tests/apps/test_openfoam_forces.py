@@ -60,6 +60,14 @@ def test_run_directory_and_store_reproduce_the_solver(case):
     assert s["reference_area"] == SOLVER["Aref"]
     assert s["reference_area_from"] == "geo_ref_1.csv (recorded in the store)"
     assert s["u_inf"] == U_INF and s["conventions"]["normals"] == "into_body"
+    # what travels in the store: conventions, reference values, the field map, the speed
+    from meshshard.store.format import open_store
+
+    _, attrs = open_store(case["store"])
+    assert attrs["surface"]["conventions"]["file_normals"] == "into_body"
+    assert attrs["reference"] == {"aRef": 0.75, "lRef": 1.42, "from": "geo_ref_1.csv"}
+    assert attrs["dataset"]["field_sources"]["pMeanTrim"] == "p"
+    assert attrs["dataset"]["u_inf"] == U_INF
 
 
 def test_two_ranks_reproduce_the_solver(case, tmp_path):

@@ -104,6 +104,9 @@ def test_flow_speed_from_the_option_else_the_model(trained, one_process, tmp_pat
     s = json.loads((one_process / "run_2" / "prediction.json").read_text())
     assert s["u_inf"] == 38.889 and s["u_inf_from"].startswith("model file")
     assert s["conventions"]["normals"] == "into_body"
+    from meshshard.apps.model_file import load_model
+
+    assert load_model(trained["ckpt"]).scales["conventions"]["normals"] == "into_body"
     argv = ["predict", str(trained["ckpt"]), str(trained["raw"] / "run_2"), "--out",
             str(tmp_path), "--max-points-per-chunk", "700", "--u-inf", "20", "--no-png"]
     assert main(argv) == 0
