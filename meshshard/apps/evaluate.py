@@ -78,7 +78,8 @@ def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
                "cl_pred": nan, "reference_area": nan, "reference_area_from": None}
     if volume is not None:
         v = evaluate_volume(source, volume, mesh=mesh,
-                            max_points_per_chunk=max_points_per_chunk or DEFAULT_CHUNK)
+                            max_points_per_chunk=max_points_per_chunk or DEFAULT_CHUNK,
+                            u_inf=u_inf, fields=fields)
         out["volume_cells"] = v["cells"]
         out["rel_l2"].update({f"volume:{k}": e for k, e in v["rel_l2"].items()})
     out["seconds"] = time.perf_counter() - t0

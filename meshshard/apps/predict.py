@@ -132,7 +132,8 @@ def predict_run(
         raise ModelFileError(msg)
     if mf.inputs.get("part") == "volume":  # the volume cells (no PNG, no forces)
         return predict_volume_run(mf, source, out, mesh=mesh,
-                                  max_points_per_chunk=max_points_per_chunk)
+                                  max_points_per_chunk=max_points_per_chunk, u_inf=u_inf,
+                                  fields=fields)
     group = mesh.get_group() if mesh is not None else None
     rows = read_surface_rows(source, group, **reading_options(source, mf, u_inf=u_inf,
                                                               fields=fields, **(conventions or {})))
