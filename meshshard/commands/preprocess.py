@@ -53,6 +53,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rho", type=float, default=1.0,
                         help="density (keep 1 for kinematic p, as incompressible OpenFOAM "
                              "writes it; the density only for fields in Pa)")
+    parser.add_argument("--length", type=float,
+                        help="body length for nut / (U_inf L), m (default: the run's STL "
+                             "extent along x; needed for a volume without an STL)")
     parser.add_argument("--reference-area", type=float,
                         help="every run's reference area, m^2, recorded in its store "
                              "(default: the run's geo_ref_<i>.csv aRef, if any)")
@@ -84,7 +87,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         drop_nan=args.drop_nan,
         max_volume_cells=args.max_volume_cells,
         schema=replace(DRIVAERML.with_fields(fields_of(args)), u_inf=args.u_inf, rho=args.rho,
-                       **conventions_of(args)),
+                       length=args.length, **conventions_of(args)),
         reference_area=args.reference_area,
         compressor=None if args.compressor == "none" else args.compressor,
         graph=args.graph,
