@@ -24,6 +24,7 @@ from meshshard.commands.partition import (
     run_partitioner,
 )
 from meshshard.partition import Partition, knn_graph, partition
+from meshshard.partition._validation import check_distance_range
 from meshshard.partition.io import MESH_SUFFIXES, load_geometry
 from meshshard.partition.report import format_report, render_png, report
 from meshshard.store.format import store_surfels, verify_store
@@ -124,6 +125,7 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
         for name in names:
             with st.stage(f"{name} read"):
                 part, points = store_partition(path, name)
+            check_distance_range(points, name=f"{path} ({name}_mesh_centers)")
             with st.stage(f"{name} graph", f"kNN-{args.knn}"):
                 graph = knn_graph(points, args.knn)
             with st.stage(f"{name} metrics"):
@@ -226,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
         need_graph = mode == "full" or method in GRAPH_METHODS
         st.set_total(2 + need_graph + (part is None) + bool(args.png))
         graph = None
+        if need_graph and kind == "knn":  # a kd-tree on extreme coordinates: refuse, naming it
+            check_distance_range(geom.points, name=str(geom.source or target))
         if need_graph:
             with st.stage("graph", kind):
                 graph = geom.graph(kind, knn=knn)
