@@ -34,6 +34,7 @@ from meshshard.apps.features import _standardise_into
 from meshshard.apps.inputs import read_by_kind
 from meshshard.datasets import load_shard
 from meshshard.datasets.curator import curator_info, load_curator_shard
+from meshshard.datasets.curator_validate import read_block
 from meshshard.datasets.drivaerml import read_volume, run_index
 from meshshard.datasets.schema import DRIVAERML
 from meshshard.io.stl import read_stl
@@ -169,12 +170,13 @@ def _from_curator(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
         raise _no_stl(path)
     got = load_curator_shard(path, rank, world, group=group, part="volume", keys=_KEYS)
     moved = {k: got[k].numpy() for k in _KEYS}
-    coords = np.asarray(g["stl_coordinates"][...])
+    coords = read_block(g["stl_coordinates"], path, "stl_coordinates")
     nf = int(g["stl_faces"].shape[0])
     flat = g["stl_faces"].ndim == 1
     t = nf // 3 if flat else nf
     s = _slice(t, rank, world)
-    faces = np.asarray(g["stl_faces"][3 * s.start : 3 * s.stop] if flat else g["stl_faces"][s])
+    faces = read_block(g["stl_faces"], path, "stl_faces",
+                       slice(3 * s.start, 3 * s.stop) if flat else s)
     meta = (info["columns"]["volume"], info["scales"]["volume"], info["rows"]["volume"])
     return _rows(moved, got["sharding_sizes"].tolist(), meta, _triangles(coords, faces),
                  "curator", path.name.removesuffix(".zarr"), None)

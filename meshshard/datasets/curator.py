@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.datasets.curator_validate import agree, check_array_meta, read_block, value_problems
 from meshshard.datasets.drivaerml import read_run
 from meshshard.datasets.rows import target_device, wrap_rows
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
@@ -55,6 +56,8 @@ CURATOR_COLUMNS = {
     "volume": (("UMeanTrim", "velocity", 3), ("pMeanTrim", "pressure", 1),
                ("nutMeanTrim", "nut", 1)),
 }
+#: stream velocity (m/s) and air density (kg/m^3) outside this range are refused as absurd
+_PHYSICAL = (1e-6, 1e6)
 _PART_KEYS = {"surface": ("surface_mesh_centers", "surface_normals", "surface_areas",
                           "surface_fields"),
               "volume": ("volume_mesh_centers", "volume_fields")}
@@ -94,23 +97,38 @@ def curator_info(path: str | Path, schema: DatasetSchema = DRIVAERML) -> tuple[A
         msg = f"{path}: not a physicsnemo-curator store (a zarr v3 group with surface_mesh_centers)"
         raise StoreError(msg)
     g = zarr.open_group(str(path), mode="r")
+    # dtypes and chunk coverage of every array read below, before any is read
+    for k in (*_PART_KEYS["surface"], *_PART_KEYS["volume"], *STL_KEYS):
+        if k in g:
+            check_array_meta(path, k)
     attrs = dict(g.attrs)
     u, rho = attrs.get("stream_velocity"), attrs.get("air_density")
     if (u is None or rho is None) and "global_params_reference" in g:
-        ref = np.asarray(g["global_params_reference"][...], dtype=float).ravel()
+        ref = np.asarray(read_block(g["global_params_reference"], path,
+                                    "global_params_reference"), dtype=float).ravel()
         if ref.size >= 2:
             u, rho = (u if u is not None else ref[0]), (rho if rho is not None else ref[1])
     if u is None or rho is None:
         log.warning("%s: no stream_velocity/air_density; using u_inf=%s rho=%s", path,
                     schema.u_inf, schema.rho)
         u, rho = schema.u_inf if u is None else u, schema.rho if rho is None else rho
-    u, rho = float(u), float(rho)
+    try:
+        u, rho = float(u), float(rho)
+    except (TypeError, ValueError):
+        msg = f"{path}: stream_velocity={u!r} and air_density={rho!r} must be numbers"
+        raise StoreError(msg) from None
     if not (np.isfinite(u) and u > 0 and np.isfinite(rho) and rho > 0):
         msg = f"{path}: stream_velocity={u} and air_density={rho} must be finite and > 0"
         raise StoreError(msg)
+    lo, hi = _PHYSICAL
+    if not (lo <= u <= hi and lo <= rho <= hi):
+        msg = (f"{path}: stream_velocity={u:g} m/s and air_density={rho:g} kg/m^3 must lie in "
+               f"[{lo:g}, {hi:g}] (the non-dimensional fields would over- or underflow); fix "
+               "the store's attributes")
+        raise StoreError(msg)
     length = None
     if "stl_coordinates" in g:
-        x = np.asarray(g["stl_coordinates"][:, 0])
+        x = read_block(g["stl_coordinates"], path, "stl_coordinates", (slice(None), 0))
         length = float(x.max() - x.min()) if x.size else None
     info: dict[str, Any] = {"u_inf": u, "rho": rho, "length": length, "rows": {},
                             "columns": {}, "scales": {}, "attrs": attrs}
@@ -177,7 +195,7 @@ def load_curator_shard(
         dev = target_device(mesh, device)
         out = {}
         for k in tuple(keys) if keys is not None else STL_KEYS:
-            a = np.asarray(g[k][...])
+            a = read_block(g[k], store, k)
             out[k] = torch.from_numpy(a.reshape(-1, 3) if k == "stl_faces" else a).to(dev)
         return out
     if part not in info["rows"]:
@@ -194,7 +212,7 @@ def load_curator_shard(
     rows: dict[str, np.ndarray] = {}
     for k in _PART_KEYS[part]:
         if k in keys or k == f"{part}_mesh_centers":
-            a = np.asarray(g[k][lo:hi])
+            a = read_block(g[k], store, k, slice(lo, hi))
             rows[k] = a.astype(np.float32, copy=False) if a.dtype.kind == "f" else a
     if f"{part}_fields" in rows:
         f = rows[f"{part}_fields"]
@@ -202,6 +220,10 @@ def load_curator_shard(
             np.float32)
     bad_rows = int((~np.isfinite(rows[f"{part}_mesh_centers"])).any(axis=1).sum())
     rows[f"{part}_perm"] = np.arange(lo, hi, dtype=np.int64)
+    # NaN/inf truth or geometry (centres: the partitioner's own check): every rank stops
+    agree(value_problems(store, {k: v for k, v in rows.items()
+                                 if k != f"{part}_mesh_centers"}),
+          mesh if mesh is not None else group, world_size)
     if world_size == 1:
         if bad_rows:
             msg = f"{store}: {bad_rows} {part}_mesh_centers rows are not finite"
