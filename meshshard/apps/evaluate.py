@@ -28,6 +28,7 @@ import numpy as np
 
 from meshshard.apps.figures import evaluate_png, r_squared
 from meshshard.apps.forces import PRESSURE, WALL_SHEAR, field_errors, force_coefficients
+from meshshard.apps.input_checks import check_model_for_inference, check_reference_area, run_named
 from meshshard.apps.inputs import read_surface_rows
 from meshshard.apps.model_file import ModelFileError, load_model
 from meshshard.apps.predict import PREDICT_CLASSES, ensure_world, predict_rows
@@ -53,7 +54,17 @@ def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
 
     ``mf`` is a surface model (or None: the truth against itself); ``volume`` a volume model,
     whose fields' errors over the volume cells are added as ``rel_l2["volume:<field>"]``.
-    A volume model passed as ``mf`` evaluates the volume alone (no drag and lift: nan)."""
+    A volume model passed as ``mf`` evaluates the volume alone (no drag and lift: nan).
+    Errors name the run (:func:`~meshshard.apps.input_checks.run_named`)."""
+    check_reference_area(reference_area, "reference_area")
+    with run_named(source):
+        return _evaluate_one(source, mf, mesh=mesh, max_points_per_chunk=max_points_per_chunk,
+                             reference_area=reference_area, volume=volume)
+
+
+def _evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
+                  max_points_per_chunk: int | None = None,
+                  reference_area: float | None = None, volume: Any = None) -> dict[str, Any]:
     surface = True
     if is_volume_model(mf):
         mf, volume, surface = None, mf, False
@@ -175,6 +186,7 @@ def _models(checkpoint: Any) -> tuple[Any, Any]:
     got: dict[str, Any] = {}
     for c in _checkpoints(checkpoint):
         m = load_model(c, expect_class=PREDICT_CLASSES)
+        check_model_for_inference(m)
         part = "volume" if is_volume_model(m) else "surface"
         if part in got:
             msg = (f"{c}: a second {part} model (after {got[part].path}); give at most one "
@@ -200,6 +212,7 @@ def evaluate_runs(
     ``checkpoint`` may be a list of a surface and a volume model: the surface's errors, drag
     and lift, and the volume fields' errors (``volume:<field>``) over the volume cells. A
     volume model alone evaluates the volume alone (drag and lift are then n/a)."""
+    check_reference_area(reference_area, "reference_area")
     ensure_world()
     mf, vmf = _models(checkpoint)
     if not sources:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.apps.input_checks import check_surface_rows
 from meshshard.datasets import load_shard
 from meshshard.datasets.curator import curator_info, is_curator_store, load_curator_shard
 from meshshard.datasets.drivaerml import read_surface, run_index
@@ -220,7 +221,10 @@ def read_surface_rows(source: str | Path, group: Any = None) -> SurfaceRows:
     Raises
     ------
     FileNotFoundError, ValueError
-        No such source; not a run directory or store; damaged files (named).
+        No such source; not a run directory or store; damaged files (named); geometry or
+        truth unfit for the model (:func:`~meshshard.apps.input_checks.check_surface_rows`).
     """
-    return read_by_kind(source, group, {"run": _from_run, "store": _from_store,
+    rows = read_by_kind(source, group, {"run": _from_run, "store": _from_store,
                                         "curator": _from_curator})
+    check_surface_rows(rows, source, group)  # every rank, before any model runs
+    return rows

@@ -165,10 +165,13 @@ def _check_scales(f: Path, scales: dict, width: int | None) -> None:
     if ("target_mean" in scales) != ("target_std" in scales):
         msg = f"{f}: 'scales' has one of target_mean/target_std without the other"
         raise _error(msg)
+    from meshshard.datasets.curator_validate import FLOW_RANGE
+
+    lo, hi = FLOW_RANGE
     for key in ("u_inf", "rho"):
         v = scales.get(key)
-        if v is not None and not (_finite_numbers(v) and 0 < float(v) < 1e30):
-            msg = f"{f}: 'scales.{key}' = {v!r} must be a finite number > 0"
+        if v is not None and not (_finite_numbers(v) and lo <= float(v) <= hi):
+            msg = f"{f}: 'scales.{key}' = {v!r} must be a finite number in [{lo:g}, {hi:g}]"
             raise _error(msg)
     ds = scales.get("dataset", {})
     if not isinstance(ds, dict):

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from meshshard.apps.features import _standardise_into
+from meshshard.apps.input_checks import check_volume_cells, check_volume_rows
 from meshshard.apps.inputs import read_by_kind
 from meshshard.datasets import load_shard
 from meshshard.datasets.curator import curator_info, load_curator_shard
@@ -124,6 +125,7 @@ def _from_run(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
 
     schema = replace(DRIVAERML, volume_fields=tuple(replace(f, required=False)
                                                     for f in DRIVAERML.volume_fields))
+    check_volume_cells(vtu)  # a file of triangles is not a volume
     v = read_volume(vtu, schema=schema, length=stl.length)
     s = _slice(v.centers.shape[0], rank, world)
     rows = {"volume_mesh_centers": v.centers[s], "volume_fields": v.fields[s],
@@ -203,10 +205,14 @@ def read_volume_rows(source: str | Path, group: Any = None) -> VolumeRows:
     Raises
     ------
     FileNotFoundError, ValueError
-        No such source, no volume (``.vtu``, volume part), no STL; damaged files (named).
+        No such source, no volume (``.vtu``, volume part), no STL; damaged files (named);
+        a ``.vtu`` of surface cells; non-finite centres or truth
+        (:mod:`~meshshard.apps.input_checks`).
     """
-    return read_by_kind(source, group, {"run": _from_run, "store": _from_store,
+    rows = read_by_kind(source, group, {"run": _from_run, "store": _from_store,
                                         "curator": _from_curator})
+    check_volume_rows(rows, source, group)  # every rank, before any model runs
+    return rows
 
 
 def _rounds(n: int, chunk: int, group: Any) -> int:

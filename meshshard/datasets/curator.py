@@ -37,7 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.datasets.curator_validate import agree, check_array_meta, read_block, value_problems
+from meshshard.datasets.curator_validate import (
+    FLOW_RANGE,
+    agree,
+    check_array_meta,
+    read_block,
+    value_problems,
+)
 from meshshard.datasets.drivaerml import read_run
 from meshshard.datasets.rows import target_device, wrap_rows
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
@@ -56,8 +62,6 @@ CURATOR_COLUMNS = {
     "volume": (("UMeanTrim", "velocity", 3), ("pMeanTrim", "pressure", 1),
                ("nutMeanTrim", "nut", 1)),
 }
-#: stream velocity (m/s) and air density (kg/m^3) outside this range are refused as absurd
-_PHYSICAL = (1e-6, 1e6)
 _PART_KEYS = {"surface": ("surface_mesh_centers", "surface_normals", "surface_areas",
                           "surface_fields"),
               "volume": ("volume_mesh_centers", "volume_fields")}
@@ -120,7 +124,7 @@ def curator_info(path: str | Path, schema: DatasetSchema = DRIVAERML) -> tuple[A
     if not (np.isfinite(u) and u > 0 and np.isfinite(rho) and rho > 0):
         msg = f"{path}: stream_velocity={u} and air_density={rho} must be finite and > 0"
         raise StoreError(msg)
-    lo, hi = _PHYSICAL
+    lo, hi = FLOW_RANGE
     if not (lo <= u <= hi and lo <= rho <= hi):
         msg = (f"{path}: stream_velocity={u:g} m/s and air_density={rho:g} kg/m^3 must lie in "
                f"[{lo:g}, {hi:g}] (the non-dimensional fields would over- or underflow); fix "

@@ -32,8 +32,11 @@ import numpy as np
 
 from meshshard.store.format import StoreError
 
-__all__ = ["agree", "check_array_meta", "read_block", "value_problems"]
+__all__ = ["FLOW_RANGE", "agree", "check_array_meta", "read_block", "value_problems"]
 
+#: flow speed (m/s) and density (kg/m^3) outside this range are refused as absurd: the
+#: non-dimensional fields (raw / (rho U^2)) would over- or underflow float32
+FLOW_RANGE = (1e-6, 1e6)
 #: arrays whose values are real numbers (geometry, fields); faces are integers
 _FLOAT_KEYS = ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fields",
                "volume_mesh_centers", "volume_fields", "stl_coordinates", "stl_centers",
@@ -167,20 +170,11 @@ def value_problems(path: str | Path, rows: dict[str, np.ndarray]) -> str:
 
 def agree(problem: str, group: Any, world: int) -> None:
     """Raise :class:`StoreError` on every rank when any rank found a ``problem`` (collective
-    when ``world > 1``: one all_gather of a flag and 512 bytes of message)."""
+    when ``world > 1``; :func:`meshshard.comm.agree.raise_together`)."""
     if world == 1:
         if problem:
             raise StoreError(problem)
         return
-    from meshshard.comm.host import Comm
+    from meshshard.comm.agree import raise_together
 
-    comm = Comm(group, what="curator store check")
-    buf = np.zeros(513, dtype=np.uint8)
-    text = problem.encode()[:512]
-    buf[0] = 1 if problem else 0
-    buf[1:1 + len(text)] = np.frombuffer(text, dtype=np.uint8)
-    got = comm.allgather(buf)
-    bad = np.flatnonzero(got[:, 0])
-    if bad.size:
-        first = bytes(got[bad[0], 1:]).rstrip(b"\0").decode(errors="replace")
-        raise StoreError(first if problem == "" or bad[0] == comm.rank else problem)
+    raise_together(problem, group, StoreError)

@@ -110,7 +110,7 @@ def test_nan_weights_are_refused(ck):
     ("target_std", [1, 0, 1], r"'scales.target_std' must be > 0"),
     ("target_std", [1, 1], "'scales.target_std' has 2 values for 3 output columns"),
     ("target_mean", "zero", "'scales.target_mean' must be a list of finite numbers"),
-    ("rho", 1e308, r"'scales.rho' = 1e\+308 must be a finite number > 0"),
+    ("rho", 1e308, r"'scales.rho' = 1e\+308 must be a finite number in \[1e-06, 1e\+06\]"),
 ])
 def test_bad_scales_are_refused(ck, key, value, match):
     meta = _meta(ck)
