@@ -83,9 +83,12 @@ def check_model_for_inference(mf: Any) -> None:
     check_for_inference(mf.path, mf.scales)
 
 
-def _first(mask: np.ndarray) -> str:
+def _first(mask: np.ndarray, perm: np.ndarray | None = None) -> str:
+    """``k row(s), first at row r``: ``r`` the source row (cell id in the VTK file, row of the
+    store) through ``perm`` when given."""
     bad = np.flatnonzero(mask)
-    return f"{bad.size} row(s), first at row {int(bad[0])}"
+    at = int(bad[0]) if perm is None or perm.size != mask.size else int(perm[bad[0]])
+    return f"{bad.size} row(s), first at row {at}"
 
 
 def _extent(c: np.ndarray) -> float:
@@ -95,12 +98,12 @@ def _extent(c: np.ndarray) -> float:
         return float(np.max(c.max(axis=0).astype(np.float64) - c.min(axis=0)))
 
 
-def _geometry_problem(source: Any, centers: np.ndarray, what: str) -> str:
+def _geometry_problem(source: Any, centers: np.ndarray, what: str, perm: np.ndarray) -> str:
     from meshshard.partition._validation import check_distance_range
 
     finite = np.isfinite(centers).all(axis=1)
     if not finite.all():
-        return f"{source}: {what} centres are NaN or inf in {_first(~finite)}"
+        return f"{source}: {what} centres are NaN or inf in {_first(~finite, perm)}"
     try:
         check_distance_range(centers, name=f"{source}: {what} centres")
     except ValueError as exc:
@@ -116,7 +119,7 @@ def _flow_problem(source: Any, u_inf: float, rho: float) -> str:
     return ""
 
 
-def _truth_problem(source: Any, fields: np.ndarray, columns: dict) -> str:
+def _truth_problem(source: Any, fields: np.ndarray, columns: dict, perm: np.ndarray) -> str:
     if fields.size == 0:
         return ""
     finite = np.isfinite(fields)
@@ -125,13 +128,13 @@ def _truth_problem(source: Any, fields: np.ndarray, columns: dict) -> str:
     for name, (a, b) in columns.items():
         bad = ~finite[:, a:b].all(axis=1)
         if bad.any():
-            return (f"{source}: true field {name} is NaN or inf in {_first(bad)}; the truth "
+            return (f"{source}: true field {name} is NaN or inf in {_first(bad, perm)}; the truth "
                     "must be finite (repair or drop the run)")
-    return f"{source}: the true fields are NaN or inf in {_first(~finite.all(axis=1))}"
+    return f"{source}: the true fields are NaN or inf in {_first(~finite.all(axis=1), perm)}"
 
 
 def _surface_problem(rows: Any, source: Any) -> str:
-    p = _geometry_problem(source, rows.centers, "surface")
+    p = _geometry_problem(source, rows.centers, "surface", rows.perm)
     if p:
         return p
     a = rows.areas
@@ -139,7 +142,7 @@ def _surface_problem(rows: Any, source: Any) -> str:
     if bad.any():
         kind = "NaN or inf" if not np.isfinite(a[bad]).all() else \
             "negative" if (a[bad] < 0).any() else "zero"
-        msg = f"{source}: surface cell areas are {kind} (or not > 0) in {_first(bad)}"
+        msg = f"{source}: surface cell areas are {kind} in {_first(bad, rows.perm)}"
         ext = _extent(rows.centers)
         if kind == "zero" and 0 < ext < 1e-9:
             msg += (f"; the coordinates span only {ext:.3g}, so areas underflow to 0 in float32: "
@@ -152,8 +155,8 @@ def _surface_problem(rows: Any, source: Any) -> str:
     bad = ~(np.abs(length - 1) <= _UNIT_TOL)  # NaN fails too
     if bad.any():
         return (f"{source}: surface normals are not unit vectors (NaN, zero or of another "
-                f"length) in {_first(bad)}; the model reads unit normals")
-    p = _truth_problem(source, rows.fields, rows.columns)
+                f"length) in {_first(bad, rows.perm)}; the model reads unit normals")
+    p = _truth_problem(source, rows.fields, rows.columns, rows.perm)
     return p or _flow_problem(source, rows.u_inf, rows.rho)
 
 
@@ -177,8 +180,8 @@ def check_volume_rows(rows: Any, source: Any, group: Any = None) -> None:
     Collective when distributed."""
     from meshshard.comm.agree import raise_together
 
-    p = _geometry_problem(source, rows.centers, "volume") or _truth_problem(
-        source, rows.fields, rows.columns)
+    p = _geometry_problem(source, rows.centers, "volume", rows.perm) or _truth_problem(
+        source, rows.fields, rows.columns, rows.perm)
     raise_together(p, group, InputError)
 
 

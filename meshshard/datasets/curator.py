@@ -226,7 +226,7 @@ def load_curator_shard(
     rows[f"{part}_perm"] = np.arange(lo, hi, dtype=np.int64)
     # NaN/inf truth or geometry (centres: the partitioner's own check): every rank stops
     agree(value_problems(store, {k: v for k, v in rows.items()
-                                 if k != f"{part}_mesh_centers"}),
+                                 if k != f"{part}_mesh_centers"}, lo),
           mesh if mesh is not None else group, world_size)
     if world_size == 1:
         if bad_rows:

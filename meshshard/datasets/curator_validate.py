@@ -155,16 +155,19 @@ def read_block(arr: Any, path: str | Path, key: str, sel: Any = Ellipsis) -> np.
         raise StoreError(msg) from None
 
 
-def value_problems(path: str | Path, rows: dict[str, np.ndarray]) -> str:
-    """The first non-finite value among ``rows`` (fields, geometry), as one line ('' if none)."""
+def value_problems(path: str | Path, rows: dict[str, np.ndarray], first_row: int = 0) -> str:
+    """The first non-finite value among ``rows`` (fields, geometry; their first row is row
+    ``first_row`` of the store), as one line ('' if none)."""
     for k, a in rows.items():
         if a.dtype.kind != "f" or a.size == 0:
             continue
         finite = np.isfinite(a)
         if not finite.all():
             bad = np.flatnonzero(~finite.reshape(a.shape[0], -1).all(axis=1))
-            return (f"{path}: array {k} has {bad.size} row(s) with NaN or inf (first at local "
-                    f"row {int(bad[0])}); the truth must be finite -- repair or drop the run")
+            what = "the truth" if k.endswith("_fields") else "the geometry"
+            return (f"{path}: array {k} has {bad.size} row(s) with NaN or inf (first at row "
+                    f"{first_row + int(bad[0])}); {what} must be finite -- repair or drop "
+                    "the run")
     return ""
 
 

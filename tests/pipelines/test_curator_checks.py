@@ -136,5 +136,5 @@ def test_non_finite_truth_on_one_rank_stops_every_rank(copy):
     f[3, 0] = np.nan
     _rewrite(copy, "surface_fields", f)
     out = run_ranks(refused_rank, 2, str(copy), timeout=120)
-    assert out[0] == out[1] != ""
+    assert out[0] != "" and out[1] == f"(rank 0) {out[0]}"  # rank 1 names the finder
     assert "array surface_fields has 1 row(s) with NaN or inf" in out[0]
