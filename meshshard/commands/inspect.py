@@ -59,7 +59,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--verify",
         action="store_true",
         help="STORE: recompute the crc32 of every chunk file against the store's record "
-        "(exit status 2 and the first difference when it is damaged)",
+        "(exit status 2 and the first difference when it is damaged); a physicsnemo-curator "
+        "store has no record: every chunk is checked present, decoding and finite",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -103,9 +104,34 @@ def _format_tree(d: dict, indent: int = 0) -> list[str]:
     return lines
 
 
+def _inspect_curator(path: Path, args: argparse.Namespace) -> int:
+    """A physicsnemo-curator store: ``--verify`` checks what its layout allows (it records
+    no checksums); without it, a one-line pointer."""
+    from meshshard.datasets.curator_validate import verify_curator_store
+
+    if not args.verify:
+        msg = (f"{path}: a physicsnemo-curator store; inspect reports meshshard stores: pass "
+               "--verify to check every chunk of it (present, decoding, finite; the layout has "
+               "no checksums), or convert it with meshshard preprocess")
+        raise CLIError(msg)
+    res = verify_curator_store(path)  # StoreError: exit 2, naming the array
+    if args.json:
+        print(json.dumps({"store": str(path), "verified": res}, indent=2))
+    else:
+        print(f"{path}: physicsnemo-curator store, {len(res['arrays'])} arrays verified "
+              f"(checksums: {res['checksums']})")
+        for k, v in res["arrays"].items():
+            print(f"  {k}: {tuple(v['shape'])} {v['dtype']}, {v['chunks']} chunk(s)")
+    return 0
+
+
 def _inspect_store(path: Path, args: argparse.Namespace) -> int:
     """``run_i.zarr``: the pipelines' store summary, then a partition report per stored part
     (surface, volume) on the kNN graph of its cell centres (stores keep no connectivity)."""
+    from meshshard.datasets.curator import is_curator_store
+
+    if is_curator_store(path):
+        return _inspect_curator(path, args)
     try:  # deferred: a failing store reader becomes this command's one-line error
         from meshshard.store.format import inspect_store, store_partition
     except ImportError as exc:

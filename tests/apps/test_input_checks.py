@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from meshshard.apps.evaluate import evaluate_one
-from meshshard.apps.input_checks import run_named
 from meshshard.cli import main
 from meshshard.errors import InputError
 
@@ -142,6 +141,8 @@ def test_triangles_are_not_a_volume(trained, world_of_one, tmp_path):
 
 
 def test_every_error_names_the_run():
+    from meshshard.apps.input_checks import run_named
+
     with pytest.raises(ValueError, match=r"^runs/run_7: reference area 0.0 must be > 0$"):
         with run_named("runs/run_7"):
             raise ValueError("reference area 0.0 must be > 0")

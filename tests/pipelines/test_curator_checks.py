@@ -138,3 +138,23 @@ def test_non_finite_truth_on_one_rank_stops_every_rank(copy):
     out = run_ranks(refused_rank, 2, str(copy), timeout=120)
     assert out[0] != "" and out[1] == f"(rank 0) {out[0]}"  # rank 1 names the finder
     assert "array surface_fields has 1 row(s) with NaN or inf" in out[0]
+
+
+def test_inspect_verify_checks_what_the_layout_allows(copy, capsys):
+    from meshshard.cli import main
+
+    assert main(["inspect", str(copy), "--verify", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["verified"]["arrays"]["surface_fields"]["chunks"] >= 2
+    assert "none in this layout" in got["verified"]["checksums"]
+    assert main(["inspect", str(copy)]) == 2  # no --verify: a pointer, not a wrong report
+    assert "pass --verify" in capsys.readouterr().err
+    import zarr
+
+    zarr.open_array(str(copy / "surface_areas"), mode="r+")[7] = np.inf
+    assert main(["inspect", str(copy), "--verify"]) == 2
+    err = capsys.readouterr().err
+    assert "array surface_areas has 1 row(s) with NaN or inf (first at row 7)" in err
+    shutil.rmtree(copy / "surface_normals" / "c" / "1")
+    assert main(["inspect", str(copy), "--verify"]) == 2
+    assert "array surface_normals: chunk 1.0" in capsys.readouterr().err
