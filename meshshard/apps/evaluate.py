@@ -27,8 +27,13 @@ from typing import Any
 import numpy as np
 
 from meshshard.apps.figures import evaluate_png, r_squared
-from meshshard.apps.forces import PRESSURE, WALL_SHEAR, field_errors, force_coefficients
-from meshshard.apps.input_checks import check_model_for_inference, check_reference_area, run_named
+from meshshard.apps.forces import PRESSURE, WALL_SHEAR, force_coefficients
+from meshshard.apps.input_checks import (
+    check_model_for_inference,
+    check_reference_area,
+    checked_errors,
+    run_named,
+)
 from meshshard.apps.inputs import read_surface_rows
 from meshshard.apps.model_file import ModelFileError, load_model
 from meshshard.apps.predict import PREDICT_CLASSES, ensure_world, predict_rows
@@ -114,7 +119,7 @@ def _surface_metrics(source: str | Path, mf: Any = None, *, mesh: Any = None,
     fp = force_coefficients(pred, cols, rows.normals, rows.areas, **kw)
     ft = force_coefficients(true, cols, rows.normals, rows.areas, **kw)
     return {"run": rows.name, "source": str(source), "cells": rows.n_total,
-            "rel_l2": field_errors(pred, true, cols, group=group),
+            "rel_l2": checked_errors(pred, true, cols, group=group, source=source),
             "cd_true": ft["cd"], "cd_pred": fp["cd"], "cl_true": ft["cl"], "cl_pred": fp["cl"],
             "reference_area": ft["reference_area"], "reference_area_from": a_from,
             "forces_true": ft, "forces_pred": fp}

@@ -30,9 +30,9 @@ import numpy as np
 from meshshard.datasets.curator_validate import FLOW_RANGE
 from meshshard.errors import DistributedError, InputError
 
-__all__ = ["MIN_CHUNK", "check_chunk", "check_model_for_inference", "check_reference_area",
-           "check_surface_rows", "check_volume_cells", "check_volume_rows", "run_named",
-           "warn_rounds"]
+__all__ = ["MIN_CHUNK", "check_chunk", "check_model_for_inference", "check_predictions",
+           "check_reference_area", "check_surface_rows", "check_volume_cells",
+           "check_volume_rows", "checked_errors", "run_named", "warn_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -268,3 +268,33 @@ def run_named(source: Any) -> Iterator[None]:
         if str(source) in text or Path(str(source)).name in text:
             raise
         raise _renamed(exc, f"{source}: {text}") from exc
+
+
+def check_predictions(pred: np.ndarray, group: Any = None) -> None:
+    """The model's (de-standardised) predictions on this rank are finite; else every rank
+    raises (collective when distributed). Finite weights and inputs can still overflow."""
+    from meshshard.comm.agree import raise_together
+
+    bad = ~np.isfinite(pred).all(axis=1) if pred.ndim == 2 else ~np.isfinite(pred)
+    problem = ""
+    if bad.any():
+        problem = (f"the model's predictions are NaN or inf in {int(bad.sum())} row(s) (first "
+                   f"at local row {int(np.flatnonzero(bad)[0])}): its inputs are outside what "
+                   "it was trained on, or the model file is wrong")
+    raise_together(problem, group, InputError)
+
+
+def checked_errors(pred: np.ndarray, true: np.ndarray, columns: dict, *, group: Any = None,
+                   source: Any = None) -> dict[str, float]:
+    """:func:`~meshshard.apps.forces.field_errors`, refusing a field whose truth is zero on
+    every row (a zero-filled store: its relative error would be NaN). Collective when
+    distributed (the sums are global, so every rank raises alike)."""
+    from meshshard.apps.forces import field_errors
+
+    errs = field_errors(pred, true, columns, group=group)
+    zero = [k for k, v in errs.items() if math.isnan(v)]
+    if zero:
+        msg = (f"{source}: true field {zero[0]} is zero on every row (a zero-filled or "
+               "damaged store?); its relative error is undefined -- check the run's data")
+        raise InputError(msg)
+    return errs

@@ -31,10 +31,11 @@ import torch
 
 from meshshard.apps.features import chunked_inputs
 from meshshard.apps.figures import pressure_png
-from meshshard.apps.forces import field_errors, force_coefficients
+from meshshard.apps.forces import force_coefficients
 from meshshard.apps.input_checks import (
     check_model_for_inference,
     check_reference_area,
+    checked_errors,
     run_named,
     warn_rounds,
 )
@@ -167,7 +168,7 @@ def _predict_run(
                                "seconds": {"read_partition": t_read, "inputs_model": t_model}}
     if truth:
         cols, true = truth_columns(truth, rows, pred)
-        summary["rel_l2"] = field_errors(pred, true, cols, group=group)
+        summary["rel_l2"] = checked_errors(pred, true, cols, group=group, source=source)
         summary["reference_area_from"] = a_from
         kw = {"reference_area": a_ref, "group": group}
         summary["forces_pred"] = force_coefficients(pred, cols, rows.normals, rows.areas, **kw)

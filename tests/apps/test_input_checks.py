@@ -149,3 +149,32 @@ def test_every_error_names_the_run():
     with pytest.raises(ValueError, match=r"^runs/run_7/x.vtp: bad$"):  # already named: kept
         with run_named("runs/run_7"):
             raise ValueError("runs/run_7/x.vtp: bad")
+
+
+def test_zero_truth_is_not_a_nan_error(trained, tmp_path, capsys):
+    """A field zero on every row gave rel_l2 NaN with exit 0."""
+    import pyvista as pv
+
+    run = tmp_path / "run_1"
+    shutil.copytree(trained["raw"] / "run_1", run)
+    m = pv.read(run / "boundary_1.vtp")
+    m.cell_data["pMeanTrim"] = np.zeros(m.n_cells, dtype=np.float32)
+    m.save(run / "boundary_1.vtp")
+    rc = main(["evaluate", str(run), "--checkpoint", str(trained["ckpt"]), "--out",
+               str(tmp_path / "e"), "--no-png"])
+    err = _err(capsys)
+    assert rc == 2 and str(run) in err and "true field pMeanTrim is zero on every row" in err
+
+
+def test_non_finite_predictions_are_refused(trained, tmp_path, capsys):
+    """Finite weights and a finite (huge) target_std overflow float32: no NaN/inf written."""
+    ck = tmp_path / "ck"
+    shutil.copytree(trained["ckpt"], ck)
+    meta = json.loads((ck / "model.json").read_text())
+    meta["scales"]["target_std"] = [3e38] * len(meta["scales"]["target_std"])
+    (ck / "model.json").write_text(json.dumps(meta))
+    rc = main(["predict", str(ck), str(trained["raw"] / "run_1"), "--out", str(tmp_path / "p"),
+               "--no-png"])
+    err = _err(capsys)
+    assert rc == 2 and "predictions are NaN or inf" in err and "run_1" in err, err
+    assert not list((tmp_path / "p").rglob("*.vtp"))
