@@ -9,7 +9,7 @@ none is left waiting in a collective.
 - a surface (:func:`check_surface_rows`): centres finite with squared distances inside
   float64, areas finite and > 0 (float32 areas of a mesh in the wrong units underflow to 0:
   said so), normals finite and of unit length, the truth finite, flow speed and density in
-  :data:`~meshshard.datasets.curator_validate.FLOW_RANGE`;
+  :data:`~meshshard.store.curator_checks.FLOW_RANGE`;
 - a volume (:func:`check_volume_rows`, :func:`check_volume_cells`): a ``.vtu`` of 3-D cells
   (a file of triangles is a surface, not a volume), centres and truth finite;
 - the model (:func:`check_model_for_inference`): the target standardisation is there;
@@ -27,11 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.datasets.curator_validate import FLOW_RANGE
+from meshshard.apps.forces import field_errors
+from meshshard.apps.model_checks import ModelFileError, check_for_inference
+from meshshard.comm.agree import raise_together
 from meshshard.errors import DistributedError, InputError
+from meshshard.io.vtkxml import SeveralPieces, UnsupportedVtkXml, VtkXmlFile
+from meshshard.partition._validation import check_distance_range
+from meshshard.store.curator_checks import FLOW_RANGE
 
-__all__ = ["MIN_CHUNK", "check_chunk", "check_model_for_inference", "check_predictions",
-           "check_reference_area", "check_surface_rows", "check_volume_cells",
+__all__ = ["MIN_CHUNK", "check_chunk", "check_inference_options", "check_model_for_inference",
+           "check_predictions", "check_reference_area", "check_surface_rows", "check_volume_cells",
            "check_volume_rows", "checked_errors", "run_named", "warn_rounds"]
 
 log = logging.getLogger(__name__)
@@ -66,6 +71,14 @@ def check_chunk(value: int | None, what: str = "--max-points-per-chunk") -> None
         raise InputError(msg)
 
 
+def check_inference_options(args: Any) -> None:
+    """``--max-points-per-chunk`` (unless ``--unchunked``) and ``--reference-area`` of the
+    predict and evaluate commands, before any rank reads a file."""
+    if not getattr(args, "unchunked", False):
+        check_chunk(args.max_points_per_chunk)  # 1 point per chunk ran for hours
+    check_reference_area(getattr(args, "reference_area", None))
+
+
 def warn_rounds(n_local: int, chunk: int | None, source: Any) -> None:
     """Log a warning with an estimate when ``chunk`` makes more than 1000 rounds on a rank."""
     if chunk is None or chunk < 1:
@@ -78,8 +91,6 @@ def warn_rounds(n_local: int, chunk: int | None, source: Any) -> None:
 
 def check_model_for_inference(mf: Any) -> None:
     """The model file has what predict needs beyond :func:`load_model`'s checks."""
-    from meshshard.apps.model_checks import check_for_inference
-
     check_for_inference(mf.path, mf.scales)
 
 
@@ -99,8 +110,6 @@ def _extent(c: np.ndarray) -> float:
 
 
 def _geometry_problem(source: Any, centers: np.ndarray, what: str, perm: np.ndarray) -> str:
-    from meshshard.partition._validation import check_distance_range
-
     finite = np.isfinite(centers).all(axis=1)
     if not finite.all():
         return f"{source}: {what} centres are NaN or inf in {_first(~finite, perm)}"
@@ -170,16 +179,12 @@ def check_surface_rows(rows: Any, source: Any, group: Any = None) -> None:
     InputError
         On every rank, naming the run, the array, the first bad row and the fix.
     """
-    from meshshard.comm.agree import raise_together
-
     raise_together(_surface_problem(rows, source), group, InputError)
 
 
 def check_volume_rows(rows: Any, source: Any, group: Any = None) -> None:
     """This rank's volume rows: finite centres (float64-safe extent) and finite truth.
     Collective when distributed."""
-    from meshshard.comm.agree import raise_together
-
     p = _geometry_problem(source, rows.centers, "volume", rows.perm) or _truth_problem(
         source, rows.fields, rows.columns, rows.perm)
     raise_together(p, group, InputError)
@@ -196,8 +201,6 @@ def _dimension(code: int) -> int:
 
 def _cell_types(path: Path) -> np.ndarray:
     """The VTK cell types of a ``.vtu`` (every piece), decoded alone."""
-    from meshshard.io.vtkxml import SeveralPieces, UnsupportedVtkXml, VtkXmlFile
-
     out = []
     try:
         piece: int | None = None
@@ -257,8 +260,6 @@ def _renamed(exc: Exception, text: str) -> Exception:
 def run_named(source: Any) -> Iterator[None]:
     """Errors of the input kind (ValueError, meshshard's own but a DistributedError and a
     model file's) raised inside name ``source`` when their message does not already."""
-    from meshshard.apps.model_file import ModelFileError
-
     try:
         yield
     except (DistributedError, ModelFileError):
@@ -273,8 +274,6 @@ def run_named(source: Any) -> Iterator[None]:
 def check_predictions(pred: np.ndarray, group: Any = None) -> None:
     """The model's (de-standardised) predictions on this rank are finite; else every rank
     raises (collective when distributed). Finite weights and inputs can still overflow."""
-    from meshshard.comm.agree import raise_together
-
     bad = ~np.isfinite(pred).all(axis=1) if pred.ndim == 2 else ~np.isfinite(pred)
     problem = ""
     if bad.any():
@@ -289,8 +288,6 @@ def checked_errors(pred: np.ndarray, true: np.ndarray, columns: dict, *, group: 
     """:func:`~meshshard.apps.forces.field_errors`, refusing a field whose truth is zero on
     every row (a zero-filled store: its relative error would be NaN). Collective when
     distributed (the sums are global, so every rank raises alike)."""
-    from meshshard.apps.forces import field_errors
-
     errs = field_errors(pred, true, columns, group=group)
     zero = [k for k, v in errs.items() if math.isnan(v)]
     if zero:

@@ -31,8 +31,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "check_declared", "check_meta",
-           "check_weights", "meta_state", "output_width", "read_json", "regular_file"]
+from meshshard.errors import InputError
+from meshshard.store.curator_checks import FLOW_RANGE
+from meshshard.store.shapes import shape_mismatch
+
+__all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "ModelFileError", "check_declared",
+           "check_for_inference", "check_meta", "check_weights", "meta_state", "output_width",
+           "read_json", "regular_file"]
 
 #: the largest ``model.json`` read (a tensor list of a large model is well under 1 MB)
 MAX_JSON_BYTES = 16 << 20
@@ -42,9 +47,12 @@ MAX_JSON_DEPTH = 32
 _OUT_KEYS = ("out_dim", "out", "out_channels")
 
 
-def _error(msg: str) -> Exception:
-    from meshshard.apps.model_file import ModelFileError
+class ModelFileError(InputError):
+    """A model checkpoint that cannot be used: foreign, truncated, or another model
+    (re-exported by :mod:`meshshard.apps.model_file`)."""
 
+
+def _error(msg: str) -> Exception:
     return ModelFileError(msg)
 
 
@@ -165,8 +173,6 @@ def _check_scales(f: Path, scales: dict, width: int | None) -> None:
     if ("target_mean" in scales) != ("target_std" in scales):
         msg = f"{f}: 'scales' has one of target_mean/target_std without the other"
         raise _error(msg)
-    from meshshard.datasets.curator_validate import FLOW_RANGE
-
     lo, hi = FLOW_RANGE
     for key in ("u_inf", "rho"):
         v = scales.get(key)
@@ -225,8 +231,6 @@ def check_declared(path: Path, name: str, want: dict[str, torch.Tensor], declare
                    weights_size: int) -> None:
     """The tensors ``model.json`` declares (name -> [shape, dtype]) against the class's (built
     on the meta device), and their bytes against the weights file's size."""
-    from meshshard.store.shapes import shape_mismatch
-
     f = path / "model.json"
     for k, v in declared.items():
         ok = (isinstance(v, list) and len(v) == 2 and isinstance(v[0], list)

@@ -33,6 +33,7 @@ from torch import nn
 
 from meshshard import models
 from meshshard.apps.model_checks import (
+    ModelFileError,
     check_declared,
     check_meta,
     check_weights,
@@ -40,7 +41,6 @@ from meshshard.apps.model_checks import (
     read_json,
     regular_file,
 )
-from meshshard.errors import InputError
 from meshshard.store.atomic import publish, resolve
 from meshshard.store.shapes import shape_mismatch
 
@@ -61,10 +61,6 @@ _JSON = "model.json"
 _WEIGHTS = {"safetensors": "weights.safetensors", "torch": "weights.pt"}
 
 _REGISTRY: dict[str, type[nn.Module]] = {}
-
-
-class ModelFileError(InputError):
-    """A model checkpoint that cannot be used: foreign, truncated, or another model."""
 
 
 def register_model_class(cls: type[nn.Module], name: str | None = None, *,

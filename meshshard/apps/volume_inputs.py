@@ -35,12 +35,12 @@ from meshshard.apps.input_checks import check_volume_cells, check_volume_rows
 from meshshard.apps.inputs import read_by_kind
 from meshshard.datasets import load_shard
 from meshshard.datasets.curator import curator_info, load_curator_shard
-from meshshard.datasets.curator_validate import read_block
 from meshshard.datasets.drivaerml import read_volume, run_index
 from meshshard.datasets.schema import DRIVAERML
 from meshshard.io.stl import read_stl
 from meshshard.ops.sdf import ShardedSurface
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
+from meshshard.store.curator_checks import read_block
 from meshshard.store.format import StoreError, open_store, read_array
 
 __all__ = ["VOLUME_FEATURES", "VolumeRows", "read_volume_rows", "volume_inputs"]

@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch.distributed as dist
+
+from meshshard.comm.host import Comm
 
 __all__ = ["raise_together"]
 
@@ -18,8 +21,6 @@ _TEXT = 512
 
 
 def _world(group: Any) -> int:
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
         return 1
     if group is not None and hasattr(group, "get_group"):
@@ -37,8 +38,6 @@ def raise_together(problem: str, group: Any = None, error: type[Exception] = Val
         if problem:
             raise error(problem)
         return
-    from meshshard.comm.host import Comm
-
     comm = Comm(group, what="input check")
     buf = np.zeros(_TEXT + 1, dtype=np.uint8)
     text = problem.encode()[:_TEXT]

@@ -84,12 +84,7 @@ def check_inference_args(args: Any) -> None:
     """The options ``predict`` and ``evaluate`` share: a positive chunk budget and a writable
     ``--out``, checked before any rank reads a file."""
 
-    from meshshard.apps.input_checks import check_chunk, check_reference_area
-
     if args.max_points_per_chunk < 1:
         msg = f"--max-points-per-chunk {args.max_points_per_chunk} must be >= 1"
         raise CLIError(msg)
-    if not getattr(args, "unchunked", False):
-        check_chunk(args.max_points_per_chunk)  # 1 point per chunk ran for hours
-    check_reference_area(getattr(args, "reference_area", None))
     check_out_dir(args.out)

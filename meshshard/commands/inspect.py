@@ -27,6 +27,7 @@ from meshshard.partition import Partition, knn_graph, partition
 from meshshard.partition._validation import check_distance_range
 from meshshard.partition.io import MESH_SUFFIXES, load_geometry
 from meshshard.partition.report import format_report, render_png, report
+from meshshard.store.curator_checks import is_curator_store, verify_curator_store
 from meshshard.store.format import store_surfels, verify_store
 
 
@@ -107,8 +108,6 @@ def _format_tree(d: dict, indent: int = 0) -> list[str]:
 def _inspect_curator(path: Path, args: argparse.Namespace) -> int:
     """A physicsnemo-curator store: ``--verify`` checks what its layout allows (it records
     no checksums); without it, a one-line pointer."""
-    from meshshard.datasets.curator_validate import verify_curator_store
-
     if not args.verify:
         msg = (f"{path}: a physicsnemo-curator store; inspect reports meshshard stores: pass "
                "--verify to check every chunk of it (present, decoding, finite; the layout has "
@@ -128,8 +127,6 @@ def _inspect_curator(path: Path, args: argparse.Namespace) -> int:
 def _inspect_store(path: Path, args: argparse.Namespace) -> int:
     """``run_i.zarr``: the pipelines' store summary, then a partition report per stored part
     (surface, volume) on the kNN graph of its cell centres (stores keep no connectivity)."""
-    from meshshard.datasets.curator import is_curator_store
-
     if is_curator_store(path):
         return _inspect_curator(path, args)
     try:  # deferred: a failing store reader becomes this command's one-line error

@@ -29,7 +29,6 @@ is not here).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,22 +36,24 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.datasets.curator_validate import (
-    FLOW_RANGE,
-    agree,
-    check_array_meta,
-    read_block,
-    value_problems,
-)
+from meshshard.comm.agree import raise_together
 from meshshard.datasets.drivaerml import read_run
 from meshshard.datasets.rows import target_device, wrap_rows
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.partition import partition
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
+from meshshard.store.curator_checks import (
+    check_array_meta,
+    check_flow,
+    read_block,
+    value_problems,
+    verify_curator_store,
+)
+from meshshard.store.curator_checks import is_curator_store as _is_curator_store
 from meshshard.store.format import STL_KEYS, StoreError
 
 __all__ = ["CURATOR_COLUMNS", "curator_info", "is_curator_store", "load_curator_shard",
-           "write_curator_store"]
+           "verify_curator_store", "write_curator_store"]
 
 log = logging.getLogger(__name__)
 
@@ -67,22 +68,9 @@ _PART_KEYS = {"surface": ("surface_mesh_centers", "surface_normals", "surface_ar
               "volume": ("volume_mesh_centers", "volume_fields")}
 
 
-def _group_meta(path: Path) -> dict | None:
-    try:
-        meta = json.loads((path / "zarr.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) and meta.get("node_type") == "group" else None
-
-
 def is_curator_store(path: str | Path) -> bool:
     """A zarr v3 group with curator's arrays and without meshshard's ``schema_version``."""
-    path = Path(path)
-    meta = _group_meta(path)
-    if meta is None or "schema_version" in meta.get("attributes", {}):
-        return False
-    return any((path / k / "zarr.json").is_file() for k in ("surface_mesh_centers",
-                                                            "volume_mesh_centers"))
+    return _is_curator_store(path)
 
 
 def curator_info(path: str | Path, schema: DatasetSchema = DRIVAERML) -> tuple[Any, dict]:
@@ -121,15 +109,7 @@ def curator_info(path: str | Path, schema: DatasetSchema = DRIVAERML) -> tuple[A
     except (TypeError, ValueError):
         msg = f"{path}: stream_velocity={u!r} and air_density={rho!r} must be numbers"
         raise StoreError(msg) from None
-    if not (np.isfinite(u) and u > 0 and np.isfinite(rho) and rho > 0):
-        msg = f"{path}: stream_velocity={u} and air_density={rho} must be finite and > 0"
-        raise StoreError(msg)
-    lo, hi = FLOW_RANGE
-    if not (lo <= u <= hi and lo <= rho <= hi):
-        msg = (f"{path}: stream_velocity={u:g} m/s and air_density={rho:g} kg/m^3 must lie in "
-               f"[{lo:g}, {hi:g}] (the non-dimensional fields would over- or underflow); fix "
-               "the store's attributes")
-        raise StoreError(msg)
+    check_flow(path, u, rho)
     length = None
     if "stl_coordinates" in g:
         x = read_block(g["stl_coordinates"], path, "stl_coordinates", (slice(None), 0))
@@ -225,9 +205,12 @@ def load_curator_shard(
     bad_rows = int((~np.isfinite(rows[f"{part}_mesh_centers"])).any(axis=1).sum())
     rows[f"{part}_perm"] = np.arange(lo, hi, dtype=np.int64)
     # NaN/inf truth or geometry (centres: the partitioner's own check): every rank stops
-    agree(value_problems(store, {k: v for k, v in rows.items()
-                                 if k != f"{part}_mesh_centers"}, lo),
-          mesh if mesh is not None else group, world_size)
+    problem = value_problems(store, {k: v for k, v in rows.items()
+                                     if k != f"{part}_mesh_centers"}, lo)
+    if world_size == 1 and problem:
+        raise StoreError(problem)
+    if world_size > 1:
+        raise_together(problem, mesh if mesh is not None else group, StoreError)
     if world_size == 1:
         if bad_rows:
             msg = f"{store}: {bad_rows} {part}_mesh_centers rows are not finite"

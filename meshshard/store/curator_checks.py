@@ -1,4 +1,5 @@
-"""Checks of a physicsnemo-curator store before and while it is read.
+"""Checks of a physicsnemo-curator store before and while it is read (numpy and json only:
+the ``inspect`` command uses them without importing torch).
 
 Curator's layout records no checksums (meshshard's own stores record every chunk's size and
 crc32), and zarr reads a chunk file that is not there as the array's fill value: a deleted
@@ -30,19 +31,19 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.store.format import StoreError
+from meshshard.errors import StoreError
 
-__all__ = ["FLOW_RANGE", "agree", "check_array_meta", "read_block", "value_problems",
-           "verify_curator_store"]
+__all__ = ["FLOAT_KEYS", "FLOW_RANGE", "INT_KEYS", "check_array_meta", "check_flow",
+           "is_curator_store", "read_block", "value_problems", "verify_curator_store"]
 
 #: flow speed (m/s) and density (kg/m^3) outside this range are refused as absurd: the
 #: non-dimensional fields (raw / (rho U^2)) would over- or underflow float32
 FLOW_RANGE = (1e-6, 1e6)
 #: arrays whose values are real numbers (geometry, fields); faces are integers
-_FLOAT_KEYS = ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fields",
+FLOAT_KEYS = ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fields",
                "volume_mesh_centers", "volume_fields", "stl_coordinates", "stl_centers",
                "stl_areas")
-_INT_KEYS = ("stl_faces",)
+INT_KEYS = ("stl_faces",)
 _MAX_META_BYTES = 1 << 20
 #: above this many chunks, a shortfall is reported by count before looking for names
 _MAX_LISTED = 1 << 20
@@ -113,11 +114,11 @@ def check_array_meta(path: str | Path, key: str) -> tuple[int, ...]:
     meta = _array_meta(path, key)
     dtype = str(meta.get("data_type"))
     kind = np.dtype(dtype).kind if dtype in np.sctypeDict else "?"
-    if key in _FLOAT_KEYS and kind != "f":
+    if key in FLOAT_KEYS and kind != "f":
         msg = (f"{path}: array {key} holds {dtype}; curator writes geometry and fields as "
                "floating point (float32) -- this store was written by something else")
         raise StoreError(msg)
-    if key in _INT_KEYS and kind not in "iu":
+    if key in INT_KEYS and kind not in "iu":
         msg = f"{path}: array {key} holds {dtype}; faces are integer vertex ids"
         raise StoreError(msg)
     shape, chunks = _grid(path, key, meta)
@@ -172,23 +173,43 @@ def value_problems(path: str | Path, rows: dict[str, np.ndarray], first_row: int
     return ""
 
 
-def agree(problem: str, group: Any, world: int) -> None:
-    """Raise :class:`StoreError` on every rank when any rank found a ``problem`` (collective
-    when ``world > 1``; :func:`meshshard.comm.agree.raise_together`)."""
-    if world == 1:
-        if problem:
-            raise StoreError(problem)
-        return
-    from meshshard.comm.agree import raise_together
+def check_flow(path: str | Path, u: float, rho: float) -> None:
+    """Flow speed ``u`` (m/s) and density ``rho`` (kg/m^3) finite and in :data:`FLOW_RANGE`
+    (air density 1e308 gave inf fields)."""
+    lo, hi = FLOW_RANGE
+    if not (np.isfinite(u) and u > 0 and np.isfinite(rho) and rho > 0):
+        msg = f"{path}: stream_velocity={u} and air_density={rho} must be finite and > 0"
+        raise StoreError(msg)
+    if not (lo <= u <= hi and lo <= rho <= hi):
+        msg = (f"{path}: stream_velocity={u:g} m/s and air_density={rho:g} kg/m^3 must lie in "
+               f"[{lo:g}, {hi:g}] (the non-dimensional fields would over- or underflow); fix "
+               "the store's attributes")
+        raise StoreError(msg)
 
-    raise_together(problem, group, StoreError)
+
+def _is_curator(path: Path) -> bool:
+    """A zarr v3 group without meshshard's ``schema_version``, with curator's centres."""
+    try:
+        meta = json.loads((path / "zarr.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    if not isinstance(meta, dict) or meta.get("node_type") != "group" or \
+            "schema_version" in (meta.get("attributes") or {}):
+        return False
+    return any((path / k / "zarr.json").is_file() for k in ("surface_mesh_centers",
+                                                            "volume_mesh_centers"))
+
+
+def is_curator_store(path: str | Path) -> bool:
+    """Whether ``path`` is a physicsnemo-curator store (see :func:`_is_curator`)."""
+    return _is_curator(Path(path))
 
 
 def verify_curator_store(path: str | Path) -> dict[str, Any]:
-    """Everything that can be checked in a curator store without checksums: the checks of
-    :func:`~meshshard.datasets.curator.curator_info` (dtypes, chunk coverage, flow
-    conditions), then every chunk of every array read (it decodes) and every real value
-    finite. Returns ``{"checksums": ..., "arrays": {name: {"shape", "dtype", "chunks"}}}``.
+    """Everything that can be checked in a curator store without checksums: dtypes and chunk
+    coverage of every array, the flow conditions in its attributes, then every chunk of every
+    array read (it decodes) and every real value finite. Returns ``{"checksums": ...,
+    "arrays": {name: {"shape", "dtype", "chunks"}}}``.
 
     Raises
     ------
@@ -197,12 +218,20 @@ def verify_curator_store(path: str | Path) -> dict[str, Any]:
     """
     import zarr
 
-    from meshshard.datasets.curator import curator_info
-
     path = Path(path)
-    g, _ = curator_info(path)
+    if not _is_curator(path):
+        msg = f"{path}: not a physicsnemo-curator store (a zarr v3 group with surface_mesh_centers)"
+        raise StoreError(msg)
+    g = zarr.open_group(str(path), mode="r")
+    for key in (*FLOAT_KEYS, *INT_KEYS):
+        if key in g:
+            check_array_meta(path, key)
+    attrs = dict(g.attrs)
+    u, rho = attrs.get("stream_velocity"), attrs.get("air_density")
+    if isinstance(u, (int, float)) and isinstance(rho, (int, float)):
+        check_flow(path, float(u), float(rho))
     arrays: dict[str, Any] = {}
-    for key in (*_FLOAT_KEYS, *_INT_KEYS):
+    for key in (*FLOAT_KEYS, *INT_KEYS):
         if key not in g:
             continue
         arr = g[key]
