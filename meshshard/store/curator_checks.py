@@ -137,9 +137,12 @@ def check_array_meta(path: str | Path, key: str) -> tuple[int, ...]:
     prefix, sep = _key_format(meta)
     for flat in range(need):
         idx = tuple(int(i) for i in np.unravel_index(flat, per_dim))
-        if not _chunk_path(base, prefix, sep, idx).is_file():
+        cp = _chunk_path(base, prefix, sep, idx)
+        if not cp.is_file():
+            what = "is not a regular file (a FIFO would block, a device never end)" \
+                if cp.exists() else "is missing: it would read as zeros"
             msg = (f"{path}: array {key}: chunk {'.'.join(map(str, idx))} (rows from "
-                   f"{idx[0] * chunks[0]:,}) is missing: it would read as zeros; {_FIX}")
+                   f"{idx[0] * chunks[0]:,}) {what}; {_FIX}")
             raise StoreError(msg)
     return tuple(shape)
 

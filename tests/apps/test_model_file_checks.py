@@ -203,9 +203,9 @@ for path in sys.argv[1:]:
 """
 
 
-def test_fifo_is_refused_in_bounded_time(ck, tmp_path):
-    """A FIFO in place of model.json or the weights blocked the reader forever: both in one
-    subprocess with a timeout."""
+def test_fifo_and_device_are_refused_in_bounded_time(ck, tmp_path):
+    """A FIFO in place of model.json or the weights blocked the reader forever, and
+    model.json -> /dev/zero was read with no limit: all in one subprocess with a timeout."""
     import shutil
 
     dirs = []
@@ -215,11 +215,31 @@ def test_fifo_is_refused_in_bounded_time(ck, tmp_path):
         (d / name).unlink()
         os.mkfifo(d / name)
         dirs.append(d)
-    r = subprocess.run([sys.executable, "-c", _FIFO_SCRIPT, *map(str, dirs)],
+    d = tmp_path / "zero"
+    shutil.copytree(ck, d)
+    (d / "model.json").unlink()
+    (d / "model.json").symlink_to("/dev/zero")
+    r = subprocess.run([sys.executable, "-c", _FIFO_SCRIPT, *map(str, dirs), str(d)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-400:]
     lines = r.stdout.splitlines()
-    assert len(lines) == 2, r.stdout
+    assert len(lines) == 3, r.stdout
     for line, name in zip(lines, ("model.json", "weights.safetensors")):
         assert line.startswith("refused:") and "not a regular file" in line, line
         assert f"/{name}:" in line
+    assert lines[2].startswith("refused:") and "outside the checkpoint" in lines[2]
+
+
+def test_missing_standardisation_is_named_for_inference(ck):
+    from meshshard.apps.input_checks import check_model_for_inference
+
+    meta = _meta(ck)
+    del meta["scales"]["target_mean"], meta["scales"]["target_std"]
+    _put_meta(ck, meta)
+    mf = load_model(ck)  # a model file without it is fine for other uses
+    with pytest.raises(ModelFileError, match="'scales.target_mean' missing from model.json"):
+        check_model_for_inference(mf)
+    meta["scales"]["dataset"] = {"pMeanTrim": "one"}
+    _put_meta(ck, meta)
+    with pytest.raises(ModelFileError, match=r"'scales.dataset.pMeanTrim' = 'one' must be"):
+        load_model(ck)

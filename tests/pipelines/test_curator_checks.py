@@ -158,3 +158,29 @@ def test_inspect_verify_checks_what_the_layout_allows(copy, capsys):
     shutil.rmtree(copy / "surface_normals" / "c" / "1")
     assert main(["inspect", str(copy), "--verify"]) == 2
     assert "array surface_normals: chunk 1.0" in capsys.readouterr().err
+
+
+_LOAD = """
+import sys
+from meshshard.datasets import load_shard
+from meshshard.store.format import StoreError
+try:
+    load_shard(sys.argv[1], 0, 1)
+except StoreError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_fifo_chunk_is_refused_in_bounded_time(copy):
+    import os
+    import subprocess
+    import sys
+
+    chunk = copy / "surface_areas" / "c" / "0"
+    chunk.unlink()
+    os.mkfifo(chunk)
+    r = subprocess.run([sys.executable, "-c", _LOAD, str(copy)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-400:]
+    assert "array surface_areas: chunk 0 (rows from 0) is not a regular file" in r.stdout, \
+        r.stdout
