@@ -178,3 +178,14 @@ def test_non_finite_predictions_are_refused(trained, tmp_path, capsys):
     err = _err(capsys)
     assert rc == 2 and "predictions are NaN or inf" in err and "run_1" in err, err
     assert not list((tmp_path / "p").rglob("*.vtp"))
+
+
+def test_many_chunk_rounds_warn_with_an_estimate(caplog):
+    from meshshard.apps.input_checks import warn_rounds
+
+    with caplog.at_level("WARNING"):
+        warn_rounds(1_000_000, 256, "runs/run_3")
+        warn_rounds(1_000_000, 262_144, "runs/run_4")
+    assert len(caplog.records) == 1
+    assert "runs/run_3: 1000000 rows per rank in chunks of 256 make 3907 model passes" in \
+        caplog.records[0].getMessage()

@@ -243,3 +243,11 @@ def test_missing_standardisation_is_named_for_inference(ck):
     _put_meta(ck, meta)
     with pytest.raises(ModelFileError, match=r"'scales.dataset.pMeanTrim' = 'one' must be"):
         load_model(ck)
+
+
+def test_oversized_model_json_is_refused_unread(ck):
+    with open(ck / "model.json", "r+b") as fh:  # sparse: 17 MiB declared, nothing written
+        fh.truncate(17 << 20)
+    with pytest.raises(ModelFileError, match=r"model.json: 17825792 bytes, more than the "
+                       r"16777216 a model.json may have"):
+        load_model(ck)
