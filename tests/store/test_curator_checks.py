@@ -130,7 +130,7 @@ def test_non_finite_truth_on_one_rank_stops_every_rank(copy):
     import zarr
 
     from meshshard.testing.distributed import run_ranks
-    from tests.pipelines._curator_fns import refused_rank
+    from tests.datasets._curator_fns import refused_rank
 
     f = np.asarray(zarr.open_array(str(copy / "surface_fields"), mode="r")[...])
     f[3, 0] = np.nan
