@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from meshshard.commands._physics import add_physics_args
+
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", help="run directories, meshshard stores or "
@@ -21,6 +23,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="A_ref for drag/lift (default: the run's geo_ref_<i>.csv aRef, "
                              "else its frontal area)")
     parser.add_argument("--no-png", action="store_true", help="skip the PNG")
+    add_physics_args(parser)
 
 
 def expand(paths: list[str]) -> list:

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from meshshard.commands.partition import (
-    AUTO_FULL_CELLS,
-    CLI_METHOD_HELP,
-    CLI_METHODS,
-    add_geometry_args,
-)
+from meshshard.commands._methods import add_method_arg
+from meshshard.commands.partition import AUTO_FULL_CELLS, add_geometry_args
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -23,9 +19,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "on the fly (with --parts), or a run_i.zarr store",
     )
     parser.add_argument("--parts", "-p", type=int, help="shards (when TARGET is a mesh file)")
-    parser.add_argument("--method", "-m", choices=CLI_METHODS, default=None,
-                        help=CLI_METHOD_HELP.replace("%(default)s", "hilbert")
-                        + " (when TARGET is a mesh file)")  # fmt: skip
+    add_method_arg(parser, default=None, suffix=" (when TARGET is a mesh file)")
     parser.add_argument("--preset", default=None,
                         help="preset of --method kaminpar or hypergraph (see partition --help)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the graph partitioners")
@@ -45,6 +39,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--verify",
         action="store_true",
         help="STORE: recompute the crc32 of every chunk file against the store's record "
-        "(exit status 2 and the first difference when it is damaged)",
+        "(exit status 2 and the first difference when it is damaged); a physicsnemo-curator "
+        "store has no record: every chunk is checked present, decoding and finite",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -12,32 +12,7 @@ import math
 from typing import Any
 
 from meshshard.commands import CLIError
-
-METHODS = ("hilbert", "morton", "rcb", "metis")
-
-
-#: ``--method`` help, shared by the commands that partition
-METHOD_HELP = (
-    "partitioner: hilbert (Hilbert curve of the centres; fast, the default), morton (Z-order "
-    "curve), rcb (recursive coordinate bisection; compact shards, meets targets exactly), "
-    "metis (METIS on the mesh dual or kNN graph; fewest cut edges); default: %(default)s"
-)
-
-
-#: the graph partitioners of optional extras, offered by ``partition`` and ``inspect``
-EXTRA_METHODS = ("kaminpar", "hypergraph")
-
-
-GRAPH_METHODS = ("metis", *EXTRA_METHODS)
-
-
-CLI_METHODS = (*METHODS, *EXTRA_METHODS)
-
-
-CLI_METHOD_HELP = METHOD_HELP.replace(
-    "; default:", "; kaminpar (KaMinPar; pip install -e '.[kaminpar]'); hypergraph (Mt-KaHyPar "
-    "on the refresh hypergraph: fewest ghost rows; pip install -e '.[hypergraph]'); default:")
-
+from meshshard.commands._methods import add_method_arg, is_graph_method
 
 #: ``--metrics auto`` builds the whole dual graph up to this many cells (a few seconds)
 AUTO_FULL_CELLS = 1_000_000
@@ -110,8 +85,7 @@ def add_geometry_args(parser: argparse.ArgumentParser) -> None:
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="mesh (.vtp .vtu .vtk .ply .stl) or points (.npy)")
     parser.add_argument("--parts", "-p", type=int, required=True, help="number of shards")
-    parser.add_argument("--method", "-m", choices=CLI_METHODS, default="hilbert",
-                        help=CLI_METHOD_HELP)
+    add_method_arg(parser)
     add_geometry_args(parser)
     parser.add_argument("--weights", metavar="FIELD", help="cell/point field used as weights")
     parser.add_argument("--targets", help="fraction per shard, e.g. 0.5,0.25,0.25")
@@ -175,7 +149,7 @@ def missing_extra(method: str) -> CLIError:
 def metrics_mode(mode: str, kind: str, method: str, n: int) -> str:
     """``auto`` -> ``full`` or ``cut``; a graph method has its graph anyway, so ``cut`` is
     ``full``."""
-    if method in GRAPH_METHODS and mode in ("auto", "cut"):
+    if is_graph_method(method) and mode in ("auto", "cut"):
         return "full"
     if mode == "auto":
         return "cut" if kind == "dual" and n > AUTO_FULL_CELLS else "full"

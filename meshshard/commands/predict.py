@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from meshshard.commands._physics import add_physics_args
+
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="model checkpoint directory (model.json + weights)")
@@ -22,4 +24,5 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="A_ref for drag/lift (default: the run's geo_ref_<i>.csv aRef, "
                              "else the frontal area)")
     parser.add_argument("--no-png", action="store_true", help="skip the pressure PNG")
+    add_physics_args(parser)
 

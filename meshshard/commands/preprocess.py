@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from meshshard.commands.partition import METHOD_HELP, METHODS
+from meshshard.commands._methods import add_method_arg
+from meshshard.commands._physics import add_physics_args
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -15,12 +16,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="directory holding run_<i>/ directories")
     parser.add_argument("dst", help="output directory for run_<i>.zarr stores")
     parser.add_argument("--parts", type=int, required=True, help="shards per sample")
-    parser.add_argument(
-        "--method", default="hilbert", choices=(*METHODS, "hypergraph"),
-        help=METHOD_HELP + "; hypergraph: fewest ghost rows (needs pip install -e "
-        "'.[hypergraph]' in the checkout); with --graph dual, metis and hypergraph cut the "
-        "surface's dual graph",
-    )
+    add_method_arg(parser, graph_note="with --graph dual, a graph method (metis, kaminpar, "
+                   "hypergraph) cuts the surface's dual graph")
     parser.add_argument(
         "--workers",
         type=int,
@@ -45,7 +42,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="rewrite finished stores")
     parser.add_argument("--drop-nan", action="store_true", help="drop cells with NaN fields")
     parser.add_argument("--u-inf", type=float, default=38.889, help="free-stream speed, m/s")
-    parser.add_argument("--rho", type=float, default=1.0, help="density (1: kinematic p)")
+    parser.add_argument("--rho", type=float, default=1.0,
+                        help="density (keep 1 for kinematic p, as incompressible OpenFOAM "
+                             "writes it; the density only for fields in Pa)")
+    parser.add_argument("--length", type=float,
+                        help="body length for nut / (U_inf L), m (default: the run's STL "
+                             "extent along x; needed for a volume without an STL)")
+    parser.add_argument("--reference-area", type=float,
+                        help="every run's reference area, m^2, recorded in its store "
+                             "(default: the run's geo_ref_<i>.csv aRef, if any)")
+    add_physics_args(parser, u_inf=False)
     parser.add_argument(
         "--compressor", default="lz4", choices=["lz4", "zstd", "none"], help="zarr codec"
     )

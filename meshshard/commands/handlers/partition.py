@@ -10,10 +10,10 @@ from typing import Any
 from meshshard.commands import CLIError
 from meshshard.commands import partition as options
 from meshshard.commands._checks import check_out_dir, check_out_file
+from meshshard.commands._methods import is_graph_method
 from meshshard.commands._progress import Stages, progress_enabled
 from meshshard.commands.partition import (
     EXTRA_PACKAGES,
-    GRAPH_METHODS,
     check_parts,
     metrics_mode,
     missing_extra,
@@ -22,8 +22,10 @@ from meshshard.commands.partition import (
 from meshshard.partition import Partition, partition
 from meshshard.partition import hypergraph as hg
 from meshshard.partition import kaminpar_part as kp
+from meshshard.partition._validation import check_distance_range
 from meshshard.partition.cutcount import dual_cut_metrics
 from meshshard.partition.io import load_geometry
+from meshshard.partition.methods import list_methods
 from meshshard.partition.report import format_report, render_png, report
 
 
@@ -32,7 +34,7 @@ def graph_method_options(args: argparse.Namespace) -> dict:
     ``--tries`` (checked: ``--preset`` must be one the method knows)."""
     method = args.method
     preset = getattr(args, "preset", None)
-    if method not in GRAPH_METHODS:
+    if not is_graph_method(method):
         if preset is not None:
             msg = f"--preset is an option of --method kaminpar or hypergraph (got {method})"
             raise CLIError(msg)
@@ -72,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
         msg = f"--objective is a METIS option; add --method metis (got --method {args.method})"
         raise CLIError(msg)
     for flag, on in (("--refine", args.refine is not None), ("--tries", args.tries != 1)):
-        if on and args.method not in GRAPH_METHODS:
-            msg = (f"{flag} is an option of the graph methods ({', '.join(GRAPH_METHODS)}); "
+        if on and not is_graph_method(args.method):
+            msg = (f"{flag} is an option of the graph methods "
+                   f"({', '.join(list_methods(graph=True))}); "
                    f"got --method {args.method}")
             raise CLIError(msg)
     graph_opts = graph_method_options(args)
@@ -92,14 +95,16 @@ def run(args: argparse.Namespace) -> int:
         kind = args.graph or geom.default_graph()
         auto = mode == "auto"
         mode = metrics_mode(mode, kind, args.method, geom.points.shape[0])
-        need_graph = args.method in GRAPH_METHODS or mode == "full"
+        need_graph = is_graph_method(args.method) or mode == "full"
         st.set_total(3 + need_graph + (mode != "none") + bool(args.png))
         graph = None
+        if need_graph and kind == "knn":  # a kd-tree on extreme coordinates: refuse, naming it
+            check_distance_range(geom.points, name=str(args.input))
         if need_graph:
-            why = f"for {args.method}" if args.method in GRAPH_METHODS else "for the metrics"
+            why = f"for {args.method}" if is_graph_method(args.method) else "for the metrics"
             with st.stage("graph", f"{kind}, {why}"):
                 graph = geom.graph(kind, knn=args.knn)
-        extra = dict(graph_opts, graph=graph) if args.method in GRAPH_METHODS else {}
+        extra = dict(graph_opts, graph=graph) if is_graph_method(args.method) else {}
         if args.objective is not None:
             extra["objective"] = args.objective
         with st.stage("partition", args.method):

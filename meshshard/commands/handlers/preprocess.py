@@ -17,6 +17,7 @@ from meshshard import comm, pipelines  # their torch-heavy names load on first u
 from meshshard.comm.launch import launch
 from meshshard.commands import CLIError
 from meshshard.commands._checks import check_out_dir
+from meshshard.commands._physics import conventions_of, fields_of
 from meshshard.commands.partition import missing_extra
 from meshshard.datasets.drivaerml import run_index
 from meshshard.datasets.schema import DRIVAERML
@@ -37,7 +38,9 @@ def _options(args: argparse.Namespace) -> RunOptions:
         overwrite=args.overwrite,
         drop_nan=args.drop_nan,
         max_volume_cells=args.max_volume_cells,
-        schema=replace(DRIVAERML, u_inf=args.u_inf, rho=args.rho),
+        schema=replace(DRIVAERML.with_fields(fields_of(args)), u_inf=args.u_inf, rho=args.rho,
+                       length=args.length, **conventions_of(args)),
+        reference_area=args.reference_area,
         compressor=None if args.compressor == "none" else args.compressor,
         graph=args.graph,
     )
@@ -126,7 +129,8 @@ def _check_flags(args: argparse.Namespace) -> None:
             msg = f"{flag} {value} must be >= 1"
             raise CLIError(msg)
     for flag, value in (("--halo-radius", args.halo_radius), ("--u-inf", args.u_inf),
-                        ("--rho", args.rho)):
+                        ("--rho", args.rho), ("--length", args.length),
+                        ("--reference-area", args.reference_area)):
         if value is not None and not (math.isfinite(value) and value > 0):
             msg = f"{flag} {value} must be a number > 0"
             raise CLIError(msg)
