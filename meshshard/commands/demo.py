@@ -7,7 +7,7 @@ import argparse
 from meshshard.apps.demo import run_demo
 from meshshard.commands import CLIError
 from meshshard.commands._checks import check_out_dir
-from meshshard.commands.partition import METHOD_HELP, METHODS
+from meshshard.commands._methods import add_method_arg
 
 #: the default of --steps (:data:`meshshard.apps.demo.DEMO_STEPS`; kept here as a literal so
 #: building the parser imports no training code)
@@ -22,7 +22,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=DEMO_STEPS,
                         help=f"training steps (default {DEMO_STEPS}: enough for the drag of an "
                         "unseen car)")
-    parser.add_argument("--method", default="hilbert", choices=METHODS, help=METHOD_HELP)
+    add_method_arg(parser)
     parser.add_argument("--no-png", action="store_true", help="skip the PNG renderings")
 
 
