@@ -161,9 +161,9 @@ def _verdict(path: Path, verified: dict | None) -> str | None:
     one-line error naming the damage)."""
     if verified is None:
         return None
-    return (f"VERIFIED OK: {path}: {verified['arrays']} arrays, {verified['chunk_files']} chunk "
-            f"files, {verified['bytes'] / 2**20:.1f} MiB; every checksum matches the record "
-            "written when the store was finished")
+    return (f"VERIFIED OK ({path.name}): {verified['arrays']} arrays, "
+            f"{verified['chunk_files']} chunk files, {verified['bytes'] / 2**20:.1f} MiB, every "
+            "checksum as recorded")
 
 
 def _refuse_partition_options(target: Path, args: argparse.Namespace, what: str) -> None:
