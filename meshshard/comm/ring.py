@@ -1,11 +1,16 @@
 """Point-to-point ring shifts over one process group (the transport of ring attention, run
 inside the opaque custom op ``meshshard::ring_attention``, so never traced).
 
-Every rank of a group of ``P`` sends a buffer to its successor (``(r + 1) % P``) and receives one
-from its predecessor (``(r - 1) % P``), asynchronously, so the caller can compute while the
-buffer travels. Buffer sizes are never assumed: the caller says how many elements it sends and
-how many it expects (both sides know every rank's sharding sizes, so they agree), and an empty
-buffer is simply not sent (gloo cannot send zero bytes, and both sides skip it alike).
+Every rank of a group of ``P`` sends a buffer to its successor (``(r + 1) % P``) and receives
+one from its predecessor (``(r - 1) % P``), asynchronously, so the caller can compute while the
+buffer travels. Each shift's send and receive are posted together in one
+``torch.distributed.batch_isend_irecv`` (one NCCL group): at ``P = 2`` the predecessor and the
+successor are the same peer, and NCCL can deadlock on a send and a receive to one peer posted
+apart. No tag is used: NCCL matches point-to-point messages by the order they are posted, so
+every rank posts its shifts in the same order (the callers' loops are the same on every rank).
+Buffer sizes are never assumed: the caller says how many elements it sends and how many it
+expects (both sides know every rank's sharding sizes, so they agree), and an empty buffer is
+simply not sent (gloo cannot send zero bytes, and both sides skip it alike).
 
 The module counts the bytes it sends (:func:`bytes_sent`, :func:`reset_bytes_sent`) so that
 benchmarks report measured, not estimated, communication volume.
@@ -97,7 +102,6 @@ class Ring:
         *,
         dtype: torch.dtype,
         device: torch.device,
-        tag: int = 0,
         into: torch.Tensor | None = None,
     ) -> _Pending:
         """Start sending ``send`` (flat; ``None`` or empty: nothing) to the successor and
@@ -108,7 +112,9 @@ class Ring:
         to receive into, so that callers can reuse two buffers instead of allocating one per
         shift; its first ``recv_numel`` elements are returned.
 
-        Collective over the ring: every rank must call it with matching sizes and ``tag``.
+        Collective over the ring: every rank must call it with matching sizes, in the same
+        order as its other shifts (messages are matched by post order, not by tag). The send
+        and the receive go out in one ``batch_isend_irecv``.
         """
         pending = _Pending()
         if into is None:
@@ -120,11 +126,14 @@ class Ring:
             if send is not None and send.numel():
                 buf.copy_(send.reshape(-1))
             return pending
+        ops = []
         if recv_numel:
-            pending.works.append(dist.irecv(buf, src=self._prev, group=self.group, tag=tag))
+            ops.append(dist.P2POp(dist.irecv, buf, self._prev, self.group))
         if send is not None and send.numel():
             send = send.reshape(-1).contiguous()
-            pending.works.append(dist.isend(send, dst=self._next, group=self.group, tag=tag))
+            ops.append(dist.P2POp(dist.isend, send, self._next, self.group))
             _SENT[0] += send.numel() * send.element_size()
             pending.keep = send
+        if ops:
+            pending.works.extend(w for w in dist.batch_isend_irecv(ops) if w is not None)
         return pending

@@ -49,7 +49,6 @@ from meshshard.shardtensor._aten.attention_block import (
 
 __all__ = ["KV_CHUNK_ROWS", "Q_TILE_ROWS", "AttnPlan", "backward", "forward"]
 
-_TAG_KV, _TAG_ACC = 11, 12
 KV_CHUNK_ROWS = 1024  # key rows per rank per ring pass (bounds the transient buffers)
 Q_TILE_ROWS = 2048  # query rows per block call (bounds the block's output and dq)
 
@@ -222,7 +221,7 @@ def forward(q, k, v, plan: AttnPlan):
             if ring_mode and s < len(owners) - 1:
                 n_next = sub[owners[s + 1]]
                 pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                       dtype=k.dtype, device=k.device, tag=_TAG_KV,
+                                       dtype=k.dtype, device=k.device,
                                        into=bufs.other())
             if n:
                 kb, vb = _unpack(cur, _kv_shapes(k, v, n)) if bufs is not None else kv
@@ -289,7 +288,7 @@ def backward(do, q, k, v, out, lse, plan: AttnPlan):
             kv_pend = None
             if bufs is not None and s < len(owners) - 1:
                 kv_pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                          dtype=k.dtype, device=k.device, tag=_TAG_KV,
+                                          dtype=k.dtype, device=k.device,
                                           into=bufs.other())
             dk_b = dv_b = None  # this block's dk/dv share, summed over the query tiles
             if n:
@@ -326,7 +325,7 @@ def backward(do, q, k, v, out, lse, plan: AttnPlan):
                     ak += dk_b
                     av += dv_b
                 acc_pend = plan.ring.shift(buf if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                           dtype=acc, device=q.device, tag=_TAG_ACC,
+                                           dtype=acc, device=q.device,
                                            into=sums.other())
                 del buf
             del dk_b, dv_b
