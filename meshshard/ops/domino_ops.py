@@ -33,6 +33,7 @@ from meshshard.ops.api import _is_st, _layout, _one_class, _wrap
 from meshshard.ops.gridpoint import GridLayout
 from meshshard.ops.gridsample import grid_sample
 from meshshard.shardtensor import Replicate, Shard, from_local
+from meshshard.shardtensor._aten.layout_args import comm_device
 
 __all__ = ["ShardedDominoOps", "allreduce_grads"]
 
@@ -222,9 +223,11 @@ class ShardedDominoOps:
             raise ValueError(msg)
         return GridLayout(shape, origin, spacing, sizes=self.grid_sizes, axis=(0, 1))
 
-    def grid_nodes(self, shape, origin, spacing, dtype) -> torch.Tensor:
-        """This rank's nodes (C order of its block) as (n, 3) coordinates."""
-        axes = [torch.arange(r0, r0 + n) for r0, n in self._block(shape)]
+    def grid_nodes(self, shape, origin, spacing, dtype, device=None) -> torch.Tensor:
+        """This rank's nodes (C order of its block) as (n, 3) coordinates on ``device``
+        (default: the mesh's)."""
+        device = comm_device(self.mesh) if device is None else device
+        axes = [torch.arange(r0, r0 + n, device=device) for r0, n in self._block(shape)]
         idx = torch.stack([m.reshape(-1) for m in torch.meshgrid(*axes, indexing="ij")], 1)
         return GridLayout(shape, origin, spacing).coords(idx, dtype)
 
@@ -232,18 +235,40 @@ class ShardedDominoOps:
         """The nearest ``<= k`` points within ``r``: the ``k`` nearest, those beyond ``r``
         dropped. Equal to a capped radius query (ties by index alike), but the pruned kNN
         never enumerates every point in the ball (DoMINO's balls hold thousands)."""
-        if not r > 0:
-            msg = f"ball_query: r={r} must be > 0"
-            raise ValueError(msg)
-        n = torch.tensor([points.shape[0]], dtype=torch.int64)
+        return self.ball_queries(points, queries, [r], [k])[1][0]
+
+    def _global_rows(self, points) -> int:
+        """Rows of ``points`` over the group (one all-reduce and one host sync: the kNN's
+        cap is a shape). Collective."""
+        n = torch.tensor([points.shape[0]], dtype=torch.int64, device=points.device)
         dist.all_reduce(n, group=self.group)
-        kk = min(int(k), int(n))
+        return int(n)
+
+    def ball_queries(self, points, queries, radii, ks):
+        """:meth:`ball_query` for several ``(r, k)`` pairs over the same points and queries,
+        from one kNN with the largest ``k`` (the nearest ``<= k_i`` within ``r_i`` are the
+        first ``k_i`` of the nearest ``max k``, those beyond ``r_i`` dropped): one neighbour
+        search and one count instead of one each per radius.
+
+        Returns ``(union, [index_i])``: ``union`` (m, max k) holds the nearest ``max k``
+        within the largest radius (-1 pad), and every ``index_i`` (m, k_i) is its first
+        ``k_i`` columns with the points beyond ``r_i`` dropped, so one gather by ``union``
+        serves every radius. Collective.
+        """
+        for r in radii:
+            if not r > 0:
+                msg = f"ball_query: r={r} must be > 0"
+                raise ValueError(msg)
+        ks = [int(k) for k in ks]
+        kmax = max(ks)
+        kk = min(kmax, self._global_rows(points))
         if kk == 0:
-            return torch.full((queries.shape[0], k), -1, dtype=torch.int64)
+            none = torch.full((queries.shape[0], kmax), -1, dtype=torch.int64,
+                              device=queries.device)
+            return none, [none[:, :k] for k in ks]
         d, idx = Fn.knn(points.detach(), kk, queries.detach(), group=self.group,
                         backend=self.backend)
-        idx = torch.where(d <= r, idx, -1)
-        return tF.pad(idx, (0, k - kk), value=-1)
+        return _split_radii(d, idx, radii, ks)
 
     def knn(self, points, k: int) -> torch.Tensor:
         _, idx = Fn.knn(points.detach(), k, group=self.group, backend=self.backend)
@@ -288,18 +313,22 @@ class ShardedDominoOps:
         each point fetches its cell's 8 corner nodes from their owners (one gather)."""
         ds, hs = self.grid_sizes
         W = int(shape[2])
-        size = torch.tensor([W, shape[1], shape[0]], dtype=c.dtype)
+        dev = c.device
+        size = torch.tensor([W, shape[1], shape[0]], dtype=c.dtype, device=dev)
         u = ((c + 1) / 2 * (size - 1)).clamp(min=0)
         u = torch.minimum(u, size - 1)  # (x, y, z) = (w, h, d) node coordinates
         i0 = torch.minimum(u.detach().floor(), (size - 2).clamp(min=0)).long()
         frac = u - i0.to(u.dtype)
         i1 = torch.minimum(i0 + 1, (size - 1).long())
-        dcut = torch.tensor(ds).cumsum(0)
-        hcut = torch.tensor(hs).cumsum(0)
-        ranks = self.mesh.mesh  # (len(ds), len(hs)) global ranks
-        counts = torch.zeros(self.world, dtype=torch.int64)
-        counts[ranks.reshape(-1)] = (torch.tensor(ds)[:, None] * torch.tensor(hs)[None]
-                                     * W).reshape(-1)
+        ds_t = torch.tensor(ds, device=dev)
+        hs_t = torch.tensor(hs, device=dev)
+        dcut = ds_t.cumsum(0)
+        hcut = hs_t.cumsum(0)
+        ranks = self.mesh.mesh.to(dev)  # (len(ds), len(hs)) global ranks
+        counts_host = torch.zeros(self.world, dtype=torch.int64)
+        counts_host[self.mesh.mesh.reshape(-1)] = (torch.tensor(ds)[:, None]
+                                                   * torch.tensor(hs)[None] * W).reshape(-1)
+        counts = counts_host.to(dev)
         offset = counts.cumsum(0) - counts
         rows, wts = [], []
         for corner in range(8):
@@ -311,20 +340,34 @@ class ShardedDominoOps:
             w_, h_, d_ = (i.contiguous() for i in idx)
             a_ = torch.bucketize(d_, dcut, right=True)
             b_ = torch.bucketize(h_, hcut, right=True)
-            local = ((d_ - (dcut - torch.tensor(ds))[a_]) * torch.tensor(hs)[b_]
-                     + (h_ - (hcut - torch.tensor(hs))[b_])) * W + w_
+            local = ((d_ - (dcut - ds_t)[a_]) * hs_t[b_]
+                     + (h_ - (hcut - hs_t)[b_])) * W + w_
             rows.append(offset[ranks[a_, b_]] + local)
             wts.append(wgt)
         C = grid.shape[0]
         flat = grid.permute(1, 2, 3, 0).reshape(-1, C)
         vals = H.gather_neighbors(flat, torch.stack(rows, 1), group=self.group,
-                                  sizes=counts.tolist())  # (m, 8, C)
+                                  sizes=counts_host.tolist())  # (m, 8, C)
         return (vals * torch.stack(wts, 1)[..., None]).sum(1)
 
     def reduce_mean_count(self, n: int) -> int:
-        t = torch.tensor([n], dtype=torch.int64)
+        """The global number of rows (one all-reduce and one host sync). Collective."""
+        t = torch.tensor([n], dtype=torch.int64, device=comm_device(self.mesh))
         dist.all_reduce(t, group=self.group)
         return int(t)
+
+
+def _split_radii(d: torch.Tensor, idx: torch.Tensor, radii, ks):
+    """(union, [index_i]) of :meth:`ShardedDominoOps.ball_queries` from the nearest
+    ``kk <= max k`` (distances ``d``, indices ``idx``, sorted by distance, ties by index)."""
+    kmax = max(ks)
+    pad = kmax - idx.shape[1]
+    union = tF.pad(torch.where(d <= max(radii), idx, -1), (0, pad), value=-1)
+    each = []
+    for r, k in zip(radii, ks):
+        part = torch.where(d[:, :k] <= r, idx[:, :k], -1)
+        each.append(tF.pad(part, (0, k - part.shape[1]), value=-1))
+    return union, each
 
 
 def _halo_rows(grid: torch.Tensor, dim: int, width: int, sizes, coord: int,
