@@ -9,7 +9,8 @@ K/V at full size or a score matrix larger than (local queries) x (one block); wi
 flash kernel the block itself is tiled, so not even that.
 
 Memory: besides its results (``out``; ``dq``, ``dk``, ``dv``) a rank holds only transients that
-do not grow with the local queries or keys: a ring pass carries ``KV_CHUNK_ROWS`` key rows of
+do not grow with the local queries or keys: a ring pass carries ``KV_CHUNK_ROWS`` key rows
+(``GPU_BLOCK_SCALE`` times more on a GPU, where launches, not memory, bound the block size) of
 one head, in two flat buffers allocated once per call and reused by every shift (the block in
 hand and the one arriving; backward adds two for the dK/dV partial sums), and each block is
 computed in tiles of ``Q_TILE_ROWS`` query rows, so a block's output and ``dq`` are tile-sized.
@@ -51,6 +52,14 @@ __all__ = ["KV_CHUNK_ROWS", "Q_TILE_ROWS", "AttnPlan", "backward", "forward"]
 
 KV_CHUNK_ROWS = 1024  # key rows per rank per ring pass (bounds the transient buffers)
 Q_TILE_ROWS = 2048  # query rows per block call (bounds the block's output and dq)
+# on a GPU each kernel launch costs about as much as a small block: blocks 16x larger (the fused
+# kernels hold no score matrix, so memory still grows with the rows only)
+GPU_BLOCK_SCALE = 16
+
+
+def _block_rows(rows: int, device: torch.device) -> int:
+    """``rows`` (a CPU block size) sized for ``device``."""
+    return rows * GPU_BLOCK_SCALE if device.type == "cuda" else rows
 
 
 @dataclass(frozen=True)
@@ -95,10 +104,11 @@ class AttnPlan:
 
 
 # ---------------------------------------------------------------------------- block tiles
-def _q_tiles(q_len: int):
-    """Slices of at most ``Q_TILE_ROWS`` local query rows: a block's output, ``dq`` and kernel
-    buffers are computed one tile at a time, so they stay a fraction of the local queries."""
-    step = max(1, Q_TILE_ROWS)
+def _q_tiles(q_len: int, device: torch.device):
+    """Slices of at most ``Q_TILE_ROWS`` local query rows (x ``GPU_BLOCK_SCALE`` on a GPU): a
+    block's output, ``dq`` and kernel buffers are computed one tile at a time, so they stay a
+    fraction of the local queries."""
+    step = max(1, _block_rows(Q_TILE_ROWS, device))
     return [slice(r, min(r + step, q_len)) for r in range(0, q_len, step)]
 
 
@@ -173,7 +183,7 @@ def _passes(plan: AttnPlan, k: torch.Tensor):
     local K/V. Yields (query head slice, kv head, key chunk slice of the local rows, per-owner
     chunk sizes, per-owner global chunk starts)."""
     sizes = (k.shape[-2],) if plan.mode == "local" else tuple(plan.kv_sizes)
-    chunks = max(1, -(-max(sizes, default=0) // KV_CHUNK_ROWS))
+    chunks = max(1, -(-max(sizes, default=0) // _block_rows(KV_CHUNK_ROWS, k.device)))
     split = [_split_sizes(n, chunks) for n in sizes]
     me = 0 if plan.mode == "local" else plan.ring.rank
     g = plan.gqa_groups
@@ -226,7 +236,7 @@ def forward(q, k, v, plan: AttnPlan):
             if n:
                 kb, vb = _unpack(cur, _kv_shapes(k, v, n)) if bufs is not None else kv
                 kb, vb = _expand(kb, plan.gqa_groups), _expand(vb, plan.gqa_groups)
-                for rs in _q_tiles(lq):
+                for rs in _q_tiles(lq, q.device):
                     m, kc, skip = _block_mask(plan, mask, rs.start, rs.stop - rs.start,
                                               starts[o], n, q)
                     if skip:
@@ -294,7 +304,7 @@ def backward(do, q, k, v, out, lse, plan: AttnPlan):
             if n:
                 kb, vb = _unpack(cur, shapes) if bufs is not None else kv
                 kb, vb = _expand(kb, g), _expand(vb, g)
-                for rs in _q_tiles(lq):
+                for rs in _q_tiles(lq, q.device):
                     m, kc, skip = _block_mask(plan, mask, rs.start, rs.stop - rs.start,
                                               starts[o], n, q)
                     if skip:
