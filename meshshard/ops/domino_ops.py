@@ -56,11 +56,18 @@ class ShardedDominoOps:
         ``d_sizes[a]`` x ``h_sizes[b]`` x all of ``W``.
     backend : str
         Local neighbour kernel (see :mod:`meshshard.ops.kernels`).
+    validate : bool
+        Check in every forward that the grid covers the sampled points (one all-gather and
+        one host sync). Default on; a training loop whose loader checked its samples once
+        (``apps.domino_train.domino_sample`` does) turns it off for a step with fewer syncs.
     """
 
-    def __init__(self, mesh, grid_sizes=None, *, backend: str = "auto"):
+    def __init__(self, mesh, grid_sizes=None, *, backend: str = "auto", validate: bool = True):
         self.mesh = mesh
         self.backend = backend
+        self.validate = bool(validate)
+        self._ranks = tuple(mesh.mesh.reshape(-1).tolist())
+        self._known: dict[int, tuple] = {}  # id(local piece) -> (piece, every rank's rows)
         if mesh.ndim == 1:
             self.group = mesh.get_group(0)
             self.grid_sizes = None if grid_sizes is None else tuple(int(s) for s in grid_sizes)
@@ -133,9 +140,25 @@ class ShardedDominoOps:
             aliases = (aliases,)
         local = tuple(None if x is None else self.enter(x, n, grid=n == "sdf_grid")
                       for n, x in zip(_ROLES, inputs))
-        out = functional_call(module, dict(zip(names, aliases)), local)
+        # every rank's rows of the point inputs are known from their layouts: the forward
+        # needs no count exchange for them
+        for name, x, piece in zip(_ROLES, inputs, local):
+            if x is not None and name != "sdf_grid":
+                self._known[id(piece)] = (piece, tuple(int(v) for v in x.sharding_sizes(0)))
+        try:
+            out = functional_call(module, dict(zip(names, aliases)), local)
+        finally:
+            self._known.clear()
         self.grads_summed = True  # after the inner forward (local inputs) reset it
         return self.leave(out, points)
+
+    def _sizes(self, piece) -> tuple | None:
+        """Every rank's rows of ``piece`` when a ShardTensor input's layout gave them."""
+        hit = self._known.get(id(piece))
+        return hit[1] if hit is not None and hit[0] is piece else None
+
+    def _same_mesh(self, got) -> bool:
+        return got is self.mesh or tuple(got.mesh.reshape(-1).tolist()) == self._ranks
 
     def enter(self, x, name: str, grid: bool = False):
         """This rank's piece of a model input: ``x`` itself, or a ShardTensor's local piece
@@ -150,12 +173,12 @@ class ShardedDominoOps:
             return self._enter_grid(x, name)
         got = x.device_mesh
         if self.mesh.ndim == 1:
-            if got.mesh.tolist() != self.mesh.mesh.tolist():
+            if not self._same_mesh(got):
                 msg = f"DoMINO: {name} lives on mesh {got}, the ops on {self.mesh}"
                 raise ValueError(msg)
         else:
             ranks = list(range(dist.get_world_size()))
-            if got.ndim != 1 or got.mesh.tolist() != ranks:
+            if got.ndim != 1 or tuple(got.mesh.tolist()) != tuple(ranks):
                 msg = (f"DoMINO: {name} lives on mesh {got}; on the ops' 2-D mesh the points "
                        f"are cut over all ranks: put them on a 1-D mesh of ranks {ranks} "
                        f"(e.g. init_device_mesh({self.mesh.device_type!r}, ({len(ranks)},)))")
@@ -163,7 +186,7 @@ class ShardedDominoOps:
         return _layout(x, name, "DoMINO")[0]
 
     def _enter_grid(self, x, name: str) -> torch.Tensor:
-        if x.device_mesh.mesh.tolist() != self.mesh.mesh.tolist():
+        if not self._same_mesh(x.device_mesh):
             msg = f"DoMINO: {name} lives on mesh {x.device_mesh}, the ops on {self.mesh}"
             raise ValueError(msg)
         pl = tuple(x.placements)
@@ -238,8 +261,11 @@ class ShardedDominoOps:
         return self.ball_queries(points, queries, [r], [k])[1][0]
 
     def _global_rows(self, points) -> int:
-        """Rows of ``points`` over the group (one all-reduce and one host sync: the kNN's
-        cap is a shape). Collective."""
+        """Rows of ``points`` over the group: from the ShardTensor input's layout, else one
+        all-reduce and one host sync (the kNN's cap is a shape). Collective."""
+        known = self._sizes(points)
+        if known is not None:
+            return sum(known)
         n = torch.tensor([points.shape[0]], dtype=torch.int64, device=points.device)
         dist.all_reduce(n, group=self.group)
         return int(n)
@@ -295,7 +321,8 @@ class ShardedDominoOps:
         """Trilinear values of the sharded grid at this rank's points (border padding).
         Raises ``ValueError`` on every rank when any rank's point lies outside the grid."""
         lay = GridLayout(shape, origin, spacing)
-        lay.check_covers(points, self.group, what="sampled points")
+        if self.validate:
+            lay.check_covers(points, self.group, what="sampled points")
         c = lay.normalize(points, align_corners=True)
         if self.grid_sizes is None:  # whole grid here: purely local (partial gradients)
             return grid_sample(grid[None], c[None], align_corners=True,
@@ -304,7 +331,9 @@ class ShardedDominoOps:
             return self._sample_blocks(grid, c, shape)
         G = from_local(grid[None], self.mesh, [Shard(2)], [list(self.grid_sizes)],
                        validate=False)
-        Cc = from_local(c[None], self.mesh, [Shard(1)], None)
+        sizes = self._sizes(points)  # known from the input layout, else one all-gather
+        Cc = from_local(c[None], self.mesh, [Shard(1)], None if sizes is None else [list(sizes)],
+                        validate=sizes is None)
         out = grid_sample(G, Cc, align_corners=True, padding_mode="border")
         return out.to_local()[0]
 

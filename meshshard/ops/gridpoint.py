@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from meshshard.comm.rows import all_gather_rows
 from meshshard.ops import functional as F
+from meshshard.ops._consts import device_const
 from meshshard.ops.api import _is_st, _layout, _wrap, _wrap_inferred
 from meshshard.shardtensor import Replicate
 
@@ -169,8 +170,8 @@ class GridLayout:
 
     def coords(self, index: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
         """Physical ``(x, y, z)`` coordinates of integer ``(d, h, w)`` node indices."""
-        o = torch.tensor(self.origin, dtype=dtype, device=index.device)
-        s = torch.tensor(self.spacing, dtype=dtype, device=index.device)
+        o = device_const(self.origin, dtype, index.device)
+        s = device_const(self.spacing, dtype, index.device)
         return o + index.flip(-1).to(dtype) * s
 
     def local_nodes(self, rank: int, dtype=torch.float32, device=None) -> torch.Tensor:
@@ -190,9 +191,9 @@ class GridLayout:
         With ``align_corners=True`` the outer nodes map to -1 and 1; with ``False`` the outer
         cell faces (half a spacing beyond the outer nodes) do.
         """
-        o = torch.tensor(self.origin, dtype=points.dtype, device=points.device)
-        s = torch.tensor(self.spacing, dtype=points.dtype, device=points.device)
-        size = torch.tensor(self.shape[::-1], dtype=points.dtype, device=points.device)
+        o = device_const(self.origin, points.dtype, points.device)
+        s = device_const(self.spacing, points.dtype, points.device)
+        size = device_const(self.shape[::-1], points.dtype, points.device)
         u = (points - o) / s
         if align_corners:
             return u / torch.clamp(size - 1, min=1) * 2 - 1
@@ -208,21 +209,20 @@ class GridLayout:
         Collective: every rank of ``group`` must call this.
         """
         dev = points.device
-        o64 = torch.tensor(self.origin, dtype=torch.float64)
-        hi64 = o64 + torch.tensor(self.shape[::-1], dtype=torch.float64).sub(1) * torch.tensor(
-            self.spacing, dtype=torch.float64)
+        o = [float(v) for v in self.origin]
+        hi = [a + (n - 1) * b for a, n, b in zip(o, self.shape[::-1], self.spacing)]
         tol = 1e-9 * max(self.spacing)
         p = points.detach().double()
-        lo_t, hi_t = (o64 - tol).to(dev), (hi64 + tol).to(dev)
+        lo_t = device_const([v - tol for v in o], torch.float64, dev)
+        hi_t = device_const([v + tol for v in hi], torch.float64, dev)
         bad = ((p < lo_t) | (p > hi_t)).any(-1).sum() if p.numel() else p.new_zeros(())
         row = bad.to(torch.float64).reshape(1)
         if group is not None or (dist.is_available() and dist.is_initialized()):
             row = all_gather_rows(row, group).reshape(-1)
         counts = [int(v) for v in row.tolist()]  # host sync: the verdict
         if sum(counts) > 0:
-            o, hi = o64, hi64
             ranks = [i for i, v in enumerate(counts) if v > 0]
-            msg = (f"the grid (box {o.tolist()} .. {hi.tolist()}) does not cover the {what}: "
+            msg = (f"the grid (box {o} .. {hi}) does not cover the {what}: "
                    f"{sum(counts)} lie outside (on ranks {ranks}); enlarge the grid's origin/"
                    f"shape or crop the {what}")
             raise ValueError(msg)
