@@ -47,7 +47,8 @@ def _where() -> str:
 
 class DeviceGuard(TorchDispatchMode):
     """Raise :class:`WrongDeviceError` on the first aten op with a tensor argument or result
-    not on ``device`` (plain tensors; subclasses are checked through the ops they run).
+    not on ``device`` (plain tensors; subclasses are checked through the ops they run). Meta
+    tensors are let through on a real device: they hold no data (shape inference).
 
     Parameters
     ----------
@@ -58,11 +59,12 @@ class DeviceGuard(TorchDispatchMode):
     def __init__(self, device: str | torch.device = "meta") -> None:
         super().__init__()
         self.device = torch.device(device)
+        self.allowed = {self.device.type, "meta"}
         self.ops = 0
 
     def _check(self, func, what: str, values) -> None:
         for t in tree_leaves(values):
-            if isinstance(t, torch.Tensor) and t.device.type != self.device.type:
+            if isinstance(t, torch.Tensor) and t.device.type not in self.allowed:
                 msg = (f"{func}: {what} on {t.device} (shape {tuple(t.shape)}, {t.dtype}), "
                        f"not {self.device}; made at {_where()}")
                 raise WrongDeviceError(msg)
