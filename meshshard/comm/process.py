@@ -16,12 +16,13 @@ first (see :mod:`meshshard.comm.check`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import logging
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
@@ -50,6 +51,7 @@ __all__ = [
     "debug_enabled",
     "default_backend",
     "default_device",
+    "fake_world",
     "init",
     "set_debug",
     "shutdown",
@@ -219,6 +221,29 @@ def default_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", launch().local_rank % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
+    """This process as ``rank`` of a world of ``world_size`` over torch's fake process group
+    (collectives return at once and move nothing: for placement checks on the meta device,
+    :mod:`meshshard.testing.device_guard`, never for values). Destroyed on exit.
+
+    Raises
+    ------
+    RuntimeError
+        If a process group is initialised already in this process.
+    """
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        msg = "fake_world: a process group is initialised already in this process"
+        raise RuntimeError(msg)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def join_group(backend: str, host: str, port: int, rank: int, world_size: int, *,

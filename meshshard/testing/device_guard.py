@@ -21,13 +21,13 @@ Example
 
 from __future__ import annotations
 
-import contextlib
 import traceback
-from collections.abc import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from meshshard.comm.process import fake_world
 
 __all__ = ["DeviceGuard", "WrongDeviceError", "fake_world"]
 
@@ -78,21 +78,3 @@ class DeviceGuard(TorchDispatchMode):
         out = func(*args, **kwargs)
         self._check(func, "its result", out)
         return out
-
-
-@contextlib.contextmanager
-def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
-    """This process as ``rank`` of a world of ``world_size`` over torch's fake process group
-    (collectives return at once and move nothing: for placement checks only, never for
-    values). The group is destroyed on exit."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        msg = "fake_world: a process group is initialised already in this process"
-        raise RuntimeError(msg)
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
