@@ -1,6 +1,6 @@
 """Checks that need GPUs (the ``gpu`` marker: skipped cleanly without them). On a CPU-only
 host the same properties are proxied by the meta-device placement test, the sync census and
-the p2p census on gloo (see docs/gpus.md)."""
+the p2p census on gloo (see docs/guide/gpus.md)."""
 
 from __future__ import annotations
 
