@@ -19,11 +19,12 @@ benchmarks report measured, not estimated, communication volume.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["DoubleBuffer", "Ring", "bytes_sent", "reset_bytes_sent"]
+__all__ = ["DoubleBuffer", "Ring", "Shift", "bytes_sent", "reset_bytes_sent"]
 
 _SENT = [0]
 
@@ -41,10 +42,10 @@ def reset_bytes_sent() -> None:
 @dataclass
 class _Pending:
     works: list = field(default_factory=list)
-    out: torch.Tensor | None = None
-    keep: torch.Tensor | None = None  # the send buffer, alive until the send completes
+    out: Any = None  # the received tensor (a list for Ring.shifts)
+    keep: Any = None  # the send buffers, alive until the sends complete
 
-    def wait(self) -> torch.Tensor | None:
+    def wait(self) -> Any:
         for w in self.works:
             w.wait()
         self.works = []
@@ -116,24 +117,49 @@ class Ring:
         order as its other shifts (messages are matched by post order, not by tag). The send
         and the receive go out in one ``batch_isend_irecv``.
         """
-        pending = _Pending()
-        if into is None:
-            buf = torch.empty(int(recv_numel), dtype=dtype, device=device)
-        else:
-            buf = into[: int(recv_numel)]
-        pending.out = buf
-        if self.size == 1:
-            if send is not None and send.numel():
-                buf.copy_(send.reshape(-1))
-            return pending
+        pending = self.shifts([Shift(send, recv_numel, dtype, device, into)])
+        pending.out = pending.out[0]
+        return pending
+
+    def shifts(self, items: list[Shift]) -> _Pending:
+        """Several shifts (each as :meth:`shift`) posted together in one
+        ``batch_isend_irecv``; ``.wait()`` returns the received flat tensors in ``items``'
+        order. Messages of one direction are matched in list order, so every rank must pass
+        the same list (sizes matching its neighbours'). Collective over the ring."""
+        pending = _Pending(out=[])
         ops = []
-        if recv_numel:
-            ops.append(dist.P2POp(dist.irecv, buf, self._prev, self.group))
-        if send is not None and send.numel():
-            send = send.reshape(-1).contiguous()
-            ops.append(dist.P2POp(dist.isend, send, self._next, self.group))
-            _SENT[0] += send.numel() * send.element_size()
-            pending.keep = send
+        keep = []
+        for it in items:
+            n = int(it.recv_numel)
+            buf = (torch.empty(n, dtype=it.dtype, device=it.device) if it.into is None
+                   else it.into[:n])
+            pending.out.append(buf)
+            send = it.send
+            if self.size == 1:
+                if send is not None and send.numel():
+                    buf.copy_(send.reshape(-1))
+                continue
+            if n:
+                ops.append(dist.P2POp(dist.irecv, buf, self._prev, self.group))
+            if send is not None and send.numel():
+                send = send.reshape(-1).contiguous()
+                ops.append(dist.P2POp(dist.isend, send, self._next, self.group))
+                _SENT[0] += send.numel() * send.element_size()
+                keep.append(send)
+        pending.keep = keep
         if ops:
             pending.works.extend(w for w in dist.batch_isend_irecv(ops) if w is not None)
         return pending
+
+
+@dataclass
+class Shift:
+    """One shift of :meth:`Ring.shifts`: send ``send`` (flat, or ``None``) to the successor,
+    receive ``recv_numel`` elements of ``dtype`` on ``device`` from the predecessor (into
+    ``into`` when given)."""
+
+    send: torch.Tensor | None
+    recv_numel: int
+    dtype: torch.dtype
+    device: torch.device
+    into: torch.Tensor | None = None

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from meshshard.comm.ring import DoubleBuffer, Ring
+from meshshard.comm.ring import DoubleBuffer, Ring, Shift
 from meshshard.shardtensor._aten.attention_block import (
     _acc_dtype,
     _block_bwd,
@@ -290,16 +290,21 @@ def backward(do, q, k, v, out, lse, plan: AttnPlan):
         mask = _head_mask(plan, hs)
         kv = (k[:, hk : hk + 1, rows], v[:, hk : hk + 1, rows])
         cur = _pack_into(bufs.this(), *kv) if bufs is not None else None
-        acc_pend = None
+        last = None  # (partial sums of the previous block, its rows): sent with the next batch
         for s, o in enumerate(owners):
             n = sub[o]
             shapes = _kv_shapes(k, v, n)
             n_next = sub[owners[(s + 1) % len(owners)]]
-            kv_pend = None
+            # one batch per step: the next key/value block, and (from the third step) the
+            # previous block's dk/dv partial sums out and this block's in
+            items = []
             if bufs is not None and s < len(owners) - 1:
-                kv_pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                          dtype=k.dtype, device=k.device,
-                                          into=bufs.other())
+                items.append(Shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
+                                   k.dtype, k.device, bufs.other()))
+            if sums is not None and s >= 2:
+                items.append(Shift(last[0] if last[1] else None, _numel(shapes), acc,
+                                   q.device, sums.other()))
+            batch = plan.ring.shifts(items) if items else None
             dk_b = dv_b = None  # this block's dk/dv share, summed over the query tiles
             if n:
                 kb, vb = _unpack(cur, shapes) if bufs is not None else kv
@@ -324,31 +329,33 @@ def backward(do, q, k, v, out, lse, plan: AttnPlan):
                         dk_b += dk_t
                         dv_b += dv_t
                     del dk_t, dv_t
+            got = batch.wait() if batch is not None else []
+            del batch
+            if bufs is not None and s < len(owners) - 1:
+                cur = got[0]
+                bufs.swap()
             if s > 0 and sums is not None:  # the partial sums start at the next rank and
                 if s == 1:  # end at the owner
                     buf = sums.this()[: _numel(shapes)].zero_()
                 else:
-                    buf = acc_pend.wait()
+                    buf = got[-1]
                     sums.swap()
                 if dk_b is not None:
                     ak, av = _unpack(buf, shapes)
                     ak += dk_b
                     av += dv_b
-                acc_pend = plan.ring.shift(buf if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                           dtype=acc, device=q.device,
-                                           into=sums.other())
+                last = (buf, n)
                 del buf
-            del dk_b, dv_b
-            if kv_pend is not None:
-                cur = kv_pend.wait()
-                bufs.swap()
-                del kv_pend
-        if acc_pend is not None:
-            rk, rv = _unpack(acc_pend.wait(), _kv_shapes(k, v, rows.stop - rows.start))
+            del dk_b, dv_b, got
+        if last is not None:  # the last block's sums go on; this rank's own come in
+            fin = plan.ring.shifts([Shift(last[0] if last[1] else None,
+                                          _numel(_kv_shapes(k, v, rows.stop - rows.start)),
+                                          acc, q.device, sums.other())])
+            rk, rv = _unpack(fin.wait()[0], _kv_shapes(k, v, rows.stop - rows.start))
             sums.swap()
             dkh += rk
             dvh += rv
-            acc_pend = None
+            del fin, last
     if plan.mode == "merge" and plan.ring.size > 1:
         dq = _reduce(dq, dist.ReduceOp.SUM, plan.ring.group)
     return dq, dk, dv
