@@ -291,7 +291,7 @@ def _query(points, layout: GridLayout, direction: str, group, op: str, call):
         nodes = nodes[:0]
     counts = [0] * world
     if layout.sizes is None:
-        counts[0] = int(torch.tensor(layout.shape).prod())
+        counts[0] = math.prod(layout.shape)
     else:
         counts = layout.node_counts(world)
     d, i = call(nodes, pl, g)
