@@ -14,7 +14,9 @@ Structure, for surface (7 neighbours) or volume (10 neighbours) outputs:
    point's features; the per-neighbour predictions are averaged with inverse-distance weights.
 
 Everything that needs the whole domain (ball queries, kNN, neighbour gathers, the conv halo,
-grid sampling) goes through a small pluggable ``ops`` object (:class:`LocalOps` here). The
+grid sampling) goes through a small pluggable ``ops`` object (:class:`LocalOps` here). An ops
+object with ``ball_query_sets`` answers the grid nodes' and the sampled points' ball queries
+(every radius) in one search, and the model gathers their STL points in one call. The
 model imports nothing from meshshard: with ``meshshard.ops.domino_ops.ShardedDominoOps`` the
 same module runs domain-parallel on this rank's rows of every input (points sharded, the grid
 replicated, cut in slabs along ``D``, or in blocks along ``D`` and ``H`` on a 2-D mesh). Given
@@ -74,6 +76,10 @@ class LocalOps:
             part = torch.where(val[:, :k] <= r, idx[:, :k], -1)
             each.append(F.pad(part, (0, k - part.shape[1]), value=-1))
         return union, each
+
+    def ball_query_sets(self, points, sets):
+        """:meth:`ball_queries` for several ``(queries, radii, ks)`` over the same points."""
+        return [self.ball_queries(points, q, radii, ks) for q, radii, ks in sets]
 
     def knn(self, points, k: int) -> torch.Tensor:
         """(m, k) indices of each point's k nearest points (itself first)."""
@@ -137,6 +143,21 @@ def _encode_balls(ops, mlps, stl_points, queries, radii, ks) -> list[torch.Tenso
         idx = ops.ball_query(stl_points, queries, r, k)
         rel = ops.gather(stl_points, idx) - queries[:, None]
         out.append(_pool(mlp, rel / r, idx >= 0))
+    return out
+
+
+def _encode_ball_sets(ops, stl_points, sets) -> list[list[torch.Tensor]]:
+    """:func:`_encode_balls` for several query sets ``(mlps, queries, radii, ks)`` from one
+    ``ops.ball_query_sets`` search and one gather of the STL points."""
+    found = ops.ball_query_sets(stl_points, [(q, radii, ks) for _, q, radii, ks in sets])
+    flat = torch.cat([union.reshape(-1) for union, _ in found])
+    pos = ops.gather(stl_points, flat)
+    out, at = [], 0
+    for (mlps, queries, radii, _), (union, idxs) in zip(sets, found):
+        rel = pos[at : at + union.numel()].reshape(*union.shape, pos.shape[-1]) - queries[:, None]
+        at += union.numel()
+        out.append([_pool(mlp, rel[:, : idx.shape[1]] / r, idx >= 0)
+                    for mlp, r, idx in zip(mlps, radii, idxs)])
     return out
 
 
@@ -230,12 +251,15 @@ class DoMINO(nn.Module):
         self.encode = _mlp(c_pt, hidden, hidden)
         self.basis = _mlp(3 + hidden, hidden, out_channels)
 
-    def encode_grid(self, stl_points: torch.Tensor, sdf_grid: torch.Tensor) -> torch.Tensor:
-        """Geometry encoding + processor: (hidden, D_local, H_local, W) for this rank's block."""
+    def encode_grid(self, stl_points: torch.Tensor, sdf_grid: torch.Tensor,
+                    feats: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Geometry encoding + processor: (hidden, D_local, H_local, W) for this rank's block.
+        ``feats``: the per-radius pooled features of the grid nodes, when already computed."""
         ops = self.ops
-        nodes = ops.grid_nodes(self.grid_shape, self.origin, self.spacing, stl_points.dtype,
-                               device=stl_points.device)
-        feats = _encode_balls(ops, self.geo, stl_points, nodes, self.radii, self.neighbors)
+        if feats is None:
+            nodes = ops.grid_nodes(self.grid_shape, self.origin, self.spacing, stl_points.dtype,
+                                   device=stl_points.device)
+            feats = _encode_balls(ops, self.geo, stl_points, nodes, self.radii, self.neighbors)
         g = torch.cat([*feats, sdf_grid.reshape(-1, 1).to(stl_points.dtype)], 1)
         x = self.lift(g)
         x = x.T.reshape(x.shape[1], *sdf_grid.shape)
@@ -267,10 +291,18 @@ class DoMINO(nn.Module):
             out = ops.run(self, stl_points, sdf_grid, points, point_features)
             if out is not NotImplemented:
                 return out
-        grid = self.encode_grid(stl_points, sdf_grid)
+        if hasattr(ops, "ball_query_sets"):  # grid nodes and points: one search, one gather
+            nodes = ops.grid_nodes(self.grid_shape, self.origin, self.spacing, stl_points.dtype,
+                                   device=stl_points.device)
+            geo, local = _encode_ball_sets(ops, stl_points, [
+                (self.geo, nodes, self.radii, self.neighbors),
+                (self.local, points, self.local_radii, self.local_neighbors)])
+        else:
+            geo, local = None, _encode_balls(ops, self.local, stl_points, points,
+                                             self.local_radii, self.local_neighbors)
+        grid = self.encode_grid(stl_points, sdf_grid, geo)
         at = ops.sample(grid, points, self.origin, self.spacing, self.grid_shape)
-        feats = [at, *_encode_balls(ops, self.local, stl_points, points, self.local_radii,
-                                    self.local_neighbors)]
+        feats = [at, *local]
         if point_features is not None:
             feats.append(point_features.to(points.dtype))
         h = self.encode(torch.cat(feats, 1))

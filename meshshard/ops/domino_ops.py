@@ -1,12 +1,14 @@
 """The domain-parallel ops behind :class:`meshshard.models.DoMINO` (its ``ops=`` hook).
 
-The model is plain torch and calls six ops (``grid_nodes``, ``ball_query``, ``knn``,
-``gather``, ``halo``, ``sample``); :class:`ShardedDominoOps` answers them on this rank's rows
-with meshshard's exact distributed kernels: the STL points and the sampled points are sharded
-(uneven, empty shards allowed), the latent grid is either replicated, cut in slabs along ``D``
-on a 1-D mesh, or cut in blocks along ``D`` (mesh dim 0) and ``H`` (mesh dim 1) on a 2-D mesh
-(uneven, one-row and empty slabs allowed; halos reach across several ranks when a slab is
-thinner than the conv). On a 2-D mesh the points are cut over all its ranks (rank order).
+The model is plain torch and calls six ops (``grid_nodes``, ``ball_query``, ``knn``, ``gather``,
+``halo``, ``sample``; ``ball_query_sets`` when the ops have it: the ball queries of the grid
+nodes and of the sampled points, every radius, from one kNN and one gather);
+:class:`ShardedDominoOps` answers them on this rank's rows with meshshard's exact distributed
+kernels: the STL points and the sampled points are sharded (uneven, empty shards allowed), the
+latent grid is either replicated, cut in slabs along ``D`` on a 1-D mesh, or cut in blocks along
+``D`` (mesh dim 0) and ``H`` (mesh dim 1) on a 2-D mesh (uneven, one-row and empty slabs
+allowed; halos reach across several ranks when a slab is thinner than the conv). On a 2-D mesh
+the points are cut over all its ranks (rank order).
 
 Gradients. With ShardTensor inputs (:meth:`ShardedDominoOps.run`) the loss is global (a
 ShardTensor reduction) and the parameters' gradients after a plain ``loss.backward()`` are one
@@ -281,20 +283,36 @@ class ShardedDominoOps:
         ``k_i`` columns with the points beyond ``r_i`` dropped, so one gather by ``union``
         serves every radius. Collective.
         """
-        for r in radii:
-            if not r > 0:
-                msg = f"ball_query: r={r} must be > 0"
-                raise ValueError(msg)
-        ks = [int(k) for k in ks]
-        kmax = max(ks)
+        return self.ball_query_sets(points, [(queries, radii, ks)])[0]
+
+    def ball_query_sets(self, points, sets):
+        """:meth:`ball_queries` for several query sets ``(queries, radii, ks)`` over the same
+        points (DoMINO's grid nodes and sampled points against the STL points), from one kNN
+        of all the queries with the largest ``k`` of any set: one search and one count for
+        the whole forward. Returns ``[(union, [index_i])]`` per set. Collective."""
+        for _, radii, _ in sets:
+            for r in radii:
+                if not r > 0:
+                    msg = f"ball_query: r={r} must be > 0"
+                    raise ValueError(msg)
+        kmax = max(int(k) for _, _, ks in sets for k in ks)
         kk = min(kmax, self._global_rows(points))
-        if kk == 0:
-            none = torch.full((queries.shape[0], kmax), -1, dtype=torch.int64,
-                              device=queries.device)
-            return none, [none[:, :k] for k in ks]
-        d, idx = Fn.knn(points.detach(), kk, queries.detach(), group=self.group,
-                        backend=self.backend)
-        return _split_radii(d, idx, radii, ks)
+        if kk:
+            queries = torch.cat([q.detach() for q, _, _ in sets])
+            d, idx = Fn.knn(points.detach(), kk, queries, group=self.group,
+                            backend=self.backend)
+        out, at = [], 0
+        for q, radii, ks in sets:
+            ks = [int(k) for k in ks]
+            m = q.shape[0]
+            if kk == 0:
+                none = torch.full((m, max(ks)), -1, dtype=torch.int64, device=q.device)
+                out.append((none, [none[:, :k] for k in ks]))
+                continue
+            out.append(_split_radii(d[at : at + m, : max(ks)], idx[at : at + m, : max(ks)],
+                                    radii, ks))
+            at += m
+        return out
 
     def knn(self, points, k: int) -> torch.Tensor:
         _, idx = Fn.knn(points.detach(), k, group=self.group, backend=self.backend)
