@@ -22,8 +22,6 @@ Every method is collective over the group (forward and backward).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as tF
@@ -35,6 +33,7 @@ from meshshard.ops.api import _is_st, _layout, _one_class, _wrap
 from meshshard.ops.gridpoint import GridLayout
 from meshshard.ops.gridsample import grid_sample
 from meshshard.shardtensor import Replicate, Shard, from_local
+from meshshard.shardtensor._aten.grid_halo import exchange_plan, fetch, fetch_transpose
 from meshshard.shardtensor._aten.layout_args import comm_device
 
 __all__ = ["ShardedDominoOps", "allreduce_grads"]
@@ -327,12 +326,10 @@ class ShardedDominoOps:
         if self.grid_sizes is None:
             return tF.pad(grid, (width,) * 6)
         if self.mesh.ndim == 1:
-            out = _halo_rows(grid, 1, width, self.grid_sizes, self.coord[0], self.group)
+            out = _halo_rows(grid, 1, width, self.grid_sizes, self.coord[0], self.mesh, 0)
             return tF.pad(out, (width, width, width, width))
-        out = _halo_rows(grid, 1, width, self.grid_sizes[0], self.coord[0],
-                         self.mesh.get_group(0))
-        out = _halo_rows(out, 2, width, self.grid_sizes[1], self.coord[1],
-                         self.mesh.get_group(1))
+        out = _halo_rows(grid, 1, width, self.grid_sizes[0], self.coord[0], self.mesh, 0)
+        out = _halo_rows(out, 2, width, self.grid_sizes[1], self.coord[1], self.mesh, 1)
         return tF.pad(out, (width, width))
 
     def sample(self, grid, points, origin, spacing, shape) -> torch.Tensor:
@@ -417,19 +414,37 @@ def _split_radii(d: torch.Tensor, idx: torch.Tensor, radii, ks):
     return union, each
 
 
-def _halo_rows(grid: torch.Tensor, dim: int, width: int, sizes, coord: int,
-               group) -> torch.Tensor:
+def _halo_rows(grid: torch.Tensor, dim: int, width: int, sizes, coord: int, mesh,
+               mesh_dim: int) -> torch.Tensor:
     """``grid`` with ``width`` rows of spatial ``dim`` (1 = D, 2 = H) added on both sides from
-    the ranks of ``group`` (which hold ``sizes`` rows each); -1 rows beyond the domain: zeros."""
-    x = grid.movedim(dim, 0)
-    n = x.shape[0]
-    rest = x.shape[1:]
-    row0 = sum(sizes[:coord])
-    rows = torch.arange(row0 - width, row0 + n + width, device=grid.device)
-    rows = torch.where((rows >= 0) & (rows < sum(sizes)), rows, -1)
-    width_of_row = math.prod(rest)
-    out = H.gather_neighbors(x.reshape(n, width_of_row), rows, group=group, sizes=list(sizes))
-    return out.reshape(n + 2 * width, *rest).movedim(0, dim)
+    the ranks along ``mesh_dim`` (which hold ``sizes`` rows each; several ranks deep when they
+    are thin); rows beyond the domain: zeros. The plan (who sends which rows) is a pure
+    function of the sizes, so nothing is read back: one all-to-all forward, one backward."""
+    sizes = tuple(int(v) for v in sizes)
+    total = sum(sizes)
+    needs = []
+    for r in range(len(sizes)):
+        row0 = sum(sizes[:r])
+        needs.append(tuple(i if 0 <= i < total else -1
+                           for i in range(row0 - width, row0 + sizes[r] + width)))
+    ex = exchange_plan(dim, mesh_dim, sizes, tuple(needs), int(coord))
+    return _Halo.apply(grid, ex, mesh)
+
+
+class _Halo(torch.autograd.Function):
+    """The window of a halo plan (:func:`~meshshard.shardtensor._aten.grid_halo.fetch`);
+    backward: its adjoint (gradients of received rows summed into their owners). Collective
+    forward and backward (when any rank needs another's rows)."""
+
+    @staticmethod
+    def forward(ctx, x, ex, mesh):
+        ctx.ex, ctx.mesh, ctx.shape = ex, mesh, tuple(x.shape)
+        return fetch(x.contiguous(), ex, mesh, 0.0, detail="DoMINO halo")
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        return fetch_transpose(g.contiguous(), ctx.ex, ctx.shape, ctx.mesh), None, None
 
 
 class _SumGrads(torch.autograd.Function):

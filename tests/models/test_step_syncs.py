@@ -55,7 +55,7 @@ def test_domino_step_ceiling():
         assert total <= DOMINO_CEILING, f"rank {rank}: {report}"
 
 
-@pytest.mark.xfail(strict=True, reason="the neighbour ops DoMINO calls (2 kNN, 6 gathers per "
+@pytest.mark.xfail(strict=True, reason="the neighbour ops DoMINO calls (2 kNN, 2 gathers per "
                    "step) still read counts back; flips when they are sync-free")
 def test_domino_step_target():
     for rank, res in enumerate(_results()):
