@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from meshshard.ops._backends import WITH_CLUSTER, require_cluster
+from meshshard.ops.cell_index import CellIndex
 
 __all__ = [
     "BACKENDS",
@@ -175,8 +176,6 @@ class KnnIndex:
 
 
 def _cell_index(x: torch.Tensor, **kw):
-    from meshshard.ops.cell_index import CellIndex
-
     if x.shape[1] > 4:
         msg = (f"backend='grid' indexes points of 1 to 4 coordinates, got {x.shape[1]}; "
                "use backend='kdtree' or 'brute'")
