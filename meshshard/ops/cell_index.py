@@ -351,6 +351,25 @@ class CellIndex:
             idx = torch.cat([idx, idx.new_full((m, k - kk), -1)], 1)
         return d2, idx
 
+    def knn_within(self, y: torch.Tensor, k: int, reach: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` nearest points no farther than ``reach`` (m,) from each query, as
+        :meth:`knn` returns them (``inf`` / ``-1`` where fewer lie within reach). One pass,
+        one host sync: a query that brings its bound (a forwarded kNN query) needs no box
+        search first."""
+        yd = y.detach().double().to(self.device)
+        m = yd.shape[0]
+        if m == 0 or self.n == 0:
+            return (torch.full((m, k), float("inf"), dtype=torch.float64, device=self.device),
+                    torch.full((m, k), -1, dtype=torch.int64, device=self.device))
+        big = max(self.h * max(self.G), 1.0) * 4  # past the grid: the whole grid
+        reach = torch.nan_to_num(reach.double().to(self.device), posinf=big).clamp(0, big)
+        clo, chi = self._range(yd, reach * (1 + _SLACK))
+        d2, pos, _ = self._pass(yd, clo, chi, None, k, None)
+        d2, idx = self._finish(d2, pos)
+        ok = d2 <= reach[:, None].pow(2) * (1 + 4 * _SLACK)
+        return torch.where(ok, d2, float("inf")), torch.where(ok, idx, -1)
+
     def radius_padded(self, y: torch.Tensor, r: float, width: int
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """The closest ``width`` points within ``r`` (``<= r``) of each query, by (distance,
@@ -392,8 +411,9 @@ class CellIndex:
             o = o.gather(1, torch.argsort(cd2.gather(1, o), dim=1, stable=True))
             sd, sp, sv = cd2.gather(1, o), p.gather(1, o), valid.gather(1, o)
             got[a:b] = sv.sum(1)
-            idx_parts.append(self.order[sp[sv]])  # host sync: the compaction
-            d2_parts.append(sd[sv])
+            keep = torch.nonzero(sv.reshape(-1)).flatten()  # host sync: the compaction
+            idx_parts.append(self.order[sp.reshape(-1)[keep]])
+            d2_parts.append(sd.reshape(-1)[keep])
         ptr[1:] = torch.cumsum(got, 0)
         if not idx_parts:
             return ptr, torch.empty(0, dtype=torch.int64, device=dev), \

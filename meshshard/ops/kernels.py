@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from meshshard.ops._backends import WITH_CLUSTER, require_cluster
+from meshshard.ops.cell_index import CellIndex
 
 __all__ = [
     "BACKENDS",
@@ -136,6 +137,22 @@ class KnnIndex:
         elif self.backend == "grid" and x.shape[0]:
             self._grid = _cell_index(x, bounds=bounds)
 
+    def within(self, y: torch.Tensor, k: int, bound2: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`query`, keeping only neighbours with ``d2 <= bound2`` (m,) (``inf`` / ``-1``
+        for the others): the answer to forwarded kNN queries. The grid searches only the
+        cells within each bound (one pass)."""
+        if self.backend == "grid" and self._grid is not None and y.shape[0]:
+            d2, idx = self._grid.knn_within(y, min(k, self.x.shape[0]), bound2.sqrt())
+            if idx.shape[1] < k:
+                m = y.shape[0]
+                d2 = torch.cat([d2, d2.new_full((m, k - idx.shape[1]), float("inf"))], 1)
+                idx = torch.cat([idx, idx.new_full((m, k - idx.shape[1]), -1)], 1)
+        else:
+            d2, idx = self.query(y, k)
+        ok = (idx >= 0) & (d2 <= bound2[:, None])  # <=: a tie with the bound may win by index
+        return torch.where(ok, d2, float("inf")), torch.where(ok, idx, -1)
+
     def query(self, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(d2, idx)`` of shape (m, k) as :func:`knn` returns them."""
         x = self.x
@@ -159,8 +176,6 @@ class KnnIndex:
 
 
 def _cell_index(x: torch.Tensor, **kw):
-    from meshshard.ops.cell_index import CellIndex
-
     if x.shape[1] > 4:
         msg = (f"backend='grid' indexes points of 1 to 4 coordinates, got {x.shape[1]}; "
                "use backend='kdtree' or 'brute'")
@@ -265,7 +280,8 @@ def _knn_cluster(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor
 
 
 def radius(
-    x: torch.Tensor, y: torch.Tensor, r: float, *, backend: str = "auto"
+    x: torch.Tensor, y: torch.Tensor, r: float, *, backend: str = "auto",
+    key: torch.Tensor | None = None, bounds=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """All rows of ``x`` within distance ``r`` (``<= r``) of every row of ``y``.
 
@@ -285,6 +301,9 @@ def radius(
         Row indices into ``x``, per query sorted by (distance, index).
     d2 : Tensor of shape (E,), float64
         Squared distances.
+
+    With ``backend="grid"``, ``key`` (n,) orders ties instead of the row index and
+    ``bounds`` (a box holding the points, host floats) saves a read-back.
     """
     device = x.device
     be = resolve_backend(backend, device)
@@ -296,7 +315,7 @@ def radius(
             torch.empty(0, dtype=torch.float64, device=device),
         )
     if be == "grid":
-        return _cell_index(x, cell=r).radius(y, r)
+        return _cell_index(x, cell=r, key=key, bounds=bounds).radius(y, r)
     if be == "kdtree":
         row, col = _radius_kdtree(x, y, r)
     elif be == "brute":
@@ -323,7 +342,7 @@ def radius(
 
 def radius_padded(
     x: torch.Tensor, y: torch.Tensor, r: float, width: int, *, backend: str = "auto",
-    key: torch.Tensor | None = None,
+    key: torch.Tensor | None = None, bounds=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The closest ``width`` rows of ``x`` within ``r`` (``<= r``) of every row of ``y``.
 
@@ -334,6 +353,8 @@ def radius_padded(
     ----------
     key : Tensor of shape (n,), int64, optional
         Tie-break order of ``x``'s rows (default: the row index), e.g. global indices.
+    bounds : (lo, hi), optional
+        A box holding ``x`` (host floats): the grid then needs no read-back of it.
 
     Returns
     -------
@@ -346,7 +367,7 @@ def radius_padded(
     be = resolve_backend(backend, device)
     m, n = y.shape[0], x.shape[0]
     if be == "grid" and n:
-        return _cell_index(x, cell=r, key=key).radius_padded(y, r, width)
+        return _cell_index(x, cell=r, key=key, bounds=bounds).radius_padded(y, r, width)
     d2 = torch.full((m, width), float("inf"), dtype=torch.float64, device=device)
     idx = torch.full((m, width), -1, dtype=torch.int64, device=device)
     if m == 0 or n == 0:

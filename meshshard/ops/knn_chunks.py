@@ -152,6 +152,6 @@ def knn_chunks(
         del d2_loc, i_loc, bound2, mask
         yield a, b, d, i
     if stats is not None:
-        stats.update(queries=m, queries_sent=sent, answer_rows=answered, rounds=rounds,
+        stats.update(queries=m, queries_sent=sent, answer_rows=int(answered), rounds=rounds,
                      rows_searched=blocks.searched)
     log.debug("knn_chunks rank %d: %d queries in %d rounds, %d forwarded", rank, m, rounds, sent)

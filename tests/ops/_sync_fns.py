@@ -41,6 +41,18 @@ def op_syncs(rank: int, world: int, sizes: list[int], opts: dict | None = None) 
         d, i = ops.radius(x, 0.2, max_num_neighbors=opts.get("max_neighbors"), backend=kb)
         torch.where(i >= 0, d, 0.0).sum().backward()
 
+    def radius_static(x):
+        d, i = ops.radius(x, 0.2, max_num_neighbors=16, backend=kb)
+        torch.where(i >= 0, d, 0.0).sum().backward()
+
+    from meshshard.ops.halo import halo_exchange
+    from tests.ops._data import knn_halo_plan
+
+    plan = knn_halo_plan(X.numpy(), sizes)
+
+    def halo(f):  # a layer's ghost refresh (the entry check off): the plan's rows are cached
+        halo_exchange(f.to_local(), plan, check=False).sum().backward()
+
     def gather(f):
         ops.gather_neighbors(f, idx).sum().backward()
 
@@ -48,7 +60,9 @@ def op_syncs(rank: int, world: int, sizes: list[int], opts: dict | None = None) 
         ops.scatter_to_owners(v, idx, like=like).sum().backward()
 
     out = {}
-    for name, fn, src in (("knn", knn, X), ("radius", radius, X), ("gather", gather, F),
+    for name, fn, src in (("knn", knn, X), ("radius", radius, X),
+                          ("radius_static", radius_static, X), ("gather", gather, F),
+                          ("halo", halo, F),
                           ("scatter", scatter, None)):
         if "ops" in opts and name not in opts["ops"]:
             continue
