@@ -45,7 +45,7 @@ def meshgraphnet_plug(rank: int, world: int, layers: int) -> tuple[int, str]:
 
 
 def domino(rank: int, world: int, grid: list[int] | None,
-           validate: bool = True) -> tuple[int, str]:
+           validate: bool = True, backend: str = "auto") -> tuple[int, str]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
 
@@ -55,7 +55,7 @@ def domino(rank: int, world: int, grid: list[int] | None,
 
     mesh = init_device_mesh("cpu", (world,))
     stl, pts, sdf, feat, target = data(60, 40, torch.float64)
-    ops = ShardedDominoOps(mesh, grid, validate=validate)
+    ops = ShardedDominoOps(mesh, grid, validate=validate, backend=backend)
     m = model(torch.float64, ops)
     rs = [len(range(60)[r::world]) for r in range(world)]
     ps = [len(range(40)[r::world]) for r in range(world)]
@@ -82,5 +82,8 @@ def domino(rank: int, world: int, grid: list[int] | None,
 def all_steps(rank: int, world: int) -> dict:
     """Every counted step in one spawn of ranks."""
     return {"meshgraphnet_plug": meshgraphnet_plug(rank, world, 4),
-            "domino": domino(rank, world, [3, 3], validate=False),
-            "domino_validated": domino(rank, world, [3, 3], validate=True)}
+            # the device path: backend "grid" (the cell list), the default off the CPU
+            "domino": domino(rank, world, [3, 3], validate=False, backend="grid"),
+            "domino_validated": domino(rank, world, [3, 3], validate=True, backend="grid"),
+            # the CPU default (cKDTree): more syncs, none of which a GPU run pays
+            "domino_cpu_kernels": domino(rank, world, [3, 3], validate=False)}
