@@ -14,7 +14,8 @@ there and back). On a mesh dim where the grid is cut but the points are replicat
 adds the corners it owns and one all-reduce sums them. Nothing else moves. Differentiable with
 respect to the grid and the coordinates, like ``F.grid_sample``.
 
-Collective over the mesh (forward and backward) for ShardTensor inputs.
+Collective over the mesh (forward and backward) for ShardTensor inputs. Host syncs: one per
+call where points travel (the all-to-all's counts), plus the count exchange's own.
 """
 
 from __future__ import annotations
