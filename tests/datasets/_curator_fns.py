@@ -1,4 +1,4 @@
-"""Rank functions for tests/pipelines/test_curator.py."""
+"""Rank functions for tests/datasets/test_curator.py."""
 
 from __future__ import annotations
 
