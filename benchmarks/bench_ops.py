@@ -238,9 +238,10 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 r = simulate(part.apply(pts), part.sizes, args.k, args.nboxes)
                 ratio = (P - 1) / r["fwd"] if r["fwd"] else float("inf")
-                # float64 coordinates; a query row is (x, y, z, bound), an answer row is
-                # (slot, d2, index) + (x, y, z); a ring hop carries (x, y, z, index)
-                ours = r["fwd"] * 4 * 8 + r["ans"] * 6 * 8
+                # float64 coordinates; a query row is (x, y, z, bound), an answer is k rows of
+                # (d2, index) + (x, y, z), padded (no count exchange); a ring hop carries
+                # (x, y, z, index). "answer rows" counts the useful (within-bound) ones
+                ours = r["fwd"] * 4 * 8 + r["fwd"] * args.k * 5 * 8
                 ring = (P - 1) * 4 * 8
                 print(
                     f"| {P} | {label} | {r['fwd']:.3f} | {r['ans']:.3f} | {P - 1} "

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from meshshard.comm.rows import all_to_all, exchange_plan
 from meshshard.ops import kernels
+from meshshard.ops.cell_index import _select
 
 __all__ = ["answer_knn_queries", "forward_and_merge", "route"]
 
@@ -140,7 +141,10 @@ def forward_and_merge(
     device = x.device
     m, n, dim = yq.shape[0], x.shape[0], x.shape[1]
     # phase 2: forward queries (with their bound) to the ranks that may hold closer points
-    send, recv, qid, _, _ = route(mask, group)
+    nfwd = mask.sum(1)
+    most = nfwd.max().reshape(1) if m else torch.zeros(1, dtype=torch.int64, device=device)
+    send, recv, qid, dest, extras = route(mask, group, most)  # the one host sync
+    F = int(extras[dist.get_rank(group)][0])  # most ranks one query went to
     Q = sum(send)
     qpack = torch.cat([yq.detach().double()[qid], bound2[qid, None]], 1)  # (Q, d + 1)
     queries = all_to_all(qpack, send, recv, group)
@@ -155,22 +159,30 @@ def forward_and_merge(
         xyz = x.new_zeros((R, k * dim)) + x.sum()
     ans_xyz = all_to_all(xyz, recv, send, group).reshape(Q * k, dim)  # differentiable
 
-    # phase 3: merge local and remote candidates, keep the k best by (distance, index)
+    # phase 3: merge local and remote candidates, keep the k best by (distance, index): one
+    # row of k * (1 + F) candidates per query (its local k, then k per rank it went to)
     big = torch.iinfo(torch.int64).max
-    loc_g = torch.where(i_loc >= 0, i_loc + offset, big)
-    rem_g = ans[:, k:].long()
-    cand_q = torch.cat([torch.arange(m, device=device).repeat_interleave(k),
-                        qid.repeat_interleave(k)])
-    cand_d2 = torch.cat([d2_loc.reshape(-1), ans[:, :k].reshape(-1)])
-    cand_g = torch.cat([loc_g.reshape(-1), torch.where(rem_g >= 0, rem_g, big).reshape(-1)])
-    cand_row = torch.cat([i_loc.reshape(-1), n + torch.arange(Q * k, device=device)])
-    o = _lexsort3(cand_q, cand_d2, cand_g)
-    per = k * (1 + mask.sum(1))
-    start = torch.cumsum(per, 0) - per
-    take = o[start[:, None] + torch.arange(k, device=device)[None, :]]  # (m, k)
-    index = cand_g[take]
-    index = torch.where(index == big, -1, index)
-    rows = cand_row[take]
+    index = torch.where(i_loc >= 0, i_loc + offset, -1)
+    rows = i_loc
+    if F:
+        W = k * (1 + F)
+        cd2 = d2_loc.new_full((m, W), float("inf"))
+        cg = torch.full((m, W), big, dtype=torch.int64, device=device)
+        crow = torch.full((m, W), -1, dtype=torch.int64, device=device)
+        cd2[:, :k], cg[:, :k], crow[:, :k] = d2_loc, torch.where(i_loc >= 0, index, big), i_loc
+        slot = (torch.cumsum(mask, 1) - 1)[qid, dest]  # the j-th rank this query went to
+        cols = k + slot[:, None] * k + torch.arange(k, device=device)[None, :]  # (Q, k)
+        at = (qid[:, None].expand(Q, k), cols)
+        rem_g = ans[:, k:].long()
+        cd2 = cd2.index_put(at, ans[:, :k])
+        cg = cg.index_put(at, torch.where(rem_g >= 0, rem_g, big))
+        crow = crow.index_put(at, n + torch.arange(Q * k, device=device).reshape(Q, k))
+        cols_all = torch.arange(W, device=device).expand(m, W)
+        _, take = _select(cd2, cg, cols_all, k)
+        take = take.clamp_min(0)
+        index = cg.gather(1, take)
+        index = torch.where(index == big, -1, index)
+        rows = crow.gather(1, take)
     # the selected coordinates, from x or from the answers (no copy of x: it may be large)
     flat = rows.reshape(-1, 1)
     nbr = x.new_zeros((m * k, dim))

@@ -86,6 +86,10 @@ def knn(
 
     Collective: every rank of ``group`` must call this (and ``backward`` when gradients flow).
 
+    Host syncs (the device path, ``backend="grid"``): 5 per call, none in the backward -- the
+    input check's one read-back (which also brings every shard's bounds), the local search's
+    two passes, the forwarded queries' counts and the answers' one pass. ``stats`` adds one.
+
     Parameters
     ----------
     x : Tensor of shape (n_local, d)
@@ -101,7 +105,7 @@ def knn(
         Default: the default group.
     x_sizes : sequence of int, optional
         Every rank's row count of ``x``; checked when given (they are learnt anyway).
-    backend : {"auto", "kdtree", "brute", "cluster"}
+    backend : {"auto", "kdtree", "grid", "brute", "cluster"}
         Local kernel (:mod:`meshshard.ops.kernels`).
     nboxes : int
         Boxes per rank describing its region (more boxes prune better on non-compact shards).
@@ -315,6 +319,11 @@ def radius(
     """Exact ball query over all ranks: every point within ``r`` (``<= r``), nearest first.
 
     Collective: every rank of ``group`` must call this (and ``backward`` when gradients flow).
+
+    Host syncs (the device path, ``backend="grid"``): ``format="padded"`` with
+    ``max_num_neighbors`` is static-shaped, 3 per call (the input check, the imported points'
+    counts, the search's width); without the cap 5 (also the compaction and the padded width);
+    ``"csr"`` 4, or 5 when entries are dropped (``loop=False``, a cap). None in the backward.
 
     Parameters
     ----------

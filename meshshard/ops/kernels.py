@@ -99,7 +99,7 @@ def knn(
         Queries.
     k : int
         Neighbours per query (>= 1).
-    backend : {"auto", "kdtree", "brute", "cluster"}
+    backend : {"auto", "kdtree", "grid", "brute", "cluster"}
 
     Returns
     -------
@@ -291,7 +291,7 @@ def radius(
     y : Tensor of shape (m, d)
     r : float
         Radius (> 0).
-    backend : {"auto", "kdtree", "brute", "cluster"}
+    backend : {"auto", "kdtree", "grid", "brute", "cluster"}
 
     Returns
     -------

@@ -85,7 +85,7 @@ def knn_chunks(
         For local Tensors (a ShardTensor brings its own).
     x_sizes : sequence of int, optional
         Every rank's row count of ``x``; checked when given.
-    backend : {"auto", "kdtree", "brute", "cluster"}
+    backend : {"auto", "kdtree", "grid", "brute", "cluster"}
         Local kernel (the per-round trees on the CPU default ``"kdtree"``).
     nboxes : int
         Boxes per rank describing its region.
