@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.apps.input_checks import check_surface_rows
 from meshshard.datasets import load_shard
 from meshshard.datasets.curator import curator_info, is_curator_store, load_curator_shard
 from meshshard.datasets.drivaerml import read_surface, run_index
@@ -284,7 +285,8 @@ def read_surface_rows(source: str | Path, group: Any = None, *, fields: Any = No
     Raises
     ------
     FileNotFoundError, ValueError
-        No such source; not a run directory or store; damaged files (named).
+        No such source; not a run directory or store; damaged files (named); geometry or
+        truth unfit for the model (:func:`~meshshard.apps.input_checks.check_surface_rows`).
     """
     schema = run_schema(fields, u_inf, normals=normals, shear=shear)
 
@@ -299,4 +301,5 @@ def read_surface_rows(source: str | Path, group: Any = None, *, fields: Any = No
                f"m/s, not {u_inf:g} ({u_inf_from or '--u-inf'}); --u-inf applies to run "
                "directories, a store keeps the speed it was preprocessed with")
         raise ValueError(msg)
+    check_surface_rows(rows, source, group)  # every rank, before any model runs
     return rows
