@@ -8,6 +8,8 @@ bluntness, boat-tail taper, cabin height), as DrivaerML morphs one car into hund
 ``geo_parameters_<i>.csv``. Fields are plausible rather than solutions of anything, but they
 are computed from the shape (its normals, its ride height), so drag and lift change with it:
 
+- the surface file in OpenFOAM's conventions, like DrivaerML's: faces wound with their
+  normals into the body, wall shear stress the stress on the fluid;
 - surface pressure from a potential-flow-like formula, ``Cp = 1 - 2.25 (1 - n_x^2)^3``
   (stagnation ``Cp = 1`` at the front, suction peaking where the surface turns parallel to the
   flow, on the roof), blended to a base pressure in the wake, with more suction under a lower
@@ -363,8 +365,11 @@ def make_synthetic_run(
 
     points, offsets, conn = car_body(surface_cells, shape)
     centres, normals, _ = polygon_geometry(points, offsets, conn)
-    surf = _polydata(points, offsets, conn)
     fields = _surface_fields(normals, centres, u_inf, rng, ride_height=shape.ride_height)
+    # the solver's conventions (OpenFOAM, DrivaerML): faces wound so that their normals point
+    # into the body, and the wall shear is the stress on the fluid
+    surf = _polydata(points, offsets, _flip(offsets, conn))
+    fields["wallShearStressMeanTrim"] = np.negative(fields["wallShearStressMeanTrim"])
     for name, arr in fields.items():
         surf.cell_data[name] = arr
     del normals, centres
