@@ -111,7 +111,7 @@ def apps_rank(rank: int, world_size: int, model: str, run_dir: str, stores: list
 #: seeds the two cars' morphs (:func:`~meshshard.datasets.generate_runs`)
 DEMO_SEED = 3
 #: training steps: at 30 every car's predicted drag was ~0.17 too high (R^2 < 0 between the
-#: two cars); at 90 the bias is ~0.05 and the unseen car's drag is ranked right (R^2 ~0.6)
+#: two cars); at 90 the bias is ~0.05 and the unseen car's drag is ranked right (R^2 0.4-0.6)
 DEMO_STEPS = 90
 #: the one-process reference trains this many steps at most: the ranks' agreement with it is
 #: shown on these, and the demo stays a few minutes long
