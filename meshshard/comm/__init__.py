@@ -12,7 +12,7 @@ groups or calls the raw uneven all-to-all. Every other room communicates through
   the distributed partitioner and the graph builder (which also runs its ranks as threads).
 
 The ShardTensor core's traced collectives (``shardtensor/_aten/collective_ops.py``) are
-still in the core: they are custom ops for the compiler, issue 22's room.
+still in the core: they are custom ops for the compiler's room.
 
 Attributes load on first use, so ``import meshshard.comm.launch`` (the CLI) pulls no torch.
 """
@@ -27,6 +27,8 @@ __all__ = [
     "CollectiveWaitError",
     "check_collective",
     "collective_timeout",
+    "default_backend",
+    "default_device",
     "init",
     "launch",
     "set_debug",
@@ -39,6 +41,8 @@ _WHERE = {
     "check_collective": "check",
     "set_debug": "check",
     "collective_timeout": "process",
+    "default_backend": "process",
+    "default_device": "process",
     "init": "process",
     "shutdown": "process",
     "launch": "launch",

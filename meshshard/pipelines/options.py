@@ -9,16 +9,16 @@ every worker and to :func:`~meshshard.pipelines.process_run`; a store records
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.partition.hypergraph import require_mtkahypar
+from meshshard.partition.methods import list_methods
 
-__all__ = ["GRAPHS", "METHODS", "RunOptions"]
+__all__ = ["GRAPHS", "RunOptions"]
 
-#: the partition methods preprocessing accepts
-METHODS = ("hilbert", "morton", "rcb", "metis", "hypergraph")
 #: the mesh graphs a store can hold beside its rows (:mod:`meshshard.datasets.graphstore`)
 GRAPHS = ("dual",)
 
@@ -31,8 +31,10 @@ class RunOptions:
     ----------
     parts : int
         Shards per sample (>= 1).
-    method : {"hilbert", "morton", "rcb", "metis", "hypergraph"}
-        Partition method; ``"hypergraph"`` needs ``pip install meshshard[hypergraph]``.
+    method : str
+        Partition method, any name of :func:`~meshshard.partition.list_methods` (a method
+        added with :func:`~meshshard.partition.register_method` too); ``"hypergraph"`` needs
+        the ``hypergraph`` extra.
     surface, volume : bool
         Which parts of the run to store (at least one).
     halo_radius : float, optional
@@ -48,8 +50,11 @@ class RunOptions:
     compressor : {"lz4", "zstd", None}
         The stores' zarr codec.
     graph : {None, "dual"}
-        ``"dual"``: also store the surface dual graph's shards; with ``method="metis"`` or
-        ``"hypergraph"`` the surface is then cut on that graph (fewest ghost rows).
+        ``"dual"``: also store the surface dual graph's shards; with a graph method
+        (``"metis"``, ``"hypergraph"``, ...) the surface is then cut on that graph.
+    reference_area : float, optional
+        Every run's reference area (m^2), recorded in its store; default: the run's
+        ``geo_ref_<i>.csv`` ``aRef`` when it has one.
 
     Raises
     ------
@@ -79,13 +84,14 @@ class RunOptions:
     schema: DatasetSchema = DRIVAERML
     compressor: str | None = "lz4"
     graph: str | None = None
+    reference_area: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.parts, int) or self.parts < 1:
             msg = f"parts={self.parts!r} must be an integer >= 1"
             raise ValueError(msg)
-        if self.method not in METHODS:
-            msg = f"method={self.method!r} is not one of {METHODS}"
+        if self.method not in list_methods():
+            msg = f"method={self.method!r} is not one of {tuple(list_methods())}"
             raise ValueError(msg)
         if self.method == "hypergraph":  # before any run is read: say which extra is missing
             try:
@@ -100,6 +106,10 @@ class RunOptions:
             raise ValueError(msg)
         if self.max_volume_cells is not None and self.max_volume_cells < 1:
             msg = f"max_volume_cells={self.max_volume_cells} must be >= 1 (or None for all)"
+            raise ValueError(msg)
+        if self.reference_area is not None and not (
+                math.isfinite(self.reference_area) and self.reference_area > 0):
+            msg = f"reference_area={self.reference_area} must be a finite area > 0 (m^2)"
             raise ValueError(msg)
         if self.graph is not None and self.graph not in GRAPHS:
             msg = f"graph={self.graph!r} is not one of {GRAPHS} (or None for no graph)"
@@ -153,4 +163,6 @@ class RunOptions:
         }
         if self.graph is not None:
             out["graph"] = self.graph
+        if self.reference_area is not None:
+            out["reference_area"] = self.reference_area
         return out

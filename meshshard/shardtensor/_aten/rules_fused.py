@@ -1,4 +1,4 @@
-"""Fused rules for eager speed (issue 22, porting step 8): ``F.linear`` as one custom op.
+"""Fused rules for eager speed: ``F.linear`` as one custom op.
 
 Through the generic rules a linear layer is 4-6 aten ops on the wrapper (``t``, views,
 ``addmm``/``matmul``) plus a lift of the weight and the bias, each ~30 us of Python; forward
@@ -24,15 +24,13 @@ from torch.distributed.tensor import Partial, Replicate
 
 from meshshard.shardtensor._aten import grad_bucket
 from meshshard.shardtensor._aten.rules import (
-    _DIRECT,
     _all_reduce,
     _reduce_once,
     from_replicate_local,
-    rule,
+    register_rule,
     to_replicate_local,
 )
 from meshshard.shardtensor._aten.tensor import (
-    FUNCTION_RULES,
     SHARDED,
     ShardTensor,
     make_spec,
@@ -172,17 +170,24 @@ def _linear_bwd_rule(func, args, kwargs):
 
 for _op, _fn in ((torch.ops.meshshard.linear.default, _linear_rule),
                  (torch.ops.meshshard.linear_backward.default, _linear_bwd_rule)):
-    rule(_op)(_fn)
-    _DIRECT.add(_fn)
+    register_rule(_op, direct=True)(_fn)
+
+
+def _autocast_on(device_type: str) -> bool:
+    """Autocast enabled for ``device_type``; ``False`` for devices autocast does not know
+    (``meta``, where ``torch.is_autocast_enabled`` raises)."""
+    if not torch.amp.is_autocast_available(device_type):
+        return False
+    return torch.is_autocast_enabled(device_type)
 
 
 def linear_function(input, weight, bias=None):
     """``F.linear`` on a ShardTensor input with plain weights: the fused op; anything else
     (weights that are ShardTensors, a plain input) keeps the generic path."""
     if type(input) is not ShardTensor or isinstance(weight, ShardTensor) or \
-            isinstance(bias, ShardTensor) or torch.is_autocast_enabled(input.device.type):
+            isinstance(bias, ShardTensor) or _autocast_on(input.device.type):
         return NotImplemented  # (autocast casts at the aten level: the generic path keeps it)
     return torch.ops.meshshard.linear(input, weight, bias)
 
 
-FUNCTION_RULES[F.linear] = linear_function
+register_rule(F.linear)(linear_function)
