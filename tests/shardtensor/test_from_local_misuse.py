@@ -1,0 +1,48 @@
+"""One rank misuses ``from_local`` (malformed sizes, other placements, another dtype, ndim,
+trailing dim or device type, not a tensor): every rank raises the same one-line error naming
+the rank at fault, at once, under a collective timeout of 300 s (a hang would show as a wait
+of 300 s; the bound below is far from that and far above a loaded machine's noise)."""
+
+import pytest
+
+from meshshard.testing import run_ranks
+from tests.shardtensor import _misuse_fns as F
+
+LONG = 300  # seconds a collective would wait for a rank that never joins
+
+# what the error must name besides the faulty rank: what that rank passed
+NAMED = {
+    "sizes of the wrong length": "[3, 5",
+    "a negative size": "-1 is neither a size",
+    "a string": "'3,5'",
+    "a 17-dim piece shape": "a local shape of 17 dims",
+    "Replicate where the others Shard(0)": "passed [Replicate()] where",
+    "Shard(1) where the others Shard(0)": "passed [Shard(dim=1)] where",
+    "Partial('max') where the others Shard(0)": "passed [Partial(max)] where",
+    "float64 among float32": "passed a piece of dtype float64 where",
+    "int64 among float32": "passed a piece of dtype int64 where",
+    "a 3-d piece among 2-d": "passed a 3-d piece",
+    "trailing dim 5 among 4": "only in the sharded dim",
+    "a meta piece among cpu": "passed a piece on meta where",
+    "not a tensor": "got a list",
+    "a piece of 17 dims": "a piece of 17 dims",
+}
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_one_rank_misusing_from_local_fails_every_rank_at_once_with_one_error(ws):
+    reps = run_ranks(F.misuse, ws, timeout=LONG, collective_timeout=LONG)
+    for name, what in NAMED.items():
+        got = [rep[name] for rep in reps]
+        assert all(g is not None for g in got), (name, got)  # every rank raised
+        assert len({(kind, msg) for kind, msg, _ in got}) == 1, (name, got)  # the same error
+        kind, msg, _ = got[0]
+        assert kind == ("TypeError" if name == "not a tensor" else "LayoutError"), (name, kind)
+        assert msg.startswith("from_local: ") and "\n" not in msg, msg
+        assert f"rank {ws - 1} " in msg or f"rank {ws - 1}:" in msg, msg  # the rank at fault
+        assert what in msg, (name, msg)
+        assert max(s for _, _, s in got) < LONG / 5, (name, got)  # no rank waited it out
+    sizes = (3, 5, 2)[:ws]
+    # the ranks are still in step: a right call afterwards works on every rank
+    total = 2.0 * sum(r * s for r, s in enumerate(sizes))  # pieces (s, 2) filled with the rank
+    assert [rep["after"] for rep in reps] == [(sizes, total)] * ws
