@@ -1,0 +1,49 @@
+"""SIGINT and SIGTERM end a rank blocked in a collective within seconds, not at the collective
+timeout (300 s here); the job (torchrun) then ends. The bound asserted (60 s from the signal)
+is far below the timeout and far above a loaded machine's start-up noise."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from meshshard.comm.process import TIMEOUT_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+LONG = 300
+
+
+@pytest.mark.parametrize(("mode", "sig"), [("cli", signal.SIGTERM), ("plain", signal.SIGINT)])
+def test_a_signal_ends_a_rank_blocked_in_a_collective_and_the_job(tmp_path, mode, sig):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **{TIMEOUT_ENV: str(LONG)})
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(ROOT / "tests" / "comm" / "_blocked_rank.py"), mode, str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
+        start_new_session=True,
+    )
+    try:
+        pid_file = tmp_path / "rank0.pid"
+        deadline = time.monotonic() + 240
+        while not pid_file.exists() or not pid_file.read_text():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+            time.sleep(0.2)
+        time.sleep(2.0)  # rank 0 is inside the all-reduce by now
+        os.kill(int(pid_file.read_text()), sig)
+        sent = time.monotonic()
+        out, _ = job.communicate(timeout=LONG + 60)
+        took = time.monotonic() - sent
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert took < 60, (took, out)  # seconds, not the 300 s collective timeout
+    assert job.returncode != 0, out
+    assert "the all-reduce returned" not in out, out
+    name = signal.Signals(sig).name
+    assert f"meshshard: {name} reached rank 0 while its main thread was blocked" in out, out
+    assert f"(exit {128 + sig})" in out, out
