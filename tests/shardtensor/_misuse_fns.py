@@ -63,4 +63,65 @@ def misuse(rank: int, ws: int) -> dict:
     sizes = [3, 5, 2][:ws]
     a = from_local(torch.full((sizes[rank], 2), float(rank)), mesh, [Shard(0)])
     out["after"] = (a.sharding_sizes(), a.full_tensor().sum().item())
+    out["collectives"] = _collectives(rank, mesh, sizes)
+    return out
+
+
+def _collectives(rank: int, mesh, sizes: list) -> dict:
+    """Collectives (torch's profiler: gloo's own events) of one right call in each form."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from meshshard.shardtensor import Partial, Replicate, Shard, from_local
+
+    piece, same = torch.ones(sizes[rank], 2), torch.ones(2, 2)
+    calls = {
+        "Shard, sizes given": lambda: from_local(piece, mesh, [Shard(0)], sizes),
+        "Shard, sizes inferred": lambda: from_local(piece, mesh, [Shard(0)]),
+        "Replicate": lambda: from_local(same, mesh, [Replicate()]),
+        "Partial": lambda: from_local(same, mesh, [Partial()]),
+        "Shard, sizes given, validate=False": lambda: from_local(piece, mesh, [Shard(0)], sizes,
+                                                                 validate=False),
+        "Shard, sizes inferred, validate=False": lambda: from_local(piece, mesh, [Shard(0)],
+                                                                    validate=False),
+        "Replicate, validate=False": lambda: from_local(same, mesh, [Replicate()],
+                                                        validate=False),
+    }
+    out = {}
+    for name, call in calls.items():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            call()
+        out[name] = sum(e.count for e in prof.key_averages() if e.key.startswith("c10d::"))
+    return out
+
+
+def misuse_2d(rank: int, ws: int) -> dict:
+    """A 2 x 2 mesh (ranks 0..3 at coordinates (0, 0), (0, 1), (1, 0), (1, 1)): right calls
+    give the inferred sizes; each wrong one on rank 3 (or rank 0) must reach all four ranks,
+    also those that share no mesh group with the rank at fault."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.shardtensor import Replicate, Shard, from_local
+
+    mesh = init_device_mesh("cpu", (2, 2))
+    c0, c1 = divmod(rank, 2)
+    rows, cols = (3, 5)[c0], (2, 4)[c1]
+    out = {}
+    a = from_local(torch.ones(rows, cols), mesh, [Shard(0), Shard(1)])
+    b = from_local(torch.ones(rows, 6), mesh, [Shard(0), Replicate()])
+    out["right"] = (a._spec.sizes, tuple(a.shape), b._spec.sizes, tuple(b.shape))
+    cases = {
+        "rows differ at one coordinate": (torch.ones(rows + (rank == 3), 6),
+                                          [Shard(0), Replicate()]),
+        "placements differ on rank 3": (torch.ones(rows, cols), [Shard(0), Shard(1)] if rank != 3
+                                        else [Shard(0), Replicate()]),
+        "dtype differs on rank 0": (torch.ones(rows, cols, dtype=torch.float64 if rank == 0
+                                               else torch.float32), [Shard(0), Shard(1)]),
+    }
+    for name, (local, placements) in cases.items():
+        t = time.monotonic()
+        try:
+            from_local(local, mesh, placements)
+            out[name] = None
+        except Exception as exc:  # the type is part of what is checked
+            out[name] = (type(exc).__name__, str(exc), time.monotonic() - t)
     return out

@@ -46,3 +46,27 @@ def test_one_rank_misusing_from_local_fails_every_rank_at_once_with_one_error(ws
     # the ranks are still in step: a right call afterwards works on every rank
     total = 2.0 * sum(r * s for r, s in enumerate(sizes))  # pieces (s, 2) filled with the rank
     assert [rep["after"] for rep in reps] == [(sizes, total)] * ws
+    for rep in reps:  # one all-gather where validated or inferred (whatever the placements)
+        assert rep["collectives"] == {
+            "Shard, sizes given": 1, "Shard, sizes inferred": 1, "Replicate": 1, "Partial": 1,
+            "Shard, sizes given, validate=False": 0, "Shard, sizes inferred, validate=False": 1,
+            "Replicate, validate=False": 0}, rep["collectives"]
+
+
+def test_a_2d_mesh_infers_sizes_and_every_rank_hears_of_a_fault_outside_its_groups():
+    reps = run_ranks(F.misuse_2d, 4, timeout=LONG, collective_timeout=LONG)
+    for rep in reps:
+        assert rep["right"] == (((3, 5), (2, 4)), (8, 6), ((3, 5), None), (8, 6))
+    named = {
+        "rows differ at one coordinate": "rank 3 (mesh coordinate (1, 1)) passed shape (6, 6)",
+        "placements differ on rank 3": "rank 3 (mesh coordinate (1, 1)) passed [Shard(dim=0), "
+                                       "Replicate()]",
+        "dtype differs on rank 0": "rank 0 (mesh coordinate (0, 0)) passed a piece of dtype "
+                                   "float64",
+    }
+    for name, what in named.items():
+        got = [rep[name] for rep in reps]
+        assert all(g is not None for g in got), (name, got)
+        assert len({(kind, msg) for kind, msg, _ in got}) == 1, (name, got)
+        assert got[0][0] == "LayoutError" and what in got[0][1], (name, got[0])
+        assert max(s for _, _, s in got) < LONG / 5, (name, got)

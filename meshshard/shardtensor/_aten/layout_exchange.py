@@ -226,9 +226,10 @@ def judge(records: list[Record], own_shape: bool = True) -> tuple[list | None, P
     for d in range(ndim):  # dims not sharded: one size on every rank
         if d in sharded:
             continue
+        fix = (f"pieces may differ only in the sharded dim(s) {tuple(sorted(sharded))}"
+               if sharded else "a tensor sharded nowhere has one shape on every rank")
         p = _odd_ones(records, lambda r, d=d: r.shape[d], lambda r: f"shape {r.shape}",
-                      "local shapes", f"pieces may differ only in the sharded dim(s) "
-                      f"{tuple(sorted(sharded)) or '(none)'}")
+                      "local shapes", fix)
         if p is not None:
             return None, p
     sizes: list[tuple[int, ...] | None] = [None] * mesh_ndim
