@@ -1,7 +1,8 @@
 """The arguments of ``from_local``, checked: placements against the mesh, ``sharding_shapes``
 in every accepted form (ours and PhysicsNeMo's), and every rank's local shape against the
-declared sizes (one all-gather of shapes, so every rank raises alike instead of some hanging).
-Layout problems raise :class:`meshshard.errors.LayoutError` (a ValueError)."""
+declared sizes. This rank's own checks raise nothing before the layout exchange
+(:mod:`~meshshard.shardtensor._aten.layout_exchange`), so every rank raises alike instead of
+some hanging. Layout problems raise :class:`meshshard.errors.LayoutError` (a ValueError)."""
 
 from __future__ import annotations
 
@@ -110,7 +111,8 @@ def _parse_sizes(
         else:
             bad = next((v for v in seq if _is_shape(v, len(v) if isinstance(
                 v, (torch.Size, tuple, list)) else -1) and len(v) != ndim and len(v) > 0), None)
-            if mesh.ndim == 1 and len(seq) == mesh.size(0) and bad is not None:
+            if (mesh.ndim == 1 and len(seq) == mesh.size(0) != mesh.ndim  # not per mesh dim
+                    and bad is not None):
                 msg = (f"sharding_shapes holds a local shape of {len(bad)} dims, {tuple(bad)}, "
                        f"for a piece of {ndim} dims: give each rank's local shape, or its size")
                 raise LayoutError(msg)
