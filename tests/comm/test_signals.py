@@ -47,3 +47,33 @@ def test_a_signal_ends_a_rank_blocked_in_a_collective_and_the_job(tmp_path, mode
     name = signal.Signals(sig).name
     assert f"meshshard: {name} reached rank 0 while its main thread was blocked" in out, out
     assert f"(exit {128 + sig})" in out, out
+
+
+_HANDLED = """
+import signal, sys, time
+from meshshard.comm.signals import end_blocked_on_signal
+got = []
+signal.signal(signal.SIGTERM, lambda s, f: got.append(s))  # a script's own, lenient handler
+assert end_blocked_on_signal(grace=0.5)
+print("ready", flush=True)
+end = time.monotonic() + 3.0
+while time.monotonic() < end:  # back in Python all the time: the handler runs at once
+    time.sleep(0.01)
+print("handled", got, flush=True)
+"""
+
+
+def test_a_signal_whose_handler_runs_is_left_to_the_handler():
+    """The watcher ends a process only when the handler could not run; a script that handles
+    SIGTERM and goes on (here for 3 s, six times the grace) is not ended."""
+    proc = subprocess.Popen([sys.executable, "-c", _HANDLED], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert f"handled [{int(signal.SIGTERM)}]" in out and "meshshard:" not in err, (out, err)
