@@ -109,8 +109,9 @@ def _parse_sizes(
             # have one entry, so the two agree where they coincide (one rank, 1-d tensor)
             items = {0: seq}
         else:
-            bad = next((v for v in seq if _is_shape(v, len(v) if isinstance(
-                v, (torch.Size, tuple, list)) else -1) and len(v) != ndim and len(v) > 0), None)
+            shapes = [v for v in seq if isinstance(v, (torch.Size, tuple, list)) and v
+                      and all(_is_int(k) for k in v)]
+            bad = next((v for v in shapes if len(v) != ndim), None)
             if (mesh.ndim == 1 and len(seq) == mesh.size(0) != mesh.ndim  # not per mesh dim
                     and bad is not None):
                 msg = (f"sharding_shapes holds a local shape of {len(bad)} dims, {tuple(bad)}, "
@@ -198,7 +199,7 @@ def _local_problem(local: Any, mesh: DeviceMesh, placements: Any, sharding_shape
                        f"{', '.join(f'Partial({o!r})' for o in PARTIAL_OPS)}")
                 raise LayoutError(msg)
         sizes = _parse_sizes(sharding_shapes, placements, mesh, local.ndim)
-    except (*ERROR_TYPES,) as exc:
+    except Exception as exc:  # whatever it is, every rank must hear of it
         return None, None, exc
     return placements, sizes, None
 
@@ -218,7 +219,8 @@ def _record(local: Any, mesh: DeviceMesh, coord: list, placements: tuple | None,
             pl.append((0 if isinstance(p, Replicate) else -1, -1, ""))
     error = 0
     if exc is not None:
-        error = 1 + next(k for k, t in enumerate(ERROR_TYPES) if isinstance(exc, t))
+        error = 1 + next((k for k, t in enumerate(ERROR_TYPES) if isinstance(exc, t)),
+                         ERROR_TYPES.index(RuntimeError))
     return Record(
         rank=dist.get_rank() if dist.is_initialized() else 0, error=error, ndim=ndim,
         shape=tuple(local.shape[:MAX_DIMS]) if is_t else (),
@@ -266,7 +268,7 @@ def resolve_layout(
     records = exchange(mesh, dims, mine, device)
     got, problem = judge(records)
     if problem is not None:
-        text = str(exc) if exc is not None else ";".join(
+        text = _describe(exc) if exc is not None else ";".join(
             "None" if s is None else str(tuple(s)) for s in (sizes or [None] * mesh.ndim))
         texts = exchange_text(mesh, dims, mine.rank, text, device) if problem.needs_text else {}
         raise problem.kind(problem.message(texts, records))
@@ -275,6 +277,12 @@ def resolve_layout(
         if isinstance(p, Shard):
             shape[p.dim] = int(sum(got[i]))
     return placements, got, shape
+
+
+def _describe(exc: Exception) -> str:
+    """The message of this rank's own problem (its type too where that is not the kind every
+    rank raises)."""
+    return str(exc) if isinstance(exc, ERROR_TYPES) else f"{type(exc).__name__}: {exc}"
 
 
 def _trusted(local: torch.Tensor, coord: list, placements: tuple, sizes) -> tuple:
