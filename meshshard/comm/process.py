@@ -34,6 +34,7 @@ from meshshard.comm.check import (
     set_debug,
 )
 from meshshard.comm.launch import launch
+from meshshard.comm.signals import end_blocked_on_signal
 
 __all__ = [
     "DEBUG_ENV",
@@ -139,8 +140,6 @@ def _end_blocked_on_signal() -> None:
     """SIGINT/SIGTERM end a rank blocked in a collective in seconds, not at the timeout
     (:mod:`meshshard.comm.signals`); a world of one has no such wait."""
     if dist.get_world_size() > 1:
-        from meshshard.comm.signals import end_blocked_on_signal
-
         end_blocked_on_signal()
 
 
