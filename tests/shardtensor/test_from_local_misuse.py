@@ -70,3 +70,44 @@ def test_a_2d_mesh_infers_sizes_and_every_rank_hears_of_a_fault_outside_its_grou
         assert len({(kind, msg) for kind, msg, _ in got}) == 1, (name, got)
         assert got[0][0] == "LayoutError" and what in got[0][1], (name, got[0])
         assert max(s for _, _, s in got) < LONG / 5, (name, got)
+
+
+def _records(n0: int, n1: int, change=None) -> list:
+    """Records of an n0 x n1 mesh with [Shard(0), Replicate()] and rows 1 + coordinate 0;
+    ``change(rank, fields)`` may edit one rank's fields."""
+    from meshshard.shardtensor._aten.layout_exchange import Record
+
+    out = []
+    for rank in range(n0 * n1):
+        c = divmod(rank, n1)
+        f = dict(rank=rank, error=0, ndim=2, shape=(1 + c[0], 3), dtype="float32", device="cpu",
+                 coord=c, placements=((1, 0, ""), (0, -1, "")), declared=(-1, -1))
+        if change is not None:
+            change(rank, f)
+        out.append(Record(**f))
+    return out
+
+
+def test_the_verdict_on_a_large_mesh_names_the_one_rank_at_fault_in_one_short_line():
+    """The judgement alone (no ranks): the records of 64 ranks survive encoding, give the
+    sizes, and one odd rank among them is named with its coordinate; the line stays short."""
+    from meshshard.shardtensor._aten.layout_exchange import Record, judge
+
+    recs = _records(8, 8)
+    assert [Record.decode(r.encode(), 2) for r in recs] == recs
+    sizes, problem = judge(recs)
+    assert problem is None and sizes == [tuple(range(1, 9)), None]
+
+    def f64(rank, f):
+        f["dtype"] = "float64" if rank == 37 else f["dtype"]
+
+    def rows(rank, f):
+        f["shape"] = (9, 3) if rank == 37 else f["shape"]
+
+    for change, what in ((f64, "rank 37 (mesh coordinate (4, 5)) passed a piece of dtype "
+                               "float64 where ranks 0, 1, 2, ..., 63 (63 ranks)"),
+                         (rows, "rank 37 (mesh coordinate (4, 5)) passed shape (9, 3) where "
+                                "ranks 32, 33, 34, ..., 39 (7 ranks) passed shape (5, 3)")):
+        sizes, problem = judge(_records(8, 8, change))
+        assert sizes is None and problem.ranks == (37,), problem
+        assert what in problem.head and len(problem.head) < 300, problem.head

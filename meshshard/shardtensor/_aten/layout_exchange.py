@@ -175,11 +175,19 @@ class Problem:
 
 
 def _who(ranks: list[int] | tuple[int, ...], records: list[Record]) -> str:
+    """``rank 3`` (with its mesh coordinate on an N-D mesh) or ``ranks 0, 1`` (a long list is
+    cut to its first and last ranks, so the message stays one readable line)."""
     coords = {r.rank: r.coord for r in records}
-    show = len(next(iter(coords.values()), ())) > 1
+    show = len(next(iter(coords.values()), ())) > 1 and len(ranks) == 1
+
     def one(r: int) -> str:
         return f"{r} (mesh coordinate {coords[r]})" if show and r in coords else str(r)
-    names = ", ".join(one(r) for r in ranks)
+
+    if len(ranks) > 6:
+        names = (f"{', '.join(one(r) for r in ranks[:3])}, ..., {one(ranks[-1])} "
+                 f"({len(ranks)} ranks)")
+    else:
+        names = ", ".join(one(r) for r in ranks)
     return f"rank {names}" if len(ranks) == 1 else f"ranks {names}"
 
 
