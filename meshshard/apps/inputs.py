@@ -32,14 +32,13 @@ from meshshard.datasets.drivaerml import read_surface, run_index
 from meshshard.datasets.schema import DRIVAERML
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
 from meshshard.partition.sfc import hilbert_codes
-from meshshard.store.format import StoreError, open_store, read_array
+from meshshard.store.format import SHARDED_PART_KEYS, StoreError, open_store, read_array
 
 __all__ = ["SurfaceRows", "read_surface_rows", "source_kind"]
 
 log = logging.getLogger(__name__)
 
-_KEYS = ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fields",
-         "surface_perm")
+_KEYS = SHARDED_PART_KEYS["surface"]
 
 
 @dataclass

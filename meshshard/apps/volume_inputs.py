@@ -39,11 +39,11 @@ from meshshard.datasets.schema import DRIVAERML
 from meshshard.io.stl import read_stl
 from meshshard.ops.sdf import ShardedSurface
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
-from meshshard.store.format import StoreError, open_store, read_array
+from meshshard.store.format import SHARDED_PART_KEYS, StoreError, open_store, read_array
 
 __all__ = ["VOLUME_FEATURES", "VolumeRows", "read_volume_rows", "volume_inputs"]
 
-_KEYS = ("volume_mesh_centers", "volume_fields", "volume_perm")
+_KEYS = SHARDED_PART_KEYS["volume"]
 #: what the features are (written into model checkpoints' ``inputs``)
 VOLUME_FEATURES = "signed distance d to the STL, log(|d| + 1e-6) (standardised)"
 _EPS = 1e-6

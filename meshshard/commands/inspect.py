@@ -9,12 +9,10 @@ from pathlib import Path
 
 from meshshard.commands import CLIError
 from meshshard.commands._checks import check_out_file
+from meshshard.commands._methods import add_method_arg, is_graph_method
 from meshshard.commands._progress import Stages, progress_enabled
 from meshshard.commands.partition import (
     AUTO_FULL_CELLS,
-    CLI_METHOD_HELP,
-    CLI_METHODS,
-    GRAPH_METHODS,
     add_geometry_args,
     build_report,
     check_parts,
@@ -36,9 +34,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "on the fly (with --parts), or a run_i.zarr store",
     )
     parser.add_argument("--parts", "-p", type=int, help="shards (when TARGET is a mesh file)")
-    parser.add_argument("--method", "-m", choices=CLI_METHODS, default=None,
-                        help=CLI_METHOD_HELP.replace("%(default)s", "hilbert")
-                        + " (when TARGET is a mesh file)")  # fmt: skip
+    add_method_arg(parser, default=None, suffix=" (when TARGET is a mesh file)")
     parser.add_argument("--preset", default=None,
                         help="preset of --method kaminpar or hypergraph (see partition --help)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the graph partitioners")
@@ -223,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         method = method if part is None else ""  # "": nothing to partition here
         auto = args.metrics == "auto"
         mode = metrics_mode(args.metrics, kind, method, geom.points.shape[0])
-        need_graph = mode == "full" or method in GRAPH_METHODS
+        need_graph = mode == "full" or is_graph_method(method)
         st.set_total(2 + need_graph + (part is None) + bool(args.png))
         graph = None
         if need_graph:
@@ -231,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
                 graph = geom.graph(kind, knn=knn)
         if part is None:
             extra = dict(graph_method_options(args), graph=graph) \
-                if method in GRAPH_METHODS else {}
+                if is_graph_method(method) else {}
             with st.stage("partition", method):
                 part = run_partitioner(
                     partition, geom.points, args.parts, method=method, targets=targets,

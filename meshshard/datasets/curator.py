@@ -42,7 +42,7 @@ from meshshard.datasets.rows import target_device, wrap_rows
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.partition import partition
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
-from meshshard.store.format import STL_KEYS, StoreError
+from meshshard.store.format import PART_KEYS, SHARDED_PART_KEYS, STL_KEYS, StoreError
 
 __all__ = ["CURATOR_COLUMNS", "curator_info", "is_curator_store", "load_curator_shard",
            "write_curator_store"]
@@ -50,14 +50,13 @@ __all__ = ["CURATOR_COLUMNS", "curator_info", "is_curator_store", "load_curator_
 log = logging.getLogger(__name__)
 
 #: field name -> (kind, columns) of surface_fields / volume_fields, as curator writes them
+#: (the DrivaerML schema's required fields, in its order: the field table has one home)
 CURATOR_COLUMNS = {
-    "surface": (("pMeanTrim", "pressure", 1), ("wallShearStressMeanTrim", "wall_shear", 3)),
-    "volume": (("UMeanTrim", "velocity", 3), ("pMeanTrim", "pressure", 1),
-               ("nutMeanTrim", "nut", 1)),
+    part: tuple((f.name, f.kind, f.components) for f in fields if f.required)
+    for part, fields in (("surface", DRIVAERML.surface_fields),
+                         ("volume", DRIVAERML.volume_fields))
 }
-_PART_KEYS = {"surface": ("surface_mesh_centers", "surface_normals", "surface_areas",
-                          "surface_fields"),
-              "volume": ("volume_mesh_centers", "volume_fields")}
+_PART_KEYS = PART_KEYS
 
 
 def _group_meta(path: Path) -> dict | None:
@@ -184,7 +183,7 @@ def load_curator_shard(
         msg = f"{store}: has no {part} part (no {part}_mesh_centers)"
         raise StoreError(msg)
     keys = tuple(keys) if keys is not None else _PART_KEYS[part]
-    allowed = (*_PART_KEYS[part], f"{part}_perm")
+    allowed = SHARDED_PART_KEYS[part]
     bad = [k for k in keys if k not in allowed]
     if bad:
         msg = f"{store}: unknown key(s) {bad} for part {part}; choose from {list(allowed)}"

@@ -14,11 +14,10 @@ from typing import Any
 
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.partition.hypergraph import require_mtkahypar
+from meshshard.partition.methods import list_methods
 
-__all__ = ["GRAPHS", "METHODS", "RunOptions"]
+__all__ = ["GRAPHS", "RunOptions"]
 
-#: the partition methods preprocessing accepts
-METHODS = ("hilbert", "morton", "rcb", "metis", "hypergraph")
 #: the mesh graphs a store can hold beside its rows (:mod:`meshshard.datasets.graphstore`)
 GRAPHS = ("dual",)
 
@@ -31,8 +30,10 @@ class RunOptions:
     ----------
     parts : int
         Shards per sample (>= 1).
-    method : {"hilbert", "morton", "rcb", "metis", "hypergraph"}
-        Partition method; ``"hypergraph"`` needs ``pip install meshshard[hypergraph]``.
+    method : str
+        Partition method, any name of :func:`~meshshard.partition.list_methods` (a method
+        added with :func:`~meshshard.partition.register_method` too); ``"hypergraph"`` needs
+        the ``hypergraph`` extra.
     surface, volume : bool
         Which parts of the run to store (at least one).
     halo_radius : float, optional
@@ -48,8 +49,8 @@ class RunOptions:
     compressor : {"lz4", "zstd", None}
         The stores' zarr codec.
     graph : {None, "dual"}
-        ``"dual"``: also store the surface dual graph's shards; with ``method="metis"`` or
-        ``"hypergraph"`` the surface is then cut on that graph (fewest ghost rows).
+        ``"dual"``: also store the surface dual graph's shards; with a graph method
+        (``"metis"``, ``"hypergraph"``, ...) the surface is then cut on that graph.
 
     Raises
     ------
@@ -84,8 +85,8 @@ class RunOptions:
         if not isinstance(self.parts, int) or self.parts < 1:
             msg = f"parts={self.parts!r} must be an integer >= 1"
             raise ValueError(msg)
-        if self.method not in METHODS:
-            msg = f"method={self.method!r} is not one of {METHODS}"
+        if self.method not in list_methods():
+            msg = f"method={self.method!r} is not one of {tuple(list_methods())}"
             raise ValueError(msg)
         if self.method == "hypergraph":  # before any run is read: say which extra is missing
             try:
