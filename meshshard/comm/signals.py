@@ -200,6 +200,12 @@ def sigint_deferred() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    # multiprocessing starts its resource tracker with the first spawn/forkserver child and
+    # then *unblocks* SIGINT and SIGTERM (resource_tracker.ensure_running): start it first,
+    # or the first child of the process would get an open mask
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
     seen: list[int] = []
     # another thread of this process may take the signal: record it there
     saved = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))

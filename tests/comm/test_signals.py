@@ -77,3 +77,38 @@ def test_a_signal_whose_handler_runs_is_left_to_the_handler():
         proc.kill()
     assert proc.returncode == 0, err
     assert f"handled [{int(signal.SIGTERM)}]" in out and "meshshard:" not in err, (out, err)
+
+
+_FIRST_CHILD = """
+import multiprocessing as mp, os, signal, sys
+from meshshard.comm.signals import sigint_deferred
+
+
+def blocked():
+    with open(f"/proc/{os.getpid()}/status") as f:
+        mask = int(next(l for l in f if l.startswith("SigBlk")).split()[1], 16)
+    sys.exit(3 if mask & (1 << (signal.SIGINT - 1)) else 4)
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")  # nothing else first: no queue, no lock (they would start
+    for _ in range(2):             # the resource tracker before the first child)
+        with sigint_deferred():
+            p = ctx.Process(target=blocked)
+            p.start()
+        p.join()
+        print(p.exitcode == 3, flush=True)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_even_the_first_child_of_a_process_starts_with_sigint_blocked(tmp_path):
+    """multiprocessing's resource tracker, started with the first spawned child, unblocks
+    SIGINT on its way: the first preprocess worker then printed a KeyboardInterrupt traceback
+    when Ctrl-C came while it imported."""
+    script = tmp_path / "first_child.py"
+    script.write_text(_FIRST_CHILD)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True"], r.stdout
