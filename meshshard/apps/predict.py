@@ -31,12 +31,21 @@ import torch
 
 from meshshard.apps.features import chunked_inputs
 from meshshard.apps.figures import pressure_png
-from meshshard.apps.forces import field_errors, force_coefficients
-from meshshard.apps.inputs import SurfaceRows, read_surface_rows
+from meshshard.apps.forces import force_coefficients
+from meshshard.apps.input_checks import (
+    check_model_for_inference,
+    check_predictions,
+    check_reference_area,
+    checked_errors,
+    run_named,
+    warn_rounds,
+)
+from meshshard.apps.inputs import SurfaceRows, read_surface_rows, reading_options
 from meshshard.apps.model_file import ModelFile, ModelFileError, load_model
 from meshshard.apps.reference import reference_area_for
 from meshshard.apps.rows import (
     DEFAULT_CHUNK,
+    check_conventions_match,
     check_fields,
     gather_for_writing,
     gather_rows,
@@ -45,7 +54,7 @@ from meshshard.apps.rows import (
 )
 from meshshard.apps.train import build_inputs
 from meshshard.apps.volume import predict_volume_run
-from meshshard.apps.writer import write_summary, write_vtk
+from meshshard.apps.writer import fields_raw, write_summary, write_vtk
 from meshshard.comm.process import init
 from meshshard.shardtensor import Shard, from_local
 
@@ -110,10 +119,42 @@ def predict_run(
     max_points_per_chunk: int | None = DEFAULT_CHUNK,
     png: bool = True,
     reference_area: float | None = None,
+    u_inf: float | None = None,
+    fields: Any = None,
+    conventions: dict | None = None,
 ) -> dict[str, Any]:
     """Predict one run and write the outputs (see the module notes); returns the summary
     (rank 0 has the files, every rank the metrics). Collective when distributed: every rank
-    of ``mesh`` (a 1-D DeviceMesh over the world) must call this."""
+    of ``mesh`` (a 1-D DeviceMesh over the world) must call this.
+
+    On a run directory ``u_inf`` (m/s) scales the fields (default: the speed the model was
+    trained with), ``fields`` maps the file's array names onto the model's and
+    ``conventions`` (``normals``, ``shear``) states the file's
+    (:func:`~meshshard.apps.inputs.reading_options`). Errors raised while the run is read or
+    predicted name the run (:func:`~meshshard.apps.input_checks.run_named`); its geometry and
+    truth are checked before the model runs
+    (:func:`~meshshard.apps.input_checks.check_surface_rows`)."""
+    check_reference_area(reference_area, "reference_area")
+    with run_named(source):
+        return _predict_run(checkpoint, source, out, mesh=mesh,
+                            max_points_per_chunk=max_points_per_chunk, png=png,
+                            reference_area=reference_area, u_inf=u_inf, fields=fields,
+                            conventions=conventions)
+
+
+def _predict_run(
+    checkpoint: str | Path | ModelFile,
+    source: str | Path,
+    out: str | Path,
+    *,
+    mesh: Any = None,
+    max_points_per_chunk: int | None = DEFAULT_CHUNK,
+    png: bool = True,
+    reference_area: float | None = None,
+    u_inf: float | None = None,
+    fields: Any = None,
+    conventions: dict | None = None,
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     ensure_world()
     mf = checkpoint if isinstance(checkpoint, ModelFile) else load_model(
@@ -121,24 +162,35 @@ def predict_run(
     if mf.class_name not in PREDICT_CLASSES:
         msg = f"{mf.path}: holds a {mf.class_name}; predict runs {list(PREDICT_CLASSES)}"
         raise ModelFileError(msg)
+    check_model_for_inference(mf)
     if mf.inputs.get("part") == "volume":  # the volume cells (no PNG, no forces)
         return predict_volume_run(mf, source, out, mesh=mesh,
-                                  max_points_per_chunk=max_points_per_chunk)
+                                  max_points_per_chunk=max_points_per_chunk, u_inf=u_inf,
+                                  fields=fields)
     group = mesh.get_group() if mesh is not None else None
-    rows = read_surface_rows(source, group)
+    rows = read_surface_rows(source, group, **reading_options(source, mf, u_inf=u_inf,
+                                                              fields=fields, **(conventions or {})))
+    check_conventions_match(mf, rows, source)
     truth = check_fields(mf, rows, source, need_truth=False)
+    warn_rounds(len(rows.centers), max_points_per_chunk, source)
     a_ref, a_from = reference_area_for(source, reference_area)  # a bad geo_ref fails here
     t_read = time.perf_counter() - t0
     t1 = time.perf_counter()
     pred = predict_rows(mf, rows, mesh=mesh, max_points_per_chunk=max_points_per_chunk)
+    # in the run's units (float64), within float32's range: the fields are written as float32
+    raw = fields_raw(mf, rows, pred.astype(np.float64))
+    check_predictions(np.concatenate([v.reshape(len(pred), -1) for v in raw.values()], axis=1)
+                      if raw else pred, group, limit=float(np.finfo(np.float32).max))
     t_model = time.perf_counter() - t1
     summary: dict[str, Any] = {"run": rows.name, "source": str(source), "cells": rows.n_total,
                                "ranks": len(rows.sizes), "rows_per_rank": rows.sizes,
                                "max_points_per_chunk": max_points_per_chunk,
+                               "u_inf": rows.u_inf, "u_inf_from": rows.u_inf_from,
+                               "rho": rows.rho, "conventions": rows.conventions,
                                "seconds": {"read_partition": t_read, "inputs_model": t_model}}
     if truth:
         cols, true = truth_columns(truth, rows, pred)
-        summary["rel_l2"] = field_errors(pred, true, cols, group=group)
+        summary["rel_l2"] = checked_errors(pred, true, cols, group=group, source=source)
         summary["reference_area_from"] = a_from
         kw = {"reference_area": a_ref, "group": group}
         summary["forces_pred"] = force_coefficients(pred, cols, rows.normals, rows.areas, **kw)

@@ -16,14 +16,15 @@ import numpy as np
 import torch
 
 from meshshard.apps.chunked import chunked_forward
+from meshshard.apps.input_checks import check_predictions
 from meshshard.apps.inputs import SurfaceRows
 from meshshard.apps.model_file import ModelFile
 from meshshard.comm.host import Comm
 from meshshard.datasets.schema import DRIVAERML
 from meshshard.shardtensor import Shard, from_local
 
-__all__ = ["DEFAULT_CHUNK", "check_fields", "gather_for_writing", "gather_rows", "run_model",
-           "truth_columns"]
+__all__ = ["DEFAULT_CHUNK", "check_conventions_match", "check_fields", "gather_for_writing",
+           "gather_rows", "run_model", "truth_columns"]
 
 #: rows per chunk of the model forward on every rank, unless told otherwise
 DEFAULT_CHUNK = 1 << 18
@@ -63,6 +64,24 @@ def check_fields(mf: ModelFile, rows: SurfaceRows, source: Any, *, need_truth: b
     return {} if missing else present
 
 
+def check_conventions_match(mf: ModelFile, rows: SurfaceRows, source: Any) -> None:
+    """The model was trained on normals pointing the way ``rows``' do (its features include
+    them). A model file that recorded no conventions (written before they were recorded)
+    passes.
+
+    Raises
+    ------
+    ValueError
+        The model's training data and ``source`` hold normals of opposite orientation.
+    """
+    want = (mf.scales.get("conventions") or {}).get("normals")
+    have = rows.conventions.get("normals")
+    if want and have and want != have:
+        msg = (f"{source}: its normals are {have!r}, the data {mf.path} was trained on had "
+               f"{want!r}; re-preprocess the training data with this meshshard, or retrain")
+        raise ValueError(msg)
+
+
 def run_model(mf: ModelFile, coords: torch.Tensor, feats: torch.Tensor, sizes: list[int], *,
               mesh: Any = None, max_points_per_chunk: int | None = DEFAULT_CHUNK) -> np.ndarray:
     """The model on this rank's inputs (1, n, .), chunked (or not, with
@@ -85,7 +104,9 @@ def run_model(mf: ModelFile, coords: torch.Tensor, feats: torch.Tensor, sizes: l
                                 group=group, release=True)
     mean = torch.tensor(mf.scales["target_mean"], dtype=y.dtype)
     std = torch.tensor(mf.scales["target_std"], dtype=y.dtype)
-    return (y[0] * std + mean).numpy()
+    out = (y[0] * std + mean).numpy()
+    check_predictions(out, mesh.get_group() if mesh is not None else None)  # every rank
+    return out
 
 
 def truth_columns(cols: dict, rows: SurfaceRows, pred: np.ndarray):

@@ -31,14 +31,16 @@ import numpy as np
 import torch
 
 from meshshard.apps.features import _standardise_into
+from meshshard.apps.input_checks import check_volume_cells, check_volume_rows
 from meshshard.apps.inputs import read_by_kind
 from meshshard.datasets import load_shard
 from meshshard.datasets.curator import curator_info, load_curator_shard
 from meshshard.datasets.drivaerml import read_volume, run_index
-from meshshard.datasets.schema import DRIVAERML
+from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.io.stl import read_stl
 from meshshard.ops.sdf import ShardedSurface
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
+from meshshard.store.curator_checks import read_block
 from meshshard.store.format import SHARDED_PART_KEYS, StoreError, open_store, read_array
 
 __all__ = ["VOLUME_FEATURES", "VolumeRows", "read_volume_rows", "volume_inputs"]
@@ -108,21 +110,23 @@ def _no_stl(source: Any) -> StoreError:
                       "a volume model's inputs need it")
 
 
-def _from_run(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
+def _from_run(path: Path, group: Any, rank: int, world: int,
+              base: DatasetSchema = DRIVAERML) -> VolumeRows:
     i = run_index(path)
-    stl_path = path / DRIVAERML.stl_file.format(i=i)
+    stl_path = path / base.stl_file.format(i=i)
     if not stl_path.is_file():
         raise _no_stl(path)
     stl = read_stl(stl_path)
-    vtu = path / DRIVAERML.volume_file.format(i=i)
+    vtu = path / base.volume_file.format(i=i)
     if not vtu.is_file():
         msg = f"{path}: has no volume file {vtu.name}; a volume model predicts on its cells"
         raise FileNotFoundError(msg)
     # fields optional: a new car has none
     from dataclasses import replace
 
-    schema = replace(DRIVAERML, volume_fields=tuple(replace(f, required=False)
-                                                    for f in DRIVAERML.volume_fields))
+    schema = replace(base, volume_fields=tuple(replace(f, required=False)
+                                               for f in base.volume_fields))
+    check_volume_cells(vtu)  # a file of triangles is not a volume
     v = read_volume(vtu, schema=schema, length=stl.length)
     s = _slice(v.centers.shape[0], rank, world)
     rows = {"volume_mesh_centers": v.centers[s], "volume_fields": v.fields[s],
@@ -169,12 +173,13 @@ def _from_curator(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
         raise _no_stl(path)
     got = load_curator_shard(path, rank, world, group=group, part="volume", keys=_KEYS)
     moved = {k: got[k].numpy() for k in _KEYS}
-    coords = np.asarray(g["stl_coordinates"][...])
+    coords = read_block(g["stl_coordinates"], path, "stl_coordinates")
     nf = int(g["stl_faces"].shape[0])
     flat = g["stl_faces"].ndim == 1
     t = nf // 3 if flat else nf
     s = _slice(t, rank, world)
-    faces = np.asarray(g["stl_faces"][3 * s.start : 3 * s.stop] if flat else g["stl_faces"][s])
+    faces = read_block(g["stl_faces"], path, "stl_faces",
+                       slice(3 * s.start, 3 * s.stop) if flat else s)
     meta = (info["columns"]["volume"], info["scales"]["volume"], info["rows"]["volume"])
     return _rows(moved, got["sharding_sizes"].tolist(), meta, _triangles(coords, faces),
                  "curator", path.name.removesuffix(".zarr"), None)
@@ -192,8 +197,13 @@ def _rows(moved, sizes, meta, tri, kind, name, vtk) -> VolumeRows:
         n_source_cells=int(n_source))
 
 
-def read_volume_rows(source: str | Path, group: Any = None) -> VolumeRows:
+def read_volume_rows(source: str | Path, group: Any = None, *, fields: Any = None,
+                     u_inf: float | None = None) -> VolumeRows:
     """This rank's volume rows of ``source`` and its slice of the body (module notes).
+
+    A run directory's array names are mapped by ``fields``
+    (:meth:`~meshshard.datasets.schema.DatasetSchema.with_fields`) and its fields scaled with
+    the flow speed ``u_inf`` (default DrivaerML's); a store's are as it was preprocessed.
 
     Collective when ``torch.distributed`` runs more than one rank (except for a meshshard store
     whose parts the ranks divide): every rank of ``group`` must call it.
@@ -201,10 +211,22 @@ def read_volume_rows(source: str | Path, group: Any = None) -> VolumeRows:
     Raises
     ------
     FileNotFoundError, ValueError
-        No such source, no volume (``.vtu``, volume part), no STL; damaged files (named).
+        No such source, no volume (``.vtu``, volume part), no STL; damaged files (named);
+        a ``.vtu`` of surface cells; non-finite centres or truth
+        (:mod:`~meshshard.apps.input_checks`).
     """
-    return read_by_kind(source, group, {"run": _from_run, "store": _from_store,
+    from dataclasses import replace
+
+    base = DRIVAERML.with_fields(fields)
+    base = base if u_inf is None else replace(base, u_inf=float(u_inf))
+
+    def run(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
+        return _from_run(path, group, rank, world, base)
+
+    rows = read_by_kind(source, group, {"run": run, "store": _from_store,
                                         "curator": _from_curator})
+    check_volume_rows(rows, source, group)  # every rank, before any model runs
+    return rows
 
 
 def _rounds(n: int, chunk: int, group: Any) -> int:

@@ -22,8 +22,10 @@ from meshshard.commands.partition import (
     run_partitioner,
 )
 from meshshard.partition import Partition, knn_graph, partition
+from meshshard.partition._validation import check_distance_range
 from meshshard.partition.io import MESH_SUFFIXES, load_geometry
 from meshshard.partition.report import format_report, render_png, report
+from meshshard.store.curator_checks import is_curator_store, verify_curator_store
 from meshshard.store.format import store_surfels, verify_store
 
 
@@ -54,7 +56,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--verify",
         action="store_true",
         help="STORE: recompute the crc32 of every chunk file against the store's record "
-        "(exit status 2 and the first difference when it is damaged)",
+        "(exit status 2 and the first difference when it is damaged); a physicsnemo-curator "
+        "store has no record: every chunk is checked present, decoding and finite",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -98,9 +101,30 @@ def _format_tree(d: dict, indent: int = 0) -> list[str]:
     return lines
 
 
+def _inspect_curator(path: Path, args: argparse.Namespace) -> int:
+    """A physicsnemo-curator store: ``--verify`` checks what its layout allows (it records
+    no checksums); without it, a one-line pointer."""
+    if not args.verify:
+        msg = (f"{path}: a physicsnemo-curator store; inspect reports meshshard stores: pass "
+               "--verify to check every chunk of it (present, decoding, finite; the layout has "
+               "no checksums), or convert it with meshshard preprocess")
+        raise CLIError(msg)
+    res = verify_curator_store(path)  # StoreError: exit 2, naming the array
+    if args.json:
+        print(json.dumps({"store": str(path), "verified": res}, indent=2))
+    else:
+        print(f"{path}: physicsnemo-curator store, {len(res['arrays'])} arrays verified "
+              f"(checksums: {res['checksums']})")
+        for k, v in res["arrays"].items():
+            print(f"  {k}: {tuple(v['shape'])} {v['dtype']}, {v['chunks']} chunk(s)")
+    return 0
+
+
 def _inspect_store(path: Path, args: argparse.Namespace) -> int:
     """``run_i.zarr``: the pipelines' store summary, then a partition report per stored part
     (surface, volume) on the kNN graph of its cell centres (stores keep no connectivity)."""
+    if is_curator_store(path):
+        return _inspect_curator(path, args)
     try:  # deferred: a failing store reader becomes this command's one-line error
         from meshshard.store.format import inspect_store, store_partition
     except ImportError as exc:
@@ -120,6 +144,7 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
         for name in names:
             with st.stage(f"{name} read"):
                 part, points = store_partition(path, name)
+            check_distance_range(points, name=f"{path} ({name}_mesh_centers)")
             with st.stage(f"{name} graph", f"kNN-{args.knn}"):
                 graph = knn_graph(points, args.knn)
             with st.stage(f"{name} metrics"):
@@ -222,6 +247,8 @@ def run(args: argparse.Namespace) -> int:
         need_graph = mode == "full" or is_graph_method(method)
         st.set_total(2 + need_graph + (part is None) + bool(args.png))
         graph = None
+        if need_graph and kind == "knn":  # a kd-tree on extreme coordinates: refuse, naming it
+            check_distance_range(geom.points, name=str(geom.source or target))
         if need_graph:
             with st.stage("graph", kind):
                 graph = geom.graph(kind, knn=knn)

@@ -16,6 +16,7 @@ from meshshard.commands._progress import Stages, progress_enabled
 from meshshard.partition import Partition, partition
 from meshshard.partition import hypergraph as hg
 from meshshard.partition import kaminpar_part as kp
+from meshshard.partition._validation import check_distance_range
 from meshshard.partition.cutcount import dual_cut_metrics
 from meshshard.partition.io import load_geometry
 from meshshard.partition.methods import list_methods
@@ -206,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
         need_graph = is_graph_method(args.method) or mode == "full"
         st.set_total(3 + need_graph + (mode != "none") + bool(args.png))
         graph = None
+        if need_graph and kind == "knn":  # a kd-tree on extreme coordinates: refuse, naming it
+            check_distance_range(geom.points, name=str(args.input))
         if need_graph:
             why = f"for {args.method}" if is_graph_method(args.method) else "for the metrics"
             with st.stage("graph", f"{kind}, {why}"):
