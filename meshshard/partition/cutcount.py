@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from meshshard.partition._validation import unique_int
-from meshshard.partition.graph import dual_graph, mesh_connectivity
+from meshshard.partition.graph import dual_graph, mesh_connectivity, mesh_polyhedra
 from meshshard.partition.quality import _stats
 from meshshard.partition.record import Partition
 
@@ -62,7 +62,8 @@ def dual_cut_metrics(mesh: Any, partition: Partition) -> dict[str, Any]:
     Parameters
     ----------
     mesh : pyvista.DataSet
-        Polygon surface or linear volume mesh (what :func:`dual_graph` takes).
+        Polygon surface or volume mesh of linear cells and polyhedra (what :func:`dual_graph`
+        takes).
     partition : Partition
         Over the mesh's cells.
 
@@ -89,6 +90,7 @@ def dual_cut_metrics(mesh: Any, partition: Partition) -> dict[str, Any]:
     16
     """
     conn, off, types = mesh_connectivity(mesh)
+    poly = mesh_polyhedra(mesh)
     a = partition.assignment
     n, P = a.size, partition.nparts
     if types.size != n:
@@ -101,7 +103,9 @@ def dual_cut_metrics(mesh: Any, partition: Partition) -> dict[str, Any]:
         sub_off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         local = np.arange(sub_off[-1], dtype=np.int64) - np.repeat(sub_off[:-1], lens)
         sub_conn = conn[np.repeat(off[sub], lens) + local]
-        g = dual_graph(cells=sub_conn, offsets=sub_off, celltypes=types[sub]).tocoo()
+        sub_poly = poly.subset(sub) if poly is not None else None
+        g = dual_graph(cells=sub_conn, offsets=sub_off, celltypes=types[sub],
+                       polyhedra=sub_poly).tocoo()  # fmt: skip
         keep = g.row < g.col  # each undirected edge once
         r, c = sub[g.row[keep]], sub[g.col[keep]]
         cut = a[r] != a[c]

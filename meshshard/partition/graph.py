@@ -13,6 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.io.cells import (
+    CELL_FACES,
+    CELL_NVERTS,
+    VTK_POLYGON,
+    VTK_POLYHEDRON,
+    PolyhedronFaces,
+)
 from meshshard.partition._validation import as_points, unique_int
 from meshshard.partition.sfc import curve_order, hilbert_codes
 
@@ -23,31 +30,15 @@ __all__ = [
     "knn_graph",
     "knn_graph_sorted",
     "mesh_connectivity",
+    "mesh_polyhedra",
     "shared_face_pairs",
 ]
 
 log = logging.getLogger(__name__)
 
-# VTK cell type -> (dimension, faces as local vertex ids). 3-D cells share faces, 2-D cells
-# share edges. Vertex order inside a face does not matter (faces are compared as sets).
-CELL_FACES: dict[int, tuple[int, tuple[tuple[int, ...], ...]]] = {
-    5: (2, ((0, 1), (1, 2), (2, 0))),  # VTK_TRIANGLE
-    8: (2, ((0, 1), (1, 3), (3, 2), (2, 0))),  # VTK_PIXEL
-    9: (2, ((0, 1), (1, 2), (2, 3), (3, 0))),  # VTK_QUAD
-    10: (3, ((0, 1, 3), (1, 2, 3), (2, 0, 3), (0, 2, 1))),  # VTK_TETRA
-    11: (  # VTK_VOXEL
-        3,
-        ((0, 2, 6, 4), (1, 3, 7, 5), (0, 1, 5, 4), (2, 3, 7, 6), (0, 1, 3, 2), (4, 5, 7, 6)),
-    ),
-    12: (  # VTK_HEXAHEDRON
-        3,
-        ((0, 4, 7, 3), (1, 2, 6, 5), (0, 1, 5, 4), (3, 7, 6, 2), (0, 3, 2, 1), (4, 5, 6, 7)),
-    ),
-    13: (3, ((0, 1, 2), (3, 4, 5), (0, 1, 4, 3), (1, 2, 5, 4), (2, 0, 3, 5))),  # VTK_WEDGE
-    14: (3, ((0, 1, 2, 3), (0, 1, 4), (1, 2, 4), (2, 3, 4), (3, 0, 4))),  # VTK_PYRAMID
-}
-_VTK_POLYGON = 7
-_CELL_NVERTS = {5: 3, 8: 4, 9: 4, 10: 4, 11: 8, 12: 8, 13: 6, 14: 5}
+#: the face tables live with the rest of the cell topology (:mod:`meshshard.io.cells`)
+_VTK_POLYGON = VTK_POLYGON
+_CELL_NVERTS = CELL_NVERTS
 
 
 def _vtk_type_name(code: int) -> str:
@@ -171,17 +162,39 @@ def mesh_connectivity(mesh: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return conn, off, types
 
 
+def mesh_polyhedra(mesh: Any) -> PolyhedronFaces | None:
+    """The faces of ``mesh``'s polyhedral cells (VTK type 42), checked, or None without any.
+
+    Raises
+    ------
+    ValueError
+        The polyhedron faces are inconsistent (ids out of range, too few faces).
+    """
+    import pyvista as pv
+
+    if not isinstance(mesh, pv.DataSet):
+        mesh = pv.wrap(mesh)
+    if not isinstance(mesh, pv.UnstructuredGrid):
+        return None
+    poly = PolyhedronFaces.from_vtk(mesh)
+    if poly is not None:
+        poly.check(int(mesh.n_points), np.asarray(mesh.celltypes))
+    return poly
+
+
 def dual_graph(
     mesh: Any = None,
     *,
     cells: Any = None,
     offsets: Any = None,
     celltypes: Any = None,
+    polyhedra: PolyhedronFaces | None = None,
 ) -> Any:
     """Dual graph of a cell mesh: cells are vertices, cells sharing a face are adjacent.
 
-    3-D cells (tetra, hexahedron, voxel, wedge, pyramid) are adjacent when they share a face;
-    2-D cells (triangle, quad, pixel, polygon) when they share an edge. Mixed meshes work.
+    3-D cells (tetra, hexahedron, voxel, wedge, pyramid, polyhedron) are adjacent when they
+    share a face (the same set of points); 2-D cells (triangle, quad, pixel, polygon) when they
+    share an edge. Mixed meshes work: a polyhedron's quad face meets a hexahedron's.
 
     Parameters
     ----------
@@ -193,6 +206,8 @@ def dual_graph(
         ``celltypes`` (length ncells), VTK codes.
     offsets, celltypes : array, optional
         See ``cells``.
+    polyhedra : PolyhedronFaces, optional
+        With ``cells``: the faces of the cells of type 42 (required when there are any).
 
     Returns
     -------
@@ -202,7 +217,8 @@ def dual_graph(
     Raises
     ------
     ValueError
-        Unsupported VTK cell types (named), inconsistent connectivity.
+        Unsupported VTK cell types (named), inconsistent connectivity, polyhedra without
+        their faces.
 
     Examples
     --------
@@ -211,9 +227,9 @@ def dual_graph(
     >>> dual_graph(cells=quads, celltypes=9).toarray().tolist()
     [[0, 1], [1, 0]]
     """
-    conn, off, types = _connectivity_from_args(mesh, cells, offsets, celltypes)
+    conn, off, types, poly = _connectivity_from_args(mesh, cells, offsets, celltypes, polyhedra)
     ncells = types.size
-    keys, owner = cell_faces(conn, off, types)
+    keys, owner = cell_faces(conn, off, types, poly)
     if keys.shape[0] == 0:
         import scipy.sparse as sp
 
@@ -227,14 +243,36 @@ def dual_graph(
     return _symmetric_binary(r, c, ncells)
 
 
+def face_width(types: np.ndarray, polyhedra: PolyhedronFaces | None = None) -> int:
+    """Columns of :func:`cell_faces`' rows: 4, or the widest polyhedron face when wider."""
+    if polyhedra is None or not (np.asarray(types) == VTK_POLYHEDRON).any():
+        return 4
+    return max(4, polyhedra.widest_face())
+
+
 def cell_faces(
-    conn: np.ndarray, off: np.ndarray, types: np.ndarray
+    conn: np.ndarray,
+    off: np.ndarray,
+    types: np.ndarray,
+    polyhedra: PolyhedronFaces | None = None,
+    *,
+    width: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every face of every cell as a padded row of sorted vertex ids, and its cell.
 
+    Parameters
+    ----------
+    conn, off, types
+        Flat connectivity, offsets (ncells + 1) and VTK type of every cell.
+    polyhedra : PolyhedronFaces, optional
+        The faces of the cells of type 42 (needed when there are any).
+    width : int, optional
+        Columns of the rows (default :func:`face_width`); ranks that compare faces pass the
+        same value.
+
     Returns
     -------
-    keys : ndarray of shape (F, 4), int64
+    keys : ndarray of shape (F, width), int64
         Faces of 3-D cells and edges of 2-D cells (padded with -1 on the left; edges carry
         -2 in column 0 so they never match a triangle face). Equal rows = a shared face.
     cells : ndarray of shape (F,), int64
@@ -243,12 +281,18 @@ def cell_faces(
     Raises
     ------
     ValueError
-        Unsupported VTK cell types (named), cells with the wrong vertex count.
+        Unsupported VTK cell types (named), cells with the wrong vertex count, polyhedra
+        without their faces.
     """
     face_rows: list[np.ndarray] = []
     face_cells: list[np.ndarray] = []
     nvert = np.diff(off)
-    width = 4  # widest face (quad); edges and triangles are padded with -1 on the left
+    need = face_width(types, polyhedra)
+    if width is None:
+        width = need
+    elif width < need:
+        msg = f"width={width} is narrower than the widest face ({need} points)"
+        raise ValueError(msg)
     for code in unique_int(types).tolist():
         sel = np.flatnonzero(types == code)
         if code == _VTK_POLYGON:
@@ -258,11 +302,22 @@ def cell_faces(
                 faces = [(i, (i + 1) % nv) for i in range(nv)]
                 _add_faces(verts, ids, faces, 2, face_rows, face_cells, width)
             continue
+        if code == VTK_POLYHEDRON:
+            if polyhedra is None or polyhedra.n_cells != types.size:
+                msg = (
+                    f"{sel.size} polyhedral cell(s) (VTK type 42) but no faces for them; pass "
+                    "the mesh itself, or polyhedra=PolyhedronFaces(...) with one entry per cell"
+                )
+                raise ValueError(msg)
+            for k, verts, owner in polyhedra.faces_by_size(sel):
+                _add_faces(verts, owner, [tuple(range(k))], 3, face_rows, face_cells, width)
+            continue
         if code not in CELL_FACES:
             msg = (
                 f"unsupported VTK cell type {_vtk_type_name(code)} (code {code}) in "
                 f"{sel.size} cell(s); supported: triangle, quad, pixel, polygon, tetra, "
-                "hexahedron, voxel, wedge, pyramid (linear cells); convert or drop the others"
+                "hexahedron, voxel, wedge, pyramid, polyhedron (linear cells); convert or drop "
+                "the others"
             )
             raise ValueError(msg)
         nv = _CELL_NVERTS[code]
@@ -283,7 +338,7 @@ def shared_face_pairs(keys: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, 
 
     Parameters
     ----------
-    keys : ndarray of shape (F, 4)
+    keys : ndarray of shape (F, W)
         Face rows as :func:`cell_faces` makes them.
     cells : ndarray of shape (F,)
         Any cell id of every face row.
@@ -313,20 +368,34 @@ def shared_face_pairs(keys: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, 
     return np.concatenate(rows), np.concatenate(cols)
 
 
+_HASH_MIX = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
+
+
+def row_hash(keys: np.ndarray) -> np.ndarray:
+    """One 64-bit hash per row of ``keys`` (F, W), the same on every process for equal rows.
+
+    The first four columns use fixed multipliers (so 4-wide rows hash as they always have);
+    wider rows use further odd multipliers from a splitmix-style sequence.
+    """
+    k = keys.astype(np.uint64) + np.uint64(2)  # padding ids -2/-1 become 0/1
+    h = np.zeros(k.shape[0], dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for col in range(k.shape[1]):
+            mult = _HASH_MIX[col] if col < 4 else (0x9E3779B97F4A7C15 * (col + 1)) & (2**64 - 1)
+            h ^= k[:, col] * np.uint64(mult | 1)
+            h ^= h >> np.uint64(29)
+    return h
+
+
 def _group_equal_rows(keys: np.ndarray) -> np.ndarray:
-    """A permutation that makes equal rows of ``keys`` (F, 4) contiguous.
+    """A permutation that makes equal rows of ``keys`` (F, W) contiguous.
 
     Sorting one 64-bit hash of each row is ~8x faster than ``np.lexsort`` over four columns.
     Equal rows have equal hashes, so they share a run of the hash order; runs of three or more
     rows (non-manifold faces, or hash collisions) are re-sorted exactly by all columns, so the
     result never depends on the hash being collision-free.
     """
-    k = keys.astype(np.uint64) + np.uint64(2)  # padding ids -2/-1 become 0/1
-    h = np.zeros(k.shape[0], dtype=np.uint64)
-    for col, mult in enumerate((0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
-                                0xD6E8FEB86659FD93)):  # fmt: skip
-        h ^= k[:, col] * np.uint64(mult)
-        h ^= h >> np.uint64(29)
+    h = row_hash(keys)
     order = np.argsort(h)
     hs = h[order]
     start = np.empty(hs.size, dtype=bool)
@@ -337,7 +406,8 @@ def _group_equal_rows(keys: np.ndarray) -> np.ndarray:
     if long.any():
         sub = np.flatnonzero(long)  # whole runs, contiguous in hash order
         ks = keys[order[sub]]
-        fix = np.lexsort((ks[:, 3], ks[:, 2], ks[:, 1], ks[:, 0], hs[sub]))
+        cols = tuple(ks[:, j] for j in range(ks.shape[1] - 1, -1, -1))
+        fix = np.lexsort((*cols, hs[sub]))
         order[sub] = order[sub][fix]
     return order
 
@@ -363,13 +433,29 @@ def _add_faces(
 
 
 def _connectivity_from_args(
-    mesh: Any, cells: Any, offsets: Any, celltypes: Any
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    mesh: Any, cells: Any, offsets: Any, celltypes: Any, polyhedra: Any = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, PolyhedronFaces | None]:
+    """``(conn, offsets, types, polyhedra)`` from a mesh or from flat/2-D cell arrays."""
     if (mesh is None) == (cells is None):
         msg = "pass either a mesh or cells= (with celltypes=, and offsets= for flat arrays)"
         raise ValueError(msg)
     if mesh is not None:
-        return mesh_connectivity(mesh)
+        if polyhedra is not None:
+            msg = "polyhedra= goes with cells=; a mesh carries its own polyhedron faces"
+            raise ValueError(msg)
+        return (*mesh_connectivity(mesh), mesh_polyhedra(mesh))
+    conn, off, types = _flat_cells(cells, offsets, celltypes)
+    if polyhedra is not None and not isinstance(polyhedra, PolyhedronFaces):
+        msg = f"polyhedra must be a PolyhedronFaces, got {type(polyhedra).__name__}"
+        raise TypeError(msg)
+    if polyhedra is not None:
+        polyhedra.check(np.iinfo(np.int64).max, types)  # structure; ids are global here
+    return conn, off, types, polyhedra
+
+
+def _flat_cells(
+    cells: Any, offsets: Any, celltypes: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     cells = np.asarray(cells)
     if not np.issubdtype(cells.dtype, np.integer):
         msg = f"cells must hold integer vertex ids, got dtype {cells.dtype}"

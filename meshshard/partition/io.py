@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from meshshard.io.vtklog import capture_vtk_output
-from meshshard.partition.graph import dual_graph, knn_graph, mesh_connectivity
+from meshshard.io.vtkxml import CorruptVtkXml, UnsupportedVtkXml, VtkXmlFile
+from meshshard.partition.graph import dual_graph, knn_graph, mesh_connectivity, mesh_polyhedra
 
 __all__ = [
     "MESH_SUFFIXES",
@@ -72,6 +73,8 @@ def read_mesh(path: str | Path) -> Any:
     p = _check_file(path, MESH_SUFFIXES)
     if p.suffix.lower() == ".ply":
         _check_ply(p)  # VTK's PLY reader crashes the process on truncated binary files
+    if p.suffix.lower() == ".vtu":
+        _check_polyhedra(p)  # VTK trusts a polyhedron's face counts (SIGSEGV on a huge one)
     # VTK's own messages go to a buffer (not 20-odd lines on stderr) and into the error below
     with capture_vtk_output() as vtk_log, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -94,7 +97,29 @@ def read_mesh(path: str | Path) -> Any:
     if mesh.n_points == 0:
         msg = f"{p}: the mesh has no points (empty or truncated file)"
         raise ValueError(msg)
+    try:
+        mesh_polyhedra(mesh)  # polyhedra (VTK type 42) need consistent faces
+    except ValueError as exc:
+        msg = f"{p}: {exc}; re-export the mesh (e.g. foamToVTK, or pyvista's save)"
+        raise ValueError(msg) from None
     return mesh
+
+
+def _check_polyhedra(p: Path) -> None:
+    """Validate the polyhedron faces of a ``.vtu`` with meshshard's reader before VTK reads
+    them; damage elsewhere in the file, and layouts that reader does not decode, are left to
+    VTK (whose errors :func:`read_mesh` reports)."""
+    try:
+        with VtkXmlFile(p, threads=1, piece=0) as f:
+            pieces = f.n_pieces
+    except (UnsupportedVtkXml, CorruptVtkXml):
+        return
+    for i in range(pieces):
+        try:
+            with VtkXmlFile(p, threads=1, piece=i) as f:
+                f.polyhedra()  # CorruptVtkXml (a ValueError naming the file)
+        except UnsupportedVtkXml:
+            return
 
 
 _PLY_SIZES = {
