@@ -246,6 +246,14 @@ class PolyhedronFaces:
                 msg = f"cell {i} is not a polyhedron but has polyhedron faces listed"
                 raise ValueError(msg)
 
+    def renumbered(self, points: Any) -> PolyhedronFaces:
+        """The same faces with point ids mapped (``points.apply(ids)`` for an object with an
+        ``apply`` method, e.g. a :class:`~meshshard.partition.weld.Weld`, else
+        ``points[ids]``)."""
+        fc = self.face_connectivity
+        fc = points.apply(fc) if hasattr(points, "apply") else np.asarray(points)[fc]
+        return PolyhedronFaces(fc, self.face_offsets, self.cell_faces, self.cell_offsets)
+
     def subset(self, cells: np.ndarray) -> PolyhedronFaces:
         """The faces of ``cells`` only (renumbered: cell ``j`` of the result is
         ``cells[j]``)."""

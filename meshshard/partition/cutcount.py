@@ -55,7 +55,7 @@ def interface_cells(
     return np.flatnonzero(per_cell >= 2)
 
 
-def dual_cut_metrics(mesh: Any, partition: Partition) -> dict[str, Any]:
+def dual_cut_metrics(mesh: Any, partition: Partition, weld: Any = None) -> dict[str, Any]:
     """Edge cut, communication volume, halos and neighbours of ``partition`` on the dual graph
     of ``mesh``'s cells, building the dual graph of the interface cells only.
 
@@ -66,6 +66,8 @@ def dual_cut_metrics(mesh: Any, partition: Partition) -> dict[str, Any]:
         takes).
     partition : Partition
         Over the mesh's cells.
+    weld : Weld, optional
+        Coincident points merged first (:func:`meshshard.partition.weld.weld_points`).
 
     Returns
     -------
@@ -91,12 +93,15 @@ def dual_cut_metrics(mesh: Any, partition: Partition) -> dict[str, Any]:
     """
     conn, off, types = mesh_connectivity(mesh)
     poly = mesh_polyhedra(mesh)
+    if weld is not None:
+        conn = weld.apply(conn)
+        poly = None if poly is None else poly.renumbered(weld)
     a = partition.assignment
     n, P = a.size, partition.nparts
     if types.size != n:
         msg = f"the partition has {n} rows but the mesh has {types.size} cells"
         raise ValueError(msg)
-    sub = interface_cells(conn, off, a, int(mesh.n_points))
+    sub = interface_cells(conn, off, a, int(mesh.n_points))  # (merged ids are < n_points)
     r = c = np.zeros(0, dtype=np.int64)
     if sub.size:
         lens = np.diff(off)[sub]

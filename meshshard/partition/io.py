@@ -14,6 +14,7 @@ import numpy as np
 from meshshard.io.vtklog import capture_vtk_output
 from meshshard.io.vtkxml import CorruptVtkXml, UnsupportedVtkXml, VtkXmlFile
 from meshshard.partition.graph import dual_graph, knn_graph, mesh_connectivity, mesh_polyhedra
+from meshshard.partition.weld import DEFAULT_WELD, Weld, weld_points
 
 __all__ = [
     "MESH_SUFFIXES",
@@ -275,6 +276,40 @@ class Geometry:
     on: str
     mesh: Any = None
     source: str = ""
+    #: the coincident points merged for the dual graph (:meth:`merge_points`)
+    weld: Weld | None = None
+    #: points that are copies of others but were kept apart (``merge_points(None)``)
+    copies_kept: int = 0
+
+    def merge_points(self, relative: float | None = DEFAULT_WELD) -> Weld | None:
+        """Merge the mesh's coincident points for the dual graph (cells that share a face by
+        coordinates, not by point ids, become neighbours): points closer than ``relative`` x
+        the shortest edge. ``None`` or 0 merges nothing and counts the exact copies
+        (:attr:`copies_kept`). Returns the :class:`~meshshard.partition.weld.Weld`."""
+        if self.mesh is None or self.on != "cells" or not dual_graph_supported(self.mesh):
+            return None
+        conn, off, _ = mesh_connectivity(self.mesh)
+        pts = np.asarray(self.mesh.points)
+        if not relative:
+            self.weld = None
+            self.copies_kept = weld_points(pts, conn, off, tolerance=0.0).merged
+            if self.copies_kept:
+                log.info("%s: %d points are exact copies of others, not merged",
+                            self.source, self.copies_kept)  # fmt: skip
+            return None
+        self.weld = weld_points(pts, conn, off, relative=relative)
+        self.copies_kept = 0
+        if self.weld.merged:
+            log.info("%s: %s", self.source, self.weld.describe())
+        return self.weld
+
+    def merge_report(self) -> dict[str, Any]:
+        """The report entries of :meth:`merge_points` (empty when it was not called)."""
+        if self.weld is not None:
+            return {"merged_points": self.weld.as_dict()}
+        if self.copies_kept:
+            return {"coincident_points_not_merged": self.copies_kept}
+        return {}
 
     def field(self, name: str) -> np.ndarray:
         """Cell (``on="cells"``) or point array ``name``, shape (N,); errors list the fields."""
@@ -318,7 +353,12 @@ class Geometry:
                     "cell centres)"
                 )
                 raise ValueError(msg)
-            return dual_graph(self.mesh)
+            if self.weld is None:
+                return dual_graph(self.mesh)
+            conn, off, types = mesh_connectivity(self.mesh)
+            poly = mesh_polyhedra(self.mesh)
+            return dual_graph(cells=self.weld.apply(conn), offsets=off, celltypes=types,
+                              polyhedra=None if poly is None else poly.renumbered(self.weld))
         if kind == "knn":
             return knn_graph(self.points, knn)
         msg = f"unknown graph {kind!r}; use 'dual' or 'knn'"
