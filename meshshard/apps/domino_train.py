@@ -24,6 +24,7 @@ from meshshard.ops.domino_ops import allreduce_grads
 from meshshard.ops.gridpoint import GridLayout
 from meshshard.ops.sdf import ShardedSurface, grid_sdf
 from meshshard.shardtensor import Replicate, Shard, from_local
+from meshshard.store.format import StoreError
 
 __all__ = ["domino_sample", "make_domino", "train_domino"]
 
@@ -37,7 +38,14 @@ def _split(n: int, rank: int, world: int) -> slice:
 def domino_sample(store: str | Path, rank: int, world: int, group, *, grid_shape,
                   grid_layout: str = "slab") -> dict[str, Any]:
     """This rank's DoMINO inputs for one run store. Collective over ``group`` (SDF, stats)."""
-    stl = load_shard(store, 0, 1, part="stl", keys=("stl_coordinates", "stl_faces"))
+    try:
+        stl = load_shard(store, 0, 1, part="stl", keys=("stl_coordinates", "stl_faces"))
+    except StoreError as exc:
+        if "no array 'stl_" not in str(exc):
+            raise
+        msg = (f"{store}: has no STL (a --surface store keeps none by default); DoMINO reads "
+               "the body's triangles: preprocess with --stl mesh")  # fmt: skip
+        raise StoreError(msg) from None
     verts = stl["stl_coordinates"].double()
     tri = verts[stl["stl_faces"].long()]
     surf = load_shard(store, rank, world, part="surface",

@@ -46,6 +46,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--graph", choices=["dual"], help="also store the surface dual graph's shards (GNNs)"
     )
+    parser.add_argument(
+        "--stl", choices=("full", "mesh", "none"), default=None,
+        help="what a store keeps of the run's STL: full (coordinates, faces, centres, areas), "
+        "mesh (coordinates and faces: what volume training's SDF and DoMINO read) or none; "
+        "default: full with the volume, none with --surface (DoMINO on the surface: --stl mesh)",
+    )  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="rewrite finished stores")
     parser.add_argument("--drop-nan", action="store_true", help="drop cells with NaN fields")
     parser.add_argument("--u-inf", type=float, default=38.889, help="free-stream speed, m/s")
@@ -79,6 +85,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         schema=replace(DRIVAERML, u_inf=args.u_inf, rho=args.rho),
         compressor=None if args.compressor == "none" else args.compressor,
         graph=args.graph,
+        stl=args.stl,
     )
 
 
@@ -92,6 +99,7 @@ def _distributed(args: argparse.Namespace) -> int:
         ("--max-volume-cells", args.max_volume_cells is not None),
         ("--drop-nan", args.drop_nan),
         ("--workers", args.workers != 1),
+        ("--stl", args.stl is not None),  # a repartitioned store keeps its source's STL
     ) if on]  # fmt: skip
     if unsupported:
         msg = f"{', '.join(unsupported)} cannot be combined with --distributed (yet)"

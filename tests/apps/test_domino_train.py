@@ -26,7 +26,8 @@ def store(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("domino")
     make_synthetic_run(root / "raw", index=1, surface_cells=600, volume_cells=0, seed=1)
-    preprocess_runs(root / "raw", root / "stores", parts=4, volume=False, progress=False)
+    preprocess_runs(root / "raw", root / "stores", parts=4, volume=False, stl="mesh",
+                    progress=False)  # fmt: skip
     return root / "stores"
 
 
