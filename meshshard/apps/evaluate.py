@@ -28,11 +28,16 @@ import numpy as np
 
 from meshshard.apps.figures import evaluate_png, r_squared
 from meshshard.apps.forces import PRESSURE, WALL_SHEAR, field_errors, force_coefficients
-from meshshard.apps.inputs import read_surface_rows
+from meshshard.apps.inputs import read_surface_rows, reading_options
 from meshshard.apps.model_file import ModelFileError, load_model
 from meshshard.apps.predict import PREDICT_CLASSES, ensure_world, predict_rows
-from meshshard.apps.reference import reference_area_for
-from meshshard.apps.rows import DEFAULT_CHUNK, check_fields, truth_columns
+from meshshard.apps.reference import ESTIMATED, reference_area_for
+from meshshard.apps.rows import (
+    DEFAULT_CHUNK,
+    check_conventions_match,
+    check_fields,
+    truth_columns,
+)
 from meshshard.apps.volume import evaluate_volume, is_volume_model
 
 __all__ = ["evaluate_runs", "format_table"]
@@ -48,19 +53,24 @@ def _rank() -> int:
 
 def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
                  max_points_per_chunk: int | None = None,
-                 reference_area: float | None = None, volume: Any = None) -> dict[str, Any]:
+                 reference_area: float | None = None, volume: Any = None,
+                 u_inf: float | None = None, fields: Any = None,
+                 conventions: dict | None = None) -> dict[str, Any]:
     """The metrics of one run (every rank gets them). Collective when distributed.
 
     ``mf`` is a surface model (or None: the truth against itself); ``volume`` a volume model,
     whose fields' errors over the volume cells are added as ``rel_l2["volume:<field>"]``.
-    A volume model passed as ``mf`` evaluates the volume alone (no drag and lift: nan)."""
+    A volume model passed as ``mf`` evaluates the volume alone (no drag and lift: nan).
+    ``u_inf``, ``fields`` and ``conventions`` (``normals``, ``shear``) are a run directory's
+    flow speed, field-name map and conventions (:func:`~meshshard.apps.inputs.reading_options`)."""
     surface = True
     if is_volume_model(mf):
         mf, volume, surface = None, mf, False
     t0 = time.perf_counter()
     if surface:
         out = _surface_metrics(source, mf, mesh=mesh, max_points_per_chunk=max_points_per_chunk,
-                               reference_area=reference_area)
+                               reference_area=reference_area, u_inf=u_inf, fields=fields,
+                               conventions=conventions)
     else:
         nan = float("nan")
         out = {"run": Path(source).name.removesuffix(".zarr"), "source": str(source),
@@ -68,7 +78,8 @@ def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
                "cl_pred": nan, "reference_area": nan, "reference_area_from": None}
     if volume is not None:
         v = evaluate_volume(source, volume, mesh=mesh,
-                            max_points_per_chunk=max_points_per_chunk or DEFAULT_CHUNK)
+                            max_points_per_chunk=max_points_per_chunk or DEFAULT_CHUNK,
+                            u_inf=u_inf, fields=fields)
         out["volume_cells"] = v["cells"]
         out["rel_l2"].update({f"volume:{k}": e for k, e in v["rel_l2"].items()})
     out["seconds"] = time.perf_counter() - t0
@@ -77,10 +88,13 @@ def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
 
 def _surface_metrics(source: str | Path, mf: Any = None, *, mesh: Any = None,
                      max_points_per_chunk: int | None = None,
-                     reference_area: float | None = None) -> dict[str, Any]:
+                     reference_area: float | None = None, u_inf: float | None = None,
+                     fields: Any = None, conventions: dict | None = None) -> dict[str, Any]:
     group = mesh.get_group() if mesh is not None else None
-    rows = read_surface_rows(source, group)
+    rows = read_surface_rows(source, group, **reading_options(source, mf, u_inf=u_inf,
+                                                              fields=fields, **(conventions or {})))
     if mf is not None:
+        check_conventions_match(mf, rows, source)
         cols = check_fields(mf, rows, source, need_truth=True)
         pred = predict_rows(mf, rows, mesh=mesh,
                             max_points_per_chunk=max_points_per_chunk or DEFAULT_CHUNK)
@@ -89,7 +103,9 @@ def _surface_metrics(source: str | Path, mf: Any = None, *, mesh: Any = None,
         names = [n for n in (PRESSURE, WALL_SHEAR) if n in rows.columns]
         if len(names) < 2:
             missing = [n for n in (PRESSURE, WALL_SHEAR) if n not in rows.columns][0]
-            msg = f"{source}: has no field {missing!r} (fields present: {sorted(rows.columns)})"
+            msg = (f"{source}: has no field {missing!r} (fields present: "
+                   f"{sorted(rows.columns)}); map the file's names with --fields FILE=SCHEMA "
+                   "(--fields openfoam for p, wallShearStress, U, nut)")
             raise ValueError(msg)
         cols, c = {}, 0
         for n in names:
@@ -106,7 +122,8 @@ def _surface_metrics(source: str | Path, mf: Any = None, *, mesh: Any = None,
             "rel_l2": field_errors(pred, true, cols, group=group),
             "cd_true": ft["cd"], "cd_pred": fp["cd"], "cl_true": ft["cl"], "cl_pred": fp["cl"],
             "reference_area": ft["reference_area"], "reference_area_from": a_from,
-            "forces_true": ft, "forces_pred": fp}
+            "u_inf": rows.u_inf, "u_inf_from": rows.u_inf_from, "rho": rows.rho,
+            "conventions": rows.conventions, "forces_true": ft, "forces_pred": fp}
 
 
 def _clean(v: Any) -> Any:
@@ -142,7 +159,13 @@ def format_table(result: dict[str, Any]) -> str:
             _fmt(r["cl_true"]), _fmt(r["cl_pred"]), _fmt(r["cl_pred"] - r["cl_true"], "+.4f")])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
     line = "  ".join(h.rjust(w) for h, w in zip(head, widths))
-    out = [f"model: {result['model'] or 'none (truth against truth)'}", line, "-" * len(line)]
+    out = [f"model: {result['model'] or 'none (truth against truth)'}"]
+    est = [r["run"] for r in rows if r.get("reference_area_from") == ESTIMATED]
+    if est:
+        out.append(f"WARNING: no reference area for {', '.join(est)}: Cd and Cl use an estimated "
+                   "frontal area (give --reference-area, a geo_ref_<i>.csv, or preprocess "
+                   "with one)")
+    out += [line, "-" * len(line)]
     out += ["  ".join(c.rjust(w) for c, w in zip(b, widths)) for b in body]
     s = result["summary"]
     out.append("-" * len(line))
@@ -193,6 +216,9 @@ def evaluate_runs(
     max_points_per_chunk: int | None = None,
     reference_area: float | None = None,
     png: bool = True,
+    u_inf: float | None = None,
+    fields: Any = None,
+    conventions: dict | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``checkpoint`` (or the truth, without one) on every run of ``sources``; rank 0
     writes the table, JSON and PNG to ``out``. Collective when distributed.
@@ -208,7 +234,8 @@ def evaluate_runs(
     if mf is None and vmf is not None:  # a volume model alone: the volume alone
         mf, vmf = vmf, None
     runs = [evaluate_one(s, mf, mesh=mesh, max_points_per_chunk=max_points_per_chunk,
-                         reference_area=reference_area, volume=vmf) for s in sources]
+                         reference_area=reference_area, volume=vmf, u_inf=u_inf,
+                         fields=fields, conventions=conventions) for s in sources]
     fields = sorted({k for r in runs for k in r["rel_l2"]})
     summary = {
         "r2_cd": r_squared([r["cd_pred"] for r in runs], [r["cd_true"] for r in runs]),

@@ -33,6 +33,8 @@ def export_surface_model(
     fields = sorted(([n, a, b] for n, (a, b) in cols.items()), key=lambda f: f[1])
     ds = attrs.get("dataset") or {}
     scales = {"dataset": sa.get("scales") or {}, "u_inf": ds.get("u_inf"), "rho": ds.get("rho"),
+              "conventions": sa.get("conventions") or {},
+              "field_sources": ds.get("field_sources") or {},
               "target_mean": [float(v) for v in target_mean],
               "target_std": [float(v) for v in target_std]}
     inputs = {"part": "surface", "knn": int(knn), "coords": "surface_mesh_centers (standardised)",

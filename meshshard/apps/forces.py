@@ -1,15 +1,17 @@
 """Integrated force coefficients and field errors from surface rows spread over ranks.
 
-Forces. With non-dimensional surface pressure ``p* = p / (rho U^2)`` and wall shear
-``tau* = tau / (rho U^2)`` on cells of outward normal ``n`` and area ``A``, the force on the
-body is ``F / (rho U^2) = sum_i (-p*_i n_i + tau*_i) A_i``, and the coefficients are
+Forces, in OpenFOAM's conventions (:mod:`meshshard.datasets.conventions`: cell normals ``n``
+point into the body, wall shear ``tau`` is the stress on the fluid), as the solver's ``forces``
+function object sums them. With non-dimensional surface pressure ``p* = p / (rho U^2)`` and
+wall shear ``tau* = tau / (rho U^2)`` on cells of area ``A``, the force on the body is
+``F / (rho U^2) = sum_i (p*_i n_i - tau*_i) A_i``, and the coefficients are
 
     C_d = 2 F_x / (rho U^2 A_ref),   C_l = 2 F_z / (rho U^2 A_ref)
 
-(free stream along +x, lift along +z, as in DrivaerML). ``A_ref`` is the reference area given
-by the user (DrivaerML's ``geo_ref_<i>.csv`` has it), else the frontal area of the body,
-``0.5 sum_i |n_x,i| A_i`` (exact for a closed surface). Sums are float64, formed per rank
-and all-reduced (collective when distributed).
+(free stream along +x, lift along +z, as in DrivaerML and OpenFOAM's motorBike). ``A_ref`` is
+the reference area given by the user or carried by the data (DrivaerML's ``geo_ref_<i>.csv``),
+else the frontal area of the body, ``0.5 sum_i |n_x,i| A_i`` (exact for a closed surface).
+Sums are float64, formed per rank and all-reduced (collective when distributed).
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ def _force_sums(fields: np.ndarray, columns: dict, normals: np.ndarray, areas: n
     A = areas.astype(np.float64)[:, None]
     p = fields[:, a : a + 1].astype(np.float64)
     tau = fields[:, s0:s1].astype(np.float64)
-    pressure = (-p * n * A).sum(axis=0)
-    shear = (tau * A).sum(axis=0)
+    pressure = (p * n * A).sum(axis=0)
+    shear = (-tau * A).sum(axis=0)
     return np.concatenate([pressure, shear])
 
 
@@ -71,7 +73,7 @@ def force_coefficients(
     Parameters
     ----------
     fields : ndarray (n, F), non-dimensional; columns name -> [start, stop]
-    normals : ndarray (n, 3), outward unit normals; areas : ndarray (n,)
+    normals : ndarray (n, 3), unit normals into the body; areas : ndarray (n,)
     reference_area : float, optional
         Default: the frontal area ``0.5 sum |n_x| A``.
 

@@ -20,6 +20,7 @@ row count. Fields are non-dimensional; missing fields are allowed
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,12 @@ import numpy as np
 from meshshard.datasets import load_shard
 from meshshard.datasets.curator import curator_info, is_curator_store, load_curator_shard
 from meshshard.datasets.drivaerml import read_surface, run_index
-from meshshard.datasets.schema import DRIVAERML
+from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
 from meshshard.partition.sfc import hilbert_codes
 from meshshard.store.format import StoreError, open_store, read_array
 
-__all__ = ["SurfaceRows", "read_surface_rows", "source_kind"]
+__all__ = ["SurfaceRows", "read_surface_rows", "reading_options", "run_schema", "source_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,12 @@ class SurfaceRows:
     vtk : Path or None
         The surface VTK file (run directories), to copy with the predictions.
     n_source_cells : int
+    conventions : dict
+        Which way the normals point and which side's shear the fields hold
+        (:mod:`~meshshard.datasets.conventions`; empty for a store written before they were
+        recorded).
+    u_inf_from : str
+        Where ``u_inf`` came from (``--u-inf``, the model file, the store, the default).
     """
 
     centers: np.ndarray
@@ -81,6 +88,8 @@ class SurfaceRows:
     vtk: Path | None = None
     n_source_cells: int = 0
     extra: dict = field(default_factory=dict)
+    conventions: dict = field(default_factory=dict)
+    u_inf_from: str = ""
 
     @property
     def n_total(self) -> int:
@@ -142,22 +151,35 @@ def _slice(n: int, rank: int, world: int) -> tuple[int, int]:
     return n * rank // world, n * (rank + 1) // world
 
 
-def _from_run(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
+def run_schema(fields: Any = None, u_inf: float | None = None, *, normals: str = "auto",
+               shear: str = "on_fluid") -> DatasetSchema:
+    """The schema a run directory is read with for predict/evaluate: DrivaerML's, every
+    surface field optional (a new car has none), the file's names mapped by ``fields``
+    (:meth:`~meshshard.datasets.schema.DatasetSchema.with_fields`), the flow speed ``u_inf``
+    when given, and the file's conventions (:mod:`~meshshard.datasets.conventions`)."""
+    schema = DRIVAERML.with_fields(fields)
+    schema = replace(schema, surface_fields=tuple(replace(f, required=False)
+                                                  for f in schema.surface_fields),
+                     normals=normals, shear=shear)
+    return schema if u_inf is None else replace(schema, u_inf=float(u_inf))
+
+
+def _from_run(path: Path, group: Any, rank: int, world: int, schema: DatasetSchema | None = None,
+              u_inf_from: str = "") -> SurfaceRows:
     i = run_index(path)
-    vtp = path / DRIVAERML.surface_file.format(i=i)
-    # fields optional: a new car has none
-    schema = replace(DRIVAERML, surface_fields=tuple(replace(f, required=False)
-                                                     for f in DRIVAERML.surface_fields))
+    schema = schema or run_schema()
+    vtp = path / schema.surface_file.format(i=i)
     s = read_surface(vtp, schema=schema)
     lo, hi = _slice(s.centers.shape[0], rank, world)
     rows = {"surface_mesh_centers": s.centers[lo:hi], "surface_normals": s.normals[lo:hi],
             "surface_areas": s.areas[lo:hi], "surface_fields": s.fields[lo:hi],
             "surface_perm": s.source_index[lo:hi]}
-    n_source, meta = s.n_source_cells, (s.columns, s.scales)
+    n_source, meta, conv = s.n_source_cells, (s.columns, s.scales), s.conventions
     del s
     moved, sizes = _partitioned(rows, group, world)
-    return _rows(moved, sizes, meta, "run", path.name, vtp, n_source, DRIVAERML.u_inf,
-                 DRIVAERML.rho)
+    out = _rows(moved, sizes, meta, "run", path.name, vtp, n_source, schema.u_inf, schema.rho)
+    out.conventions, out.u_inf_from = conv, u_inf_from or "DrivaerML default"
+    return out
 
 
 def _rows(moved, sizes, meta, kind, name, vtk, n_source, u_inf, rho) -> SurfaceRows:
@@ -197,8 +219,10 @@ def _from_store(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
         rows = {k: read_array(g, path, k, slice(lo, hi)) for k in keys}
         moved, sizes = _partitioned(rows, group, world)
     n_source = int(sa.get("n_source_cells") or sum(sizes))
-    return _rows(moved, sizes, (sa.get("columns") or {}, sa.get("scales") or {}), "store",
-                 path.name.removesuffix(".zarr"), None, n_source, u_inf, rho)
+    out = _rows(moved, sizes, (sa.get("columns") or {}, sa.get("scales") or {}), "store",
+                path.name.removesuffix(".zarr"), None, n_source, u_inf, rho)
+    out.conventions, out.u_inf_from = dict(sa.get("conventions") or {}), "store"
+    return out
 
 
 def _from_curator(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
@@ -211,8 +235,49 @@ def _from_curator(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
                  info["u_inf"], info["rho"])
 
 
-def read_surface_rows(source: str | Path, group: Any = None) -> SurfaceRows:
+def reading_options(source: str | Path, mf: Any = None, *, u_inf: float | None = None,
+                    fields: Any = None, normals: str = "auto", shear: str = "on_fluid"
+                    ) -> dict[str, Any]:
+    """The keywords of :func:`read_surface_rows` for ``source`` read for the model file ``mf``
+    (or None): on a run directory, ``u_inf`` is ``--u-inf``, else the speed the model was
+    trained with (its recorded ``scales["u_inf"]``), else DrivaerML's default with a warning;
+    the field map is ``fields``, else the one the model's training data was read with. On a
+    store only a given ``u_inf`` is passed (checked against the store's).
+
+    Raises
+    ------
+    ValueError
+        ``u_inf`` not finite and > 0.
+    """
+    if u_inf is not None and not (math.isfinite(u_inf) and u_inf > 0):
+        msg = f"--u-inf {u_inf}: the free-stream speed must be a finite number > 0 (m/s)"
+        raise ValueError(msg)
+    scales = getattr(mf, "scales", None) or {}
+    if fields is None and scales.get("field_sources"):
+        fields = {src: name for name, src in scales["field_sources"].items()}
+    out: dict[str, Any] = {"fields": fields, "u_inf": u_inf, "normals": normals,
+                           "shear": shear, "u_inf_from": "--u-inf" if u_inf is not None else ""}
+    if u_inf is None and Path(source).is_dir() and source_kind(source) == "run":
+        if scales.get("u_inf"):
+            out.update(u_inf=float(scales["u_inf"]), u_inf_from=f"model file {mf.path}")
+        else:
+            log.warning("%s: no --u-inf and no model file speed: the fields are scaled with "
+                        "DrivaerML's u_inf=%g m/s; pass --u-inf for another flow speed",
+                        source, DRIVAERML.u_inf)
+    return out
+
+
+def read_surface_rows(source: str | Path, group: Any = None, *, fields: Any = None,
+                      u_inf: float | None = None, u_inf_from: str = "", normals: str = "auto",
+                      shear: str = "on_fluid") -> SurfaceRows:
     """This rank's surface rows of ``source`` (see the module notes).
+
+    ``fields`` maps a run directory's array names onto the schema's (``"p=pMeanTrim,..."``,
+    a dict or a preset, see :func:`run_schema`) and ``u_inf`` is its flow speed (default
+    DrivaerML's, with ``u_inf_from`` saying where a given one came from). A store's fields
+    are non-dimensional with its own recorded speed: ``u_inf`` must then agree with it.
+    ``normals`` and ``shear`` state a run directory's conventions
+    (:mod:`~meshshard.datasets.conventions`; a store holds OpenFOAM's already).
 
     Collective when ``torch.distributed`` is initialised with more than one rank (except for
     a meshshard store whose parts the ranks divide): every rank of ``group`` must call it.
@@ -222,5 +287,17 @@ def read_surface_rows(source: str | Path, group: Any = None) -> SurfaceRows:
     FileNotFoundError, ValueError
         No such source; not a run directory or store; damaged files (named).
     """
-    return read_by_kind(source, group, {"run": _from_run, "store": _from_store,
+    schema = run_schema(fields, u_inf, normals=normals, shear=shear)
+
+    def run(path: Path, group: Any, rank: int, world: int) -> SurfaceRows:
+        return _from_run(path, group, rank, world, schema, u_inf_from if u_inf else "")
+
+    rows = read_by_kind(source, group, {"run": run, "store": _from_store,
                                         "curator": _from_curator})
+    if u_inf is not None and rows.kind != "run" and not math.isclose(u_inf, rows.u_inf,
+                                                                     rel_tol=1e-6):
+        msg = (f"{source}: its fields are non-dimensional with its own u_inf={rows.u_inf:g} "
+               f"m/s, not {u_inf:g} ({u_inf_from or '--u-inf'}); --u-inf applies to run "
+               "directories, a store keeps the speed it was preprocessed with")
+        raise ValueError(msg)
+    return rows

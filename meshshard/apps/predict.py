@@ -32,11 +32,12 @@ import torch
 from meshshard.apps.features import chunked_inputs
 from meshshard.apps.figures import pressure_png
 from meshshard.apps.forces import field_errors, force_coefficients
-from meshshard.apps.inputs import SurfaceRows, read_surface_rows
+from meshshard.apps.inputs import SurfaceRows, read_surface_rows, reading_options
 from meshshard.apps.model_file import ModelFile, ModelFileError, load_model
 from meshshard.apps.reference import reference_area_for
 from meshshard.apps.rows import (
     DEFAULT_CHUNK,
+    check_conventions_match,
     check_fields,
     gather_for_writing,
     gather_rows,
@@ -110,10 +111,18 @@ def predict_run(
     max_points_per_chunk: int | None = DEFAULT_CHUNK,
     png: bool = True,
     reference_area: float | None = None,
+    u_inf: float | None = None,
+    fields: Any = None,
+    conventions: dict | None = None,
 ) -> dict[str, Any]:
     """Predict one run and write the outputs (see the module notes); returns the summary
     (rank 0 has the files, every rank the metrics). Collective when distributed: every rank
-    of ``mesh`` (a 1-D DeviceMesh over the world) must call this."""
+    of ``mesh`` (a 1-D DeviceMesh over the world) must call this.
+
+    On a run directory ``u_inf`` (m/s) scales the fields (default: the speed the model was
+    trained with), ``fields`` maps the file's array names onto the model's and
+    ``conventions`` (``normals``, ``shear``) states the file's
+    (:func:`~meshshard.apps.inputs.reading_options`)."""
     t0 = time.perf_counter()
     ensure_world()
     mf = checkpoint if isinstance(checkpoint, ModelFile) else load_model(
@@ -123,9 +132,12 @@ def predict_run(
         raise ModelFileError(msg)
     if mf.inputs.get("part") == "volume":  # the volume cells (no PNG, no forces)
         return predict_volume_run(mf, source, out, mesh=mesh,
-                                  max_points_per_chunk=max_points_per_chunk)
+                                  max_points_per_chunk=max_points_per_chunk, u_inf=u_inf,
+                                  fields=fields)
     group = mesh.get_group() if mesh is not None else None
-    rows = read_surface_rows(source, group)
+    rows = read_surface_rows(source, group, **reading_options(source, mf, u_inf=u_inf,
+                                                              fields=fields, **(conventions or {})))
+    check_conventions_match(mf, rows, source)
     truth = check_fields(mf, rows, source, need_truth=False)
     a_ref, a_from = reference_area_for(source, reference_area)  # a bad geo_ref fails here
     t_read = time.perf_counter() - t0
@@ -135,6 +147,8 @@ def predict_run(
     summary: dict[str, Any] = {"run": rows.name, "source": str(source), "cells": rows.n_total,
                                "ranks": len(rows.sizes), "rows_per_rank": rows.sizes,
                                "max_points_per_chunk": max_points_per_chunk,
+                               "u_inf": rows.u_inf, "u_inf_from": rows.u_inf_from,
+                               "rho": rows.rho, "conventions": rows.conventions,
                                "seconds": {"read_partition": t_read, "inputs_model": t_model}}
     if truth:
         cols, true = truth_columns(truth, rows, pred)

@@ -1,65 +1,62 @@
-"""A run's reference values from DrivaerML's ``geo_ref_<i>.csv``, when the run has one.
+"""The reference area of a source for drag and lift, and where it came from.
 
-DrivaerML ships, next to ``boundary_<i>.vtp``, a one-row CSV ``geo_ref_<i>.csv`` whose header
-names the run's reference quantities; ``aRef`` (reference area, m^2) and ``lRef`` (reference
-length, m) are the ones drag/lift use. That is how PhysicsNeMo's DrivaerML examples read it
-(``float(row["aRef"])`` of the single row). The real files were not available here: the
-reader takes any extra columns, and needs one data row with a finite ``aRef > 0``.
+Run directories: ``--reference-area``, else the run's ``geo_ref_<i>.csv``
+(:mod:`meshshard.datasets.reference`). Stores: ``--reference-area``, else the reference the
+store recorded when it was written (``attrs["reference"]``). Otherwise the caller estimates
+the frontal area, and a warning says so: coefficients on an estimated area are not comparable
+with the solver's.
 """
 
 from __future__ import annotations
 
-import csv
+import logging
 import math
 from pathlib import Path
 
-__all__ = ["geo_ref_path", "read_geo_ref", "reference_area_for"]
+from meshshard.datasets.reference import geo_ref_path, read_geo_ref, run_reference
+
+__all__ = ["ESTIMATED", "geo_ref_path", "read_geo_ref", "reference_area_for"]
+
+log = logging.getLogger(__name__)
+
+#: ``reference_area_from`` when no reference area was given or recorded
+ESTIMATED = "frontal area (estimate)"
 
 
-def geo_ref_path(source: str | Path) -> Path | None:
-    """``<run>/geo_ref_<i>.csv`` for a run directory ``run_<i>`` (else the single
-    ``geo_ref_*.csv`` in it), or None (a store, or no such file)."""
-    p = Path(source)
-    if not p.is_dir():
+def _store_reference(source: Path) -> dict | None:
+    if not (source / "zarr.json").is_file():
         return None
-    i = p.name.removeprefix("run_")
-    cand = p / f"geo_ref_{i}.csv"
-    if cand.is_file():
-        return cand
-    found = sorted(p.glob("geo_ref_*.csv"))
-    return found[0] if len(found) == 1 else None
+    from meshshard.store.format import StoreError, open_store
 
-
-def read_geo_ref(path: str | Path) -> dict[str, float]:
-    """The numeric columns of the one data row of ``path`` (``aRef`` checked: finite, > 0)."""
-    path = Path(path)
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    if len(rows) != 1:
-        msg = f"{path}: expected one data row under the header, found {len(rows)}"
-        raise ValueError(msg)
-    out: dict[str, float] = {}
-    for k, v in rows[0].items():
-        if k is None or v is None:
-            msg = f"{path}: the data row and the header have different numbers of columns"
-            raise ValueError(msg)
-        try:
-            out[k.strip()] = float(v)
-        except ValueError:
-            continue  # a text column: not a reference value
-    a = out.get("aRef")
-    if a is None or not math.isfinite(a) or a <= 0:
-        msg = f"{path}: needs a column aRef (reference area, m^2) with a finite value > 0"
-        raise ValueError(msg)
-    return out
+    try:
+        _, attrs = open_store(source)
+    except (StoreError, OSError, ValueError):  # a curator store or another zarr: none recorded
+        return None
+    ref = attrs.get("reference")
+    return ref if isinstance(ref, dict) and ref.get("aRef") else None
 
 
 def reference_area_for(source: str | Path, given: float | None) -> tuple[float | None, str]:
-    """``(A_ref, where it came from)``: ``given`` (the option), else the run's
-    ``geo_ref_<i>.csv`` ``aRef``, else ``(None, "frontal area")`` (computed by the caller)."""
+    """``(A_ref, where it came from)``: ``given`` (the option), else a run directory's
+    ``geo_ref_<i>.csv`` ``aRef`` or a store's recorded one, else ``(None, ESTIMATED)`` with a
+    warning (the caller computes the frontal area).
+
+    Raises
+    ------
+    ValueError
+        A bad ``geo_ref`` file (named), or ``given`` not finite and > 0.
+    """
+    p = Path(source)
     if given is not None:
+        if not (math.isfinite(given) and given > 0):
+            msg = f"--reference-area {given}: must be a finite area > 0 (m^2)"
+            raise ValueError(msg)
         return float(given), "--reference-area"
-    p = geo_ref_path(source)
-    if p is not None:
-        return read_geo_ref(p)["aRef"], p.name
-    return None, "frontal area"
+    ref = run_reference(p) if geo_ref_path(p) is not None else _store_reference(p)
+    if ref is not None:
+        return float(ref["aRef"]), f"{ref.get('from', 'store')}" + (
+            " (recorded in the store)" if geo_ref_path(p) is None else "")
+    log.warning("%s: no reference area (no --reference-area, no geo_ref_<i>.csv, none "
+                "recorded in a store): Cd and Cl use the estimated frontal area 0.5 sum |n_x| A, "
+                "not comparable with the solver's coefficients", p)
+    return None, ESTIMATED

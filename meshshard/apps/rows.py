@@ -22,8 +22,8 @@ from meshshard.comm.host import Comm
 from meshshard.datasets.schema import DRIVAERML
 from meshshard.shardtensor import Shard, from_local
 
-__all__ = ["DEFAULT_CHUNK", "check_fields", "gather_for_writing", "gather_rows", "run_model",
-           "truth_columns"]
+__all__ = ["DEFAULT_CHUNK", "check_conventions_match", "check_fields", "gather_for_writing",
+           "gather_rows", "run_model", "truth_columns"]
 
 #: rows per chunk of the model forward on every rank, unless told otherwise
 DEFAULT_CHUNK = 1 << 18
@@ -61,6 +61,24 @@ def check_fields(mf: ModelFile, rows: SurfaceRows, source: Any, *, need_truth: b
                f"present: {sorted(rows.columns)})")
         raise ValueError(msg)
     return {} if missing else present
+
+
+def check_conventions_match(mf: ModelFile, rows: SurfaceRows, source: Any) -> None:
+    """The model was trained on normals pointing the way ``rows``' do (its features include
+    them). A model file that recorded no conventions (written before they were recorded)
+    passes.
+
+    Raises
+    ------
+    ValueError
+        The model's training data and ``source`` hold normals of opposite orientation.
+    """
+    want = (mf.scales.get("conventions") or {}).get("normals")
+    have = rows.conventions.get("normals")
+    if want and have and want != have:
+        msg = (f"{source}: its normals are {have!r}, the data {mf.path} was trained on had "
+               f"{want!r}; re-preprocess the training data with this meshshard, or retrain")
+        raise ValueError(msg)
 
 
 def run_model(mf: ModelFile, coords: torch.Tensor, feats: torch.Tensor, sizes: list[int], *,

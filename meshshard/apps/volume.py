@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from meshshard.apps.forces import field_errors
+from meshshard.apps.inputs import reading_options, source_kind
 from meshshard.apps.model_file import save_model
 from meshshard.apps.rows import check_fields, gather_for_writing, run_model, truth_columns
 from meshshard.apps.volume_inputs import (
@@ -107,13 +108,23 @@ def _write(mf: Any, rows: VolumeRows, full: dict, out_dir: Path, truth: bool) ->
     return write_vtk(mf, rows, full, out_dir, truth, cloud_name="volume.vtp")
 
 
+def _reading(source: str | Path, mf: Any, u_inf: float | None, fields: Any) -> dict[str, Any]:
+    """``read_volume_rows``' keywords: a run directory's speed and field map, as for the
+    surface (:func:`~meshshard.apps.inputs.reading_options`)."""
+    opts = reading_options(source, mf, u_inf=u_inf, fields=fields)
+    return {"fields": opts["fields"], "u_inf": opts["u_inf"] if Path(source).is_dir()
+            and source_kind(source) == "run" else None}
+
+
 def predict_volume_run(mf: Any, source: str | Path, out: str | Path, *, mesh: Any = None,
-                       max_points_per_chunk: int | None = None) -> dict[str, Any]:
+                       max_points_per_chunk: int | None = None, u_inf: float | None = None,
+                       fields: Any = None) -> dict[str, Any]:
     """``meshshard predict`` with a volume model (module notes); returns the summary (rank 0
-    has the files, every rank the metrics). Collective when distributed."""
+    has the files, every rank the metrics). Collective when distributed. ``u_inf`` and
+    ``fields``: a run directory's flow speed and field map (default: the model's)."""
     t0 = time.perf_counter()
     group = mesh.get_group() if mesh is not None else None
-    rows = read_volume_rows(source, group)
+    rows = read_volume_rows(source, group, **_reading(source, mf, u_inf, fields))
     truth = check_fields(mf, rows, source, need_truth=False)
     t_read = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -135,7 +146,8 @@ def predict_volume_run(mf: Any, source: str | Path, out: str | Path, *, mesh: An
 
 
 def evaluate_volume(source: str | Path, mf: Any, *, mesh: Any = None,
-                    max_points_per_chunk: int | None = None) -> dict[str, Any]:
+                    max_points_per_chunk: int | None = None, u_inf: float | None = None,
+                    fields: Any = None) -> dict[str, Any]:
     """Relative L2 error of every volume field ``mf`` predicts, over the run's volume cells
     (sums all-reduced; every rank gets the result). Collective when distributed.
 
@@ -145,7 +157,7 @@ def evaluate_volume(source: str | Path, mf: Any, *, mesh: Any = None,
         The run lacks a field the model predicts (named).
     """
     group = mesh.get_group() if mesh is not None else None
-    rows = read_volume_rows(source, group)
+    rows = read_volume_rows(source, group, **_reading(source, mf, u_inf, fields))
     cols = check_fields(mf, rows, source, need_truth=True)
     pred = predict_volume_rows(mf, rows, mesh=mesh, max_points_per_chunk=max_points_per_chunk)
     cols, true = truth_columns(cols, rows, pred)

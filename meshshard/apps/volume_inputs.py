@@ -35,7 +35,7 @@ from meshshard.apps.inputs import read_by_kind
 from meshshard.datasets import load_shard
 from meshshard.datasets.curator import curator_info, load_curator_shard
 from meshshard.datasets.drivaerml import read_volume, run_index
-from meshshard.datasets.schema import DRIVAERML
+from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.io.stl import read_stl
 from meshshard.ops.sdf import ShardedSurface
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
@@ -108,21 +108,22 @@ def _no_stl(source: Any) -> StoreError:
                       "a volume model's inputs need it (preprocess with --stl mesh or full)")
 
 
-def _from_run(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
+def _from_run(path: Path, group: Any, rank: int, world: int,
+              base: DatasetSchema = DRIVAERML) -> VolumeRows:
     i = run_index(path)
-    stl_path = path / DRIVAERML.stl_file.format(i=i)
+    stl_path = path / base.stl_file.format(i=i)
     if not stl_path.is_file():
         raise _no_stl(path)
     stl = read_stl(stl_path)
-    vtu = path / DRIVAERML.volume_file.format(i=i)
+    vtu = path / base.volume_file.format(i=i)
     if not vtu.is_file():
         msg = f"{path}: has no volume file {vtu.name}; a volume model predicts on its cells"
         raise FileNotFoundError(msg)
     # fields optional: a new car has none
     from dataclasses import replace
 
-    schema = replace(DRIVAERML, volume_fields=tuple(replace(f, required=False)
-                                                    for f in DRIVAERML.volume_fields))
+    schema = replace(base, volume_fields=tuple(replace(f, required=False)
+                                               for f in base.volume_fields))
     v = read_volume(vtu, schema=schema, length=stl.length)
     s = _slice(v.centers.shape[0], rank, world)
     rows = {"volume_mesh_centers": v.centers[s], "volume_fields": v.fields[s],
@@ -192,8 +193,13 @@ def _rows(moved, sizes, meta, tri, kind, name, vtk) -> VolumeRows:
         n_source_cells=int(n_source))
 
 
-def read_volume_rows(source: str | Path, group: Any = None) -> VolumeRows:
+def read_volume_rows(source: str | Path, group: Any = None, *, fields: Any = None,
+                     u_inf: float | None = None) -> VolumeRows:
     """This rank's volume rows of ``source`` and its slice of the body (module notes).
+
+    A run directory's array names are mapped by ``fields``
+    (:meth:`~meshshard.datasets.schema.DatasetSchema.with_fields`) and its fields scaled with
+    the flow speed ``u_inf`` (default DrivaerML's); a store's are as it was preprocessed.
 
     Collective when ``torch.distributed`` runs more than one rank (except for a meshshard store
     whose parts the ranks divide): every rank of ``group`` must call it.
@@ -203,7 +209,15 @@ def read_volume_rows(source: str | Path, group: Any = None) -> VolumeRows:
     FileNotFoundError, ValueError
         No such source, no volume (``.vtu``, volume part), no STL; damaged files (named).
     """
-    return read_by_kind(source, group, {"run": _from_run, "store": _from_store,
+    from dataclasses import replace
+
+    base = DRIVAERML.with_fields(fields)
+    base = base if u_inf is None else replace(base, u_inf=float(u_inf))
+
+    def run(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
+        return _from_run(path, group, rank, world, base)
+
+    return read_by_kind(source, group, {"run": run, "store": _from_store,
                                         "curator": _from_curator})
 
 

@@ -6,6 +6,7 @@ import argparse
 
 from meshshard.apps.evaluate import evaluate_runs, format_table
 from meshshard.commands._checks import check_inference_args
+from meshshard.commands._physics import add_physics_args, conventions_of, fields_of
 from meshshard.commands._world import join_world, leave_world
 
 
@@ -22,6 +23,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="A_ref for drag/lift (default: the run's geo_ref_<i>.csv aRef, "
                              "else its frontal area)")
     parser.add_argument("--no-png", action="store_true", help="skip the PNG")
+    add_physics_args(parser)
 
 
 def expand(paths: list[str]) -> list:
@@ -48,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
     rank, _, mesh = join_world()
     res = evaluate_runs(expand(args.runs), args.out, checkpoint=args.checkpoint, mesh=mesh,
                         max_points_per_chunk=args.max_points_per_chunk,
-                        reference_area=args.reference_area, png=not args.no_png)
+                        reference_area=args.reference_area, png=not args.no_png,
+                        u_inf=args.u_inf, fields=fields_of(args),
+                        conventions=conventions_of(args))
     if rank == 0:
         print(format_table(res))
         for k, v in res["files"].items():

@@ -6,6 +6,7 @@ import argparse
 
 from meshshard.apps.predict import predict_run
 from meshshard.commands._checks import check_inference_args
+from meshshard.commands._physics import add_physics_args, conventions_of, fields_of
 from meshshard.commands._world import join_world, leave_world
 
 
@@ -23,6 +24,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="A_ref for drag/lift (default: the run's geo_ref_<i>.csv aRef, "
                              "else the frontal area)")
     parser.add_argument("--no-png", action="store_true", help="skip the pressure PNG")
+    add_physics_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     rank, world, mesh = join_world()
     s = predict_run(args.checkpoint, args.run, args.out, mesh=mesh,
                     max_points_per_chunk=None if args.unchunked else args.max_points_per_chunk,
-                    png=not args.no_png, reference_area=args.reference_area)
+                    png=not args.no_png, reference_area=args.reference_area,
+                    u_inf=args.u_inf, fields=fields_of(args), conventions=conventions_of(args))
     if rank == 0:
         line = f"meshshard predict: {s['run']}: {s['cells']:,} cells on {world} rank(s)"
         if s.get("part") == "volume":

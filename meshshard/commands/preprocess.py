@@ -7,6 +7,7 @@ import argparse
 from meshshard.comm.launch import launch
 from meshshard.comm.process import init
 from meshshard.commands._checks import check_out_dir
+from meshshard.commands._physics import add_physics_args, conventions_of, fields_of
 from meshshard.commands.partition import METHOD_HELP, METHODS
 from meshshard.datasets import DRIVAERML
 from meshshard.pipelines import RunOptions, preprocess_runs
@@ -55,7 +56,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="rewrite finished stores")
     parser.add_argument("--drop-nan", action="store_true", help="drop cells with NaN fields")
     parser.add_argument("--u-inf", type=float, default=38.889, help="free-stream speed, m/s")
-    parser.add_argument("--rho", type=float, default=1.0, help="density (1: kinematic p)")
+    parser.add_argument("--rho", type=float, default=1.0,
+                        help="density (keep 1 for kinematic p, as incompressible OpenFOAM "
+                             "writes it; the density only for fields in Pa)")
+    parser.add_argument("--reference-area", type=float,
+                        help="every run's reference area, m^2, recorded in its store "
+                             "(default: the run's geo_ref_<i>.csv aRef, if any)")
+    add_physics_args(parser, u_inf=False)
     parser.add_argument(
         "--compressor", default="lz4", choices=["lz4", "zstd", "none"], help="zarr codec"
     )
@@ -82,7 +89,9 @@ def _options(args: argparse.Namespace) -> RunOptions:
         overwrite=args.overwrite,
         drop_nan=args.drop_nan,
         max_volume_cells=args.max_volume_cells,
-        schema=replace(DRIVAERML, u_inf=args.u_inf, rho=args.rho),
+        schema=replace(DRIVAERML.with_fields(fields_of(args)), u_inf=args.u_inf, rho=args.rho,
+                       **conventions_of(args)),
+        reference_area=args.reference_area,
         compressor=None if args.compressor == "none" else args.compressor,
         graph=args.graph,
         stl=args.stl,

@@ -45,6 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
+from meshshard.datasets.conventions import orientation, record
+from meshshard.datasets.reference import geo_ref_path, run_reference
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema, FieldSpec
 from meshshard.io.errors import InputFileError
 from meshshard.io.geometry import (
@@ -142,6 +144,9 @@ class SurfaceData(CellData):
 
     normals: np.ndarray = field(kw_only=True)
     areas: np.ndarray = field(kw_only=True)
+    #: the conventions the arrays hold and what the file held
+    #: (:func:`meshshard.datasets.conventions.record`)
+    conventions: dict = field(kw_only=True, default_factory=dict)
 
 
 @dataclass
@@ -160,6 +165,9 @@ class RunData:
     stl: StlData | None
     length: float | None
     sources: dict[str, dict] = field(default_factory=dict)
+    #: reference values (``aRef``, ``lRef``, ``from``): see
+    #: :func:`~meshshard.datasets.reference.run_reference`
+    reference: dict | None = None
 
 
 def run_index(run_dir: str | Path, schema: DatasetSchema = DRIVAERML) -> int:
@@ -213,12 +221,12 @@ def _read_cells(
     only that ``<Piece>`` is read, by meshshard's reader only (VTK would merge the pieces).
     """
     if piece is not None:
-        return _checked(path, read_cells(path, [s.name for s in specs], piece=piece), specs)
+        return _checked(path, read_cells(path, [s.array for s in specs], piece=piece), specs)
     if _own_reader(path, _XML_READERS):
         try:
-            mesh = read_cells(path, [s.name for s in specs])
+            mesh = read_cells(path, [s.array for s in specs])
         except SeveralPieces:  # merged by meshshard's reader: such files never reach VTK
-            return _checked(path, read_all_pieces(path, [s.name for s in specs]), specs)
+            return _checked(path, read_all_pieces(path, [s.array for s in specs]), specs)
         except UnsupportedVtkXml as exc:
             log.debug("%s: read with VTK (%s)", path, exc)
         else:
@@ -241,15 +249,15 @@ def _fields_present(
 ) -> tuple[FieldSpec, ...]:
     """The specs whose arrays are in ``have``; an error naming the file's arrays (``listed``)
     when a required one is missing."""
-    missing = [s.name for s in specs if s.required and s.name not in have]
+    missing = [s.array for s in specs if s.required and s.array not in have]
     if missing:
         msg = (
             f"{path}: cell field(s) {missing} missing; the file has {listed}. "
-            "Fix the file or name its fields with DatasetSchema(surface_fields=..., "
-            "volume_fields=...)"
+            "Fix the file or map its names with --fields FILE=SCHEMA,... "
+            "(DatasetSchema.with_fields)"
         )
         raise InputFileError(msg, path)
-    return tuple(s for s in specs if s.name in have)
+    return tuple(s for s in specs if s.array in have)
 
 
 def _read_vtk(path: Path, specs: tuple[FieldSpec, ...], polys: bool) -> CellMesh:
@@ -258,7 +266,7 @@ def _read_vtk(path: Path, specs: tuple[FieldSpec, ...], polys: bool) -> CellMesh
     and VTK's output is compared with the counts they declare."""
     counts = None
     if path.suffix.lower() in _XML_READERS:
-        counts = check_before_vtk(path, [s.name for s in specs])
+        counts = check_before_vtk(path, [s.array for s in specs])
         mesh, names = _read_xml_vtk(path, specs)
     else:
         mesh, names = _read_cells_generic(path, specs)
@@ -272,7 +280,8 @@ def _read_vtk(path: Path, specs: tuple[FieldSpec, ...], polys: bool) -> CellMesh
         points=np.asarray(mesh.points),
         offsets=offsets,
         connectivity=conn,
-        cell_data={s.name: np.asarray(mesh.cell_data[s.name]) for s in specs if s.name in names},
+        cell_data={s.array: np.asarray(mesh.cell_data[s.array]) for s in specs
+                   if s.array in names},
         cell_array_names=names,
         n_other_cells=other,
     )
@@ -299,7 +308,7 @@ def _read_xml_vtk(path: Path, specs: tuple[FieldSpec, ...]):
             cells = reader.GetCellDataArraySelection()
             cells.SetUnknownArraySetting(0)
             for s in specs:
-                cells.EnableArray(s.name)
+                cells.EnableArray(s.array)
             reader.Update()
         mesh = pv.wrap(reader.GetOutput())
     except (RuntimeError, OSError) as exc:
@@ -327,7 +336,7 @@ def _read_cells_generic(path: Path, specs: tuple[FieldSpec, ...]):
                 reader.disable_all_point_arrays()
                 reader.disable_all_cell_arrays()
                 for s in present:
-                    reader.enable_cell_array(s.name)
+                    reader.enable_cell_array(s.array)
             mesh = reader.read()  # pyvista raises VTKExecutionError (a RuntimeError) on errors
     except (RuntimeError, OSError) as exc:
         raise _corrupt(path, exc, said.summary()) from exc
@@ -355,7 +364,7 @@ def _fields(
     for s in specs:
         scale = schema.scale(s.kind, length)
         dst = out[:, col : col + s.components]
-        for r0, arr in pieces_of(s.name):
+        for r0, arr in pieces_of(s.array):
             arr = arr.reshape(arr.shape[0], -1)
             if arr.shape[1] != s.components:
                 msg = (
@@ -437,6 +446,8 @@ def read_surface(
     if keep is not None:
         centers, fields, normals, areas = centers[keep], fields[keep], normals[keep], areas[keep]
         log.warning("%s: dropped %d cells with NaN fields", path, n - keep.size)
+    normals, conventions = _to_canonical(path, schema, centers, normals, areas, fields,
+                                         columns, whole=piece is None)
     return SurfaceData(
         centers=centers.astype(np.float32, copy=False),
         normals=normals.astype(np.float32, copy=False),
@@ -447,7 +458,31 @@ def read_surface(
         source_index=np.arange(n, dtype=np.int64) if keep is None else keep.astype(np.int64),
         n_source_cells=n,
         dropped_nan=0 if keep is None else n - keep.size,
+        conventions=conventions,
     )
+
+
+def _to_canonical(path: Path, schema: DatasetSchema, centers: np.ndarray, normals: np.ndarray,
+                  areas: np.ndarray, fields: np.ndarray, columns: dict, *, whole: bool
+                  ) -> tuple[np.ndarray, dict]:
+    """Normals turned into the body and wall shear made the stress on the fluid (in place for
+    the shear), as :mod:`~meshshard.datasets.conventions` says; returns the normals and the
+    record. One piece of a file cannot show its orientation: with ``normals="auto"`` its
+    normals stay as the file's winding gives them, and the record says so."""
+    if schema.shear == "on_body":
+        for spec in schema.surface_fields:
+            if spec.kind == "wall_shear" and spec.name in columns:
+                a, b = columns[spec.name]
+                np.negative(fields[:, a:b], out=fields[:, a:b])
+    if not whole and schema.normals == "auto":
+        rec = record(None, schema.shear)
+        rec["normals"] = "as the file's winding (one piece: orientation not checked)"
+        return normals, rec
+    found = orientation(path, centers, normals, areas, schema.normals)
+    if found["flip"]:
+        normals = np.negative(normals)
+        log.info("%s: normals point out of the body (%s): flipped", path, found["from"])
+    return normals, record(found, schema.shear)
 
 
 def read_volume(
@@ -481,7 +516,7 @@ def read_volume(
             with VtkXmlFile(path) as f:
                 return _volume_streamed(path, f, schema, length, drop_nan, max_cells, seed)
         except SeveralPieces:  # merged by meshshard's reader: such files never reach VTK
-            whole = read_all_pieces(path, [s.name for s in specs])
+            whole = read_all_pieces(path, [s.array for s in specs])
         except UnsupportedVtkXml as exc:
             log.debug("%s: read with VTK (%s)", path, exc)
     if whole is None:
@@ -527,7 +562,7 @@ def _volume_streamed(
     names = f.cell_array_names
     specs = _fields_present(path, schema.volume_fields, names, names)
     # the declared sizes against the counts and the file, before outputs sized by them exist
-    f.check([s.name for s in specs])
+    f.check([s.array for s in specs])
     f.offsets()
 
     def centres(cells: np.ndarray | None) -> np.ndarray:
@@ -594,6 +629,7 @@ def read_run(
     drop_nan: bool = False,
     max_volume_cells: int | None = None,
     seed: int = 0,
+    reference_area: float | None = None,
 ) -> RunData:
     """Read a DrivaerML run directory.
 
@@ -611,6 +647,8 @@ def read_run(
         Keep at most this many volume cells (seeded random subset).
     seed : int
         Seed for the subset.
+    reference_area : float, optional
+        The run's reference area (m^2); default: its ``geo_ref_<i>.csv`` ``aRef``, if any.
 
     Returns
     -------
@@ -664,4 +702,8 @@ def read_run(
         )
         sources["volume"] = file_fingerprint(p)
     log.debug("read %s (pid %d)", run_dir, os.getpid())
-    return RunData(run_dir.name, i, surf, vol, stl, length, sources)
+    ref = run_reference(run_dir, reference_area)
+    ref_file = geo_ref_path(run_dir)
+    if ref_file is not None:
+        sources["geo_ref"] = file_fingerprint(ref_file)
+    return RunData(run_dir.name, i, surf, vol, stl, length, sources, ref)

@@ -8,14 +8,31 @@ Non-dimensionalisation follows the conventions DrivaerML users know from Physics
 pipeline: surface pressure and wall shear stress ``/ (rho U_inf^2)``; volume velocity
 ``/ U_inf``, pressure ``/ (rho U_inf^2)``, turbulent viscosity ``/ (U_inf L)`` with ``L`` the
 body length along x taken from the STL. DrivaerML's OpenFOAM pressures are kinematic
-(``p / rho``), hence the default ``rho = 1``.
+(``p / rho``), hence the default ``rho = 1``: keep ``rho = 1`` for any incompressible OpenFOAM
+case (its ``p`` and ``wallShearStress`` are kinematic too; the solver's ``forces`` multiplies
+them by ``rhoInf``, which cancels in the coefficients), and give the density only for fields
+in pascals.
+
+Field names. A solver's own names map onto the schema's with :meth:`DatasetSchema.with_fields`
+(``{"p": "pMeanTrim", "wallShearStress": "wallShearStressMeanTrim", ...}``, file name ->
+schema name; :data:`FIELD_PRESETS` ``"openfoam"`` is that map for OpenFOAM's names): the file's
+array is read under the schema's name, so stores, model files and reports use one vocabulary.
+
+Conventions (:mod:`~meshshard.datasets.conventions`): ``normals`` says which way the surface
+file's cell normals point (``"auto"``: from the closed surface's signed volume) and ``shear``
+which side's stress its wall shear is; data is held in OpenFOAM's (normals into the body,
+shear on the fluid).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
-__all__ = ["DRIVAERML", "KINDS", "DatasetSchema", "FieldSpec"]
+from meshshard.datasets.conventions import check_conventions
+
+__all__ = ["DRIVAERML", "FIELD_PRESETS", "KINDS", "DatasetSchema", "FieldSpec",
+           "parse_field_map"]
 
 #: field kind -> how it is scaled (see :meth:`DatasetSchema.scale`)
 KINDS = ("pressure", "wall_shear", "velocity", "nut", "coefficient", "raw")
@@ -35,12 +52,21 @@ class FieldSpec:
         1 for scalars, 3 for vectors.
     required : bool
         A missing required field is an error; a missing optional one is skipped.
+    source : str, optional
+        The array's name in the file when it differs from ``name`` (``"p"`` for
+        ``pMeanTrim``): read under ``source``, stored and reported as ``name``.
     """
 
     name: str
     kind: str
     components: int = 1
     required: bool = True
+    source: str | None = None
+
+    @property
+    def array(self) -> str:
+        """The array name in the file."""
+        return self.source or self.name
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -82,8 +108,13 @@ class DatasetSchema:
     rho: float = 1.0
     #: body length for ``nut`` scaling; None takes the STL's extent along x
     length: float | None = None
+    #: which way the surface file's normals point: auto (signed volume), into_body, out_of_body
+    normals: str = "auto"
+    #: which side's stress the file's wall shear is: on_fluid (OpenFOAM) or on_body
+    shear: str = "on_fluid"
 
     def __post_init__(self) -> None:
+        check_conventions(self.normals, self.shear)
         if not (self.u_inf > 0 and self.rho > 0):
             msg = f"u_inf={self.u_inf} and rho={self.rho} must both be > 0"
             raise ValueError(msg)
@@ -114,6 +145,36 @@ class DatasetSchema:
             return self.u_inf * length
         return 1.0
 
+    def with_fields(self, mapping: Mapping[str, str] | str | None) -> DatasetSchema:
+        """This schema reading the file arrays named by ``mapping`` (file name -> schema
+        name, or a ``"p=pMeanTrim,..."`` string, or a :data:`FIELD_PRESETS` name).
+
+        Raises
+        ------
+        ValueError
+            A schema name the schema does not have, or a file name given twice.
+        """
+        if mapping is None:
+            return self
+        if isinstance(mapping, str):
+            mapping = parse_field_map(mapping)
+        to_file = {v: k for k, v in mapping.items()}
+        if len(to_file) != len(mapping):
+            msg = f"field map {dict(mapping)}: two file fields map to the same schema field"
+            raise ValueError(msg)
+        known = {f.name for f in (*self.surface_fields, *self.volume_fields)}
+        unknown = sorted(set(to_file) - known)
+        if unknown:
+            msg = (f"field map: {unknown} are not fields of the {self.name} schema; map a file "
+                   f"field onto one of {sorted(known)} (FILE=SCHEMA)")
+            raise ValueError(msg)
+
+        def remap(specs: tuple[FieldSpec, ...]) -> tuple[FieldSpec, ...]:
+            return tuple(replace(f, source=to_file.get(f.name, f.source)) for f in specs)
+
+        return replace(self, surface_fields=remap(self.surface_fields),
+                       volume_fields=remap(self.volume_fields))
+
     def to_json(self) -> dict:
         """JSON-serialisable description (stored in every zarr's attrs)."""
         return {
@@ -123,7 +184,46 @@ class DatasetSchema:
             "u_inf": self.u_inf,
             "rho": self.rho,
             "length": self.length,
+            "normals": self.normals,
+            "shear": self.shear,
+            "field_sources": {f.name: f.source for f in (*self.surface_fields,
+                                                         *self.volume_fields) if f.source},
         }
 
 
 DRIVAERML = DatasetSchema()
+
+#: named field maps (file name -> schema name) for :meth:`DatasetSchema.with_fields`
+FIELD_PRESETS: dict[str, dict[str, str]] = {
+    "openfoam": {"p": "pMeanTrim", "wallShearStress": "wallShearStressMeanTrim",
+                 "U": "UMeanTrim", "nut": "nutMeanTrim"},
+}
+
+
+def parse_field_map(text: str) -> dict[str, str]:
+    """``"p=pMeanTrim,U=UMeanTrim"`` (file name = schema name, comma-separated) or a preset
+    name of :data:`FIELD_PRESETS` as a dict.
+
+    Raises
+    ------
+    ValueError
+        An entry that is not ``FILE=SCHEMA``, or a file name given twice.
+    """
+    text = text.strip()
+    if text in FIELD_PRESETS:
+        return dict(FIELD_PRESETS[text])
+    out: dict[str, str] = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        src, eq, dst = (x.strip() for x in item.partition("="))
+        if not (eq and src and dst):
+            msg = (f"--fields {text!r}: {item!r} is not FILE=SCHEMA (e.g. p=pMeanTrim), nor a "
+                   f"preset ({', '.join(FIELD_PRESETS)})")
+            raise ValueError(msg)
+        if src in out:
+            msg = f"--fields {text!r}: the file field {src!r} is given twice"
+            raise ValueError(msg)
+        out[src] = dst
+    if not out:
+        msg = f"--fields {text!r}: empty; give FILE=SCHEMA pairs or a preset"
+        raise ValueError(msg)
+    return out

@@ -4,6 +4,8 @@ The body is a closed, car-like deformed superellipsoid (boxy cross-section, a ca
 roof, a flat underbody, four wheel bumps) meshed with quads and a ring of triangles at each end.
 Fields are plausible rather than solutions of anything:
 
+- the surface file in OpenFOAM's conventions, like DrivaerML's: faces wound with their
+  normals into the body, wall shear stress the stress on the fluid;
 - surface pressure from a potential-flow-like formula, ``Cp = 1 - 2.25 (1 - n_x^2)``
   (stagnation ``Cp = 1`` at the front, suction on the roof), blended to a base pressure in the
   wake; wall shear stress along the surface-projected free stream (tangential by construction);
@@ -257,8 +259,12 @@ def make_synthetic_run(
 
     points, offsets, conn = car_body(surface_cells)
     centres, normals, _ = polygon_geometry(points, offsets, conn)
-    surf = _polydata(points, offsets, conn)
-    for name, arr in _surface_fields(normals, centres, u_inf, rng).items():
+    fields = _surface_fields(normals, centres, u_inf, rng)
+    # the solver's conventions (OpenFOAM, DrivaerML): faces wound so that their normals point
+    # into the body, and the wall shear is the stress on the fluid
+    surf = _polydata(points, offsets, _flip(offsets, conn))
+    fields["wallShearStressMeanTrim"] = np.negative(fields["wallShearStressMeanTrim"])
+    for name, arr in fields.items():
         surf.cell_data[name] = arr
     del normals, centres
     surface_path = run_dir / schema.surface_file.format(i=index)

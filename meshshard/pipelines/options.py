@@ -9,6 +9,7 @@ every worker and to :func:`~meshshard.pipelines.process_run`; a store records
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,9 @@ class RunOptions:
         ``"none"``. None (default): ``"full"`` when the volume is stored, ``"none"`` for a
         surface-only store (a surface model reads no STL; DoMINO on the surface needs
         ``"mesh"``).
+    reference_area : float, optional
+        Every run's reference area (m^2), recorded in its store; default: the run's
+        ``geo_ref_<i>.csv`` ``aRef`` when it has one.
 
     Raises
     ------
@@ -94,6 +98,7 @@ class RunOptions:
     compressor: str | None = "lz4"
     graph: str | None = None
     stl: str | None = None
+    reference_area: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.parts, int) or self.parts < 1:
@@ -115,6 +120,10 @@ class RunOptions:
             raise ValueError(msg)
         if self.max_volume_cells is not None and self.max_volume_cells < 1:
             msg = f"max_volume_cells={self.max_volume_cells} must be >= 1 (or None for all)"
+            raise ValueError(msg)
+        if self.reference_area is not None and not (
+                math.isfinite(self.reference_area) and self.reference_area > 0):
+            msg = f"reference_area={self.reference_area} must be a finite area > 0 (m^2)"
             raise ValueError(msg)
         if self.graph is not None and self.graph not in GRAPHS:
             msg = f"graph={self.graph!r} is not one of {GRAPHS} (or None for no graph)"
@@ -183,4 +192,6 @@ class RunOptions:
             out["graph"] = self.graph
         if self.stl is not None and self.stl != ("full" if self.volume else "none"):
             out["stl"] = self.stl  # only when not the default: older stores stay up to date
+        if self.reference_area is not None:
+            out["reference_area"] = self.reference_area
         return out

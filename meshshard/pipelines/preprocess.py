@@ -41,6 +41,7 @@ from typing import Any
 from meshshard.comm.launch import launch
 from meshshard.datasets.drivaerml import file_fingerprint, read_run, run_index
 from meshshard.datasets.graphstore import surface_dual_adjacency, write_graph
+from meshshard.datasets.reference import geo_ref_path
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.io.vtkxml import THREADS_ENV, usable_cpus
 from meshshard.partition import halo_plan_radius, partition
@@ -154,6 +155,9 @@ def _sources(run_dir: Path, schema: DatasetSchema, surface: bool, volume: bool) 
                 msg = f"{p}: missing {key} file (expected {tmpl.format(i=i)} in {run_dir})"
                 raise FileNotFoundError(msg)
             out[key] = file_fingerprint(p)
+    ref = geo_ref_path(run_dir)
+    if ref is not None:  # a changed reference area makes the store stale
+        out["geo_ref"] = file_fingerprint(ref)
     return out
 
 
@@ -237,6 +241,7 @@ def _write_run(run_dir: Path, dst: Path, out: Path, opts: RunOptions) -> RunResu
         volume=volume,
         drop_nan=opts.drop_nan,
         max_volume_cells=opts.max_volume_cells,
+        reference_area=opts.reference_area,
     )
     if data.sources != sources:
         msg = f"{run_dir}: source files changed while being read; run again"

@@ -220,6 +220,8 @@ def _write_all(group, w: _Writer, run, partitions, halos, request, dataset, targ
         "request": request,
         "length": run.length,
     }
+    if getattr(run, "reference", None):
+        attrs["reference"] = run.reference
     nparts = None
     for part, data in (("surface", run.surface), ("volume", run.volume)):
         if data is None:
@@ -272,6 +274,8 @@ def _write_all(group, w: _Writer, run, partitions, halos, request, dataset, targ
             "chunk_aligned": aligned,
             "halo": halo_attrs,
         }
+        if getattr(data, "conventions", None):
+            attrs[part]["conventions"] = data.conventions
     if run.stl is not None:
         s = run.stl
         arrays = {"stl_coordinates": s.coordinates, "stl_faces": s.faces,

@@ -1,7 +1,7 @@
 """``meshshard evaluate``: truth against truth gives drag and lift equal to an independent
-computation with pyvista's cell normals and areas (to 1e-6), from run directories, meshshard
-stores and curator stores, on 1 and 2 ranks; with a model, the table, JSON and PNG, and R^2
-as defined."""
+computation with exact (Newell) polygon area vectors (to 1e-6), from run directories,
+meshshard stores and curator stores, on 1 and 2 ranks; with a model, the table, JSON and PNG,
+and R^2 as defined."""
 
 from __future__ import annotations
 
@@ -15,26 +15,15 @@ from meshshard.apps.figures import r_squared
 from meshshard.cli import main
 from meshshard.testing.distributed import run_ranks
 from tests.apps._fns import cli_rank
+from tests.apps._newell import newell_coefficients
 
 U_INF, RHO = 38.889, 1.0  # DRIVAERML's reference values (the synthetic runs use them)
 
 
 def pyvista_coefficients(vtp, a_ref: float | None = None) -> dict:
-    """Drag and lift from pyvista's own cell normals and areas and the raw VTK arrays."""
-    import pyvista as pv
-
-    m = pv.read(vtp).compute_cell_sizes(length=False, area=True, volume=False)
-    m = m.compute_normals(cell_normals=True, point_normals=False, consistent_normals=False,
-                          auto_orient_normals=False, split_vertices=False)
-    n = np.asarray(m.cell_data["Normals"], dtype=np.float64)
-    area = np.asarray(m.cell_data["Area"], dtype=np.float64)
-    q = RHO * U_INF**2
-    p = np.asarray(m.cell_data["pMeanTrim"], dtype=np.float64) / q
-    tau = np.asarray(m.cell_data["wallShearStressMeanTrim"], dtype=np.float64) / q
-    force = ((-p[:, None] * n + tau) * area[:, None]).sum(axis=0)
-    if a_ref is None:
-        a_ref = 0.5 * float((np.abs(n[:, 0]) * area).sum())
-    return {"cd": 2 * force[0] / a_ref, "cl": 2 * force[2] / a_ref, "a_ref": a_ref}
+    """Drag and lift from the raw VTK arrays with exact (Newell) polygon area vectors, in
+    OpenFOAM's conventions (:mod:`tests.apps._newell`), independent of meshshard's geometry."""
+    return newell_coefficients(vtp, u_inf=U_INF, rho=RHO, a_ref=a_ref)
 
 
 def _close(a: float, b: float, tol: float = 1e-6) -> bool:
@@ -118,7 +107,7 @@ def test_geo_ref_csv_gives_the_reference_area(trained, tmp_path):
     r = evaluate_one(run, reference_area=3.0)  # the option wins
     assert r["reference_area"] == 3.0 and r["reference_area_from"] == "--reference-area"
     r = evaluate_one(trained["raw"] / "run_1")  # no file: the frontal area
-    assert r["reference_area_from"] == "frontal area"
+    assert r["reference_area_from"] == "frontal area (estimate)"
 
 
 @pytest.mark.parametrize("text", ["lRef,aRef\n", "lRef,aRef\n1,2\n1,2\n", "lRef\n2.7\n",

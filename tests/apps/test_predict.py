@@ -94,3 +94,27 @@ def test_three_ranks_repartitioned_store(trained):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     perm = np.concatenate([o["perm"] for o in out])
     assert sorted(perm.tolist()) == list(range(perm.size))
+
+
+def test_flow_speed_from_the_option_else_the_model(trained, one_process, tmp_path):
+    """On a run directory --u-inf scales the written fields (as U^2) and the report says so;
+    without it the model file's recorded speed is used, not a silent default."""
+    import pyvista as pv
+
+    s = json.loads((one_process / "run_2" / "prediction.json").read_text())
+    assert s["u_inf"] == 38.889 and s["u_inf_from"].startswith("model file")
+    assert s["conventions"]["normals"] == "into_body"
+    from meshshard.apps.model_file import load_model
+
+    assert load_model(trained["ckpt"]).scales["conventions"]["normals"] == "into_body"
+    argv = ["predict", str(trained["ckpt"]), str(trained["raw"] / "run_2"), "--out",
+            str(tmp_path), "--max-points-per-chunk", "700", "--u-inf", "20", "--no-png"]
+    assert main(argv) == 0
+    s20 = json.loads((tmp_path / "run_2" / "prediction.json").read_text())
+    assert s20["u_inf"] == 20.0 and s20["u_inf_from"] == "--u-inf"
+    a = pv.read(one_process / "run_2" / "boundary_2.vtp").cell_data["pMeanTrimPred"]
+    b = pv.read(tmp_path / "run_2" / "boundary_2.vtp").cell_data["pMeanTrimPred"]
+    # the same non-dimensional input geometry: the raw prediction scales with U^2
+    np.testing.assert_allclose(b, a * (20.0 / 38.889) ** 2, rtol=1e-5, atol=1e-6)
+    # the errors compare like with like: the truth is scaled with the same speed
+    assert s20["rel_l2"]["pMeanTrim"] != pytest.approx(s["rel_l2"]["pMeanTrim"], rel=1e-3)

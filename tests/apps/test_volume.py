@@ -76,6 +76,22 @@ def _numpy_rel_l2(pred_vtu, truth_vtu) -> dict[str, float]:
     return out
 
 
+def test_flow_speed_scales_the_written_volume_fields(trained_volume, one_process, tmp_path):
+    """--u-inf on a run directory: U written as U_inf u*, p as U_inf^2 p* (nut as U_inf L)."""
+    import pyvista as pv
+
+    tv = trained_volume
+    argv = ["predict", str(tv["ckpt"]), str(tv["raw"] / "run_2"), "--out", str(tmp_path),
+            "--max-points-per-chunk", "400", "--u-inf", "20"]
+    assert main(argv) == 0
+    a = pv.read(one_process / "raw" / "run_2" / "volume_2.vtu")
+    b = pv.read(tmp_path / "run_2" / "volume_2.vtu")
+    r = 20.0 / 38.889
+    for f, k in (("UMeanTrim", r), ("pMeanTrim", r * r), ("nutMeanTrim", r)):
+        np.testing.assert_allclose(b.cell_data[f"{f}Pred"], a.cell_data[f"{f}Pred"] * k,
+                                   rtol=2e-5, atol=1e-7)
+
+
 def test_evaluate_volume_equals_numpy(trained_volume, one_process, tmp_path, capsys):
     import pyvista as pv
 

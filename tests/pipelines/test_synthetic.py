@@ -24,7 +24,7 @@ def test_layout_names_and_fields(runs_src):
     assert stl.is_all_triangles and stl.n_cells > 0
 
 
-def test_body_is_closed_outward_and_fields_are_physical(runs_src):
+def test_body_is_closed_in_openfoam_conventions_and_fields_are_physical(runs_src):
     surf = pv.read(runs_src / "run_1" / "boundary_1.vtp")
     assert surf.n_open_edges == 0
     counts = np.diff(surf.GetPolys().GetOffsetsArray())
@@ -33,15 +33,18 @@ def test_body_is_closed_outward_and_fields_are_physical(runs_src):
     normals = n.cell_data["Normals"]
     centres = surf.cell_centers().points
     area = surf.compute_cell_sizes()["Area"]
-    assert np.sum(np.sum(normals * centres, axis=1) * area) > 0  # outward: positive volume
+    # OpenFOAM's: normals into the body (negative signed volume), shear on the fluid
+    assert np.sum(np.sum(normals * centres, axis=1) * area) < 0
     cp = surf.cell_data["CpMeanTrim"]
     front = centres[:, 0] < centres[:, 0].min() + 0.05
-    roof = (normals[:, 2] > 0.95) & (np.abs(centres[:, 0]) < 0.5)
+    roof = (normals[:, 2] < -0.95) & (np.abs(centres[:, 0]) < 0.5)
     assert cp[front].max() > 0.9  # stagnation
     assert cp[roof].mean() < -0.5  # suction on the roof
     wss = surf.cell_data["wallShearStressMeanTrim"]
     tang = np.abs(np.sum(wss * normals, axis=1)) / np.maximum(np.linalg.norm(wss, axis=1), 1e-12)
     assert tang.max() < 1e-3  # tangential
+    # the stress on the fluid points against the free stream (+x) on the roof
+    assert np.mean(wss[roof, 0]) < 0
     np.testing.assert_allclose(surf.cell_data["pMeanTrim"], 0.5 * 38.889**2 * cp, rtol=1e-5)
 
 
