@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from meshshard.comm.launch import launch
 from meshshard.comm.process import init
@@ -56,6 +57,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="rewrite finished stores")
     parser.add_argument("--drop-nan", action="store_true", help="drop cells with NaN fields")
     parser.add_argument("--u-inf", type=float, default=38.889, help="free-stream speed, m/s")
+    parser.add_argument(
+        "--length", type=float, default=None, metavar="L",
+        help="length scale of nut's scaling (nut / (u_inf L)), m; default: the run's STL "
+        "extent along x (a run without an STL, e.g. an OpenFOAM case: its lRef)",
+    )  # fmt: skip
     parser.add_argument("--rho", type=float, default=1.0,
                         help="density (keep 1 for kinematic p, as incompressible OpenFOAM "
                              "writes it; the density only for fields in Pa)")
@@ -80,6 +86,9 @@ def _options(args: argparse.Namespace) -> RunOptions:
     """The per-run options the flags ask for (checked: a bad value is a ValueError)."""
     from dataclasses import replace
 
+    if args.length is not None and not (math.isfinite(args.length) and args.length > 0):
+        msg = f"--length {args.length:g} must be > 0 (m; leave it out to take the STL's extent)"
+        raise ValueError(msg)
     return RunOptions(
         parts=args.parts,
         method=args.method,
@@ -90,7 +99,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         drop_nan=args.drop_nan,
         max_volume_cells=args.max_volume_cells,
         schema=replace(DRIVAERML.with_fields(fields_of(args)), u_inf=args.u_inf, rho=args.rho,
-                       **conventions_of(args)),
+                       length=args.length, **conventions_of(args)),
         reference_area=args.reference_area,
         compressor=None if args.compressor == "none" else args.compressor,
         graph=args.graph,

@@ -139,7 +139,8 @@ class DatasetSchema:
             if length is None:
                 msg = (
                     "nut needs a length scale: provide the run's STL file "
-                    f"({self.stl_file}) or set DatasetSchema(length=...)"
+                    f"({self.stl_file}), or give it (preprocess --length L; "
+                    "DatasetSchema(length=...))"
                 )
                 raise ValueError(msg)
             return self.u_inf * length
