@@ -87,10 +87,14 @@ def shortest_edge(points: np.ndarray, conn: np.ndarray, offsets: np.ndarray) -> 
     last = off[1:] - 1  # each cell's last point closes on its first
     keep = np.diff(off) > 1
     nxt[last[keep]] = conn[off[:-1][keep]]
-    pts = np.asarray(points, dtype=np.float64)
-    d = np.linalg.norm(pts[conn] - pts[nxt], axis=1)
-    d = d[d > 0]
-    return float(d.min()) if d.size else float("inf")
+    pts = np.asarray(points)
+    d2 = np.zeros(conn.size)
+    for k in range(pts.shape[1]):  # one coordinate at a time: small temporaries
+        c = pts[:, k].astype(np.float64)
+        diff = c[conn] - c[nxt]
+        d2 += diff * diff
+    d2 = d2[d2 > 0]
+    return float(np.sqrt(d2.min())) if d2.size else float("inf")
 
 
 def weld_points(
@@ -157,12 +161,13 @@ def weld_points(
         tol, rel = relative * edge, float(relative)
     rep = np.arange(n, dtype=np.int64)
     if n > 1:
-        pairs = cKDTree(pts).query_pairs(tol, output_type="ndarray")
+        tree = cKDTree(pts, balanced_tree=False, compact_nodes=False)  # ~3x faster to build
+        pairs = tree.query_pairs(tol, output_type="ndarray")
         if pairs.size:
             g = coo_matrix((np.ones(len(pairs), np.int8), (pairs[:, 0], pairs[:, 1])), (n, n))
             _, label = connected_components(g, directed=False)
             first = np.full(label.max() + 1, n, dtype=np.int64)
             np.minimum.at(first, label, rep)
             rep = first[label]
-    merged = int(n - np.unique(rep).size)
+    merged = int(n - np.count_nonzero(rep == np.arange(n)))  # a component's lowest id is its own
     return Weld(rep, merged, tol, rel, float(edge) if np.isfinite(edge) else 0.0)
