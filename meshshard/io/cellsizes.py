@@ -73,6 +73,12 @@ def _faces(conn, off, types, polyhedra):
             yield len(face), verts[:, list(face)], sel, False
 
 
+def _sum_by(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Rows of ``values`` (m, 3) summed per ``index`` into (n, 3) (bincount: ~10x np.add.at)."""
+    return np.stack([np.bincount(index, weights=values[:, d], minlength=n) for d in range(3)],
+                    axis=1)  # fmt: skip
+
+
 def cell_volumes(
     points: Any,
     conn: Any,
@@ -120,9 +126,7 @@ def cell_volumes(
         msg = "a cell has no points"
         raise ValueError(msg)
     cell_of = np.repeat(np.arange(n), counts)
-    x0 = np.zeros((n, 3))
-    np.add.at(x0, cell_of, pts[conn])
-    x0 /= counts[:, None]
+    x0 = _sum_by(cell_of, pts[conn], n) / counts[:, None]
     vol = np.zeros(n)  # signed, faces as given
     mom = np.zeros((n, 3))
     vol_abs = np.zeros(n)  # per-face signs towards the outside of x0
@@ -140,11 +144,11 @@ def cell_volumes(
             t = np.einsum("ij,ij->i", np.cross(a, b), cf) / 6.0
             fv += t
             fm += t[:, None] * (a + b + cf) / 4.0
-        np.add.at(vol, owner, fv)
-        np.add.at(mom, owner, fm)
+        vol += np.bincount(owner, weights=fv, minlength=n)
+        mom += _sum_by(owner, fm, n)
         s = np.where(fv < 0, -1.0, 1.0)
-        np.add.at(vol_abs, owner, s * fv)
-        np.add.at(mom_abs, owner, s[:, None] * fm)
+        vol_abs += np.bincount(owner, weights=s * fv, minlength=n)
+        mom_abs += _sum_by(owner, s[:, None] * fm, n)
         if file_faces:
             from_file[owner] = True
             a, b = verts, np.roll(verts, -1, axis=1)

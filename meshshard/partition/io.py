@@ -210,7 +210,9 @@ def cell_centers(mesh: Any) -> np.ndarray:
     """Vertex average of every cell (vectorised over the connectivity), shape (ncells, 3).
 
     Equals VTK's cell centre for simplices, parallelograms and parallelepipeds; for other
-    cells it is the vertex centroid. Any cell kind counts (lines and vertices too).
+    cells it is the vertex centroid (for a polyhedron, of its distinct points; the centroid of
+    its volume is :func:`meshshard.io.cellsizes.cell_volumes`). Any cell kind counts (lines
+    and vertices too).
     """
     import pyvista as pv
 
