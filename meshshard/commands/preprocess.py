@@ -57,14 +57,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="rewrite finished stores")
     parser.add_argument("--drop-nan", action="store_true", help="drop cells with NaN fields")
     parser.add_argument("--u-inf", type=float, default=38.889, help="free-stream speed, m/s")
-    parser.add_argument(
-        "--length", type=float, default=None, metavar="L",
-        help="length scale of nut's scaling (nut / (u_inf L)), m; default: the run's STL "
-        "extent along x (a run without an STL, e.g. an OpenFOAM case: its lRef)",
-    )  # fmt: skip
     parser.add_argument("--rho", type=float, default=1.0,
                         help="density (keep 1 for kinematic p, as incompressible OpenFOAM "
                              "writes it; the density only for fields in Pa)")
+    parser.add_argument("--length", type=float,
+                        help="body length for nut / (U_inf L), m (default: the run's STL "
+                             "extent along x; needed for a volume without an STL)")
     parser.add_argument("--reference-area", type=float,
                         help="every run's reference area, m^2, recorded in its store "
                              "(default: the run's geo_ref_<i>.csv aRef, if any)")

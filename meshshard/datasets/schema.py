@@ -139,7 +139,7 @@ class DatasetSchema:
             if length is None:
                 msg = (
                     "nut needs a length scale: provide the run's STL file "
-                    f"({self.stl_file}), or give it (preprocess --length L; "
+                    f"({self.stl_file.format(i='<i>')}) or give one (preprocess --length, "
                     "DatasetSchema(length=...))"
                 )
                 raise ValueError(msg)

@@ -12,9 +12,12 @@ Layout (PhysicsNeMo's DrivaerML keys, rows in partition order)::
 Attributes (``group.attrs``): ``schema_version``, ``complete`` (written last), ``run``,
 ``nparts``, ``sources`` (fingerprints of the source files, see
 :func:`meshshard.datasets.drivaerml.file_fingerprint`), ``dataset`` (field names, ``u_inf``,
-``rho``, length), ``request`` (the options that produced the store), ``arrays`` (expected
-shapes), and per part (``surface``, ``volume``): ``partition_ptr``, ``sharding_shapes``,
-``method``, ``params``, ``columns``, ``scales``, ``chunk``, ``chunk_aligned``, ``halo``.
+``rho``, length, the file conventions and field map), ``request`` (the options that produced
+the store), ``arrays`` (expected shapes), ``reference`` (the run's ``aRef``, ``lRef`` and where
+they came from, when known), and per part (``surface``, ``volume``): ``partition_ptr``,
+``sharding_shapes``, ``method``, ``params``, ``columns``, ``scales``, ``chunk``,
+``chunk_aligned``, ``halo``; the surface's ``conventions``
+(:func:`meshshard.datasets.conventions.record`).
 
 Integrity: ``integrity`` records, per array, its metadata file and every chunk file written
 (relative path -> ``[size, crc32]``; chunks that hold only the fill value are not written by
