@@ -43,8 +43,9 @@ def domino_sample(store: str | Path, rank: int, world: int, group, *, grid_shape
     except StoreError as exc:
         if "no array 'stl_" not in str(exc):
             raise
-        msg = (f"{store}: has no STL (a --surface store keeps none by default); DoMINO reads "
-               "the body's triangles: preprocess with --stl mesh")  # fmt: skip
+        msg = (f"{store}: has no STL (its run had none, or it was preprocessed with --surface "
+               "or --stl none); DoMINO reads the body's triangles: preprocess the run with its "
+               "STL and --stl mesh")  # fmt: skip
         raise StoreError(msg) from None
     verts = stl["stl_coordinates"].double()
     tri = verts[stl["stl_faces"].long()]
