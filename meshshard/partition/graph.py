@@ -22,6 +22,7 @@ from meshshard.io.cells import (
 )
 from meshshard.partition._validation import as_points, unique_int
 from meshshard.partition.sfc import curve_order, hilbert_codes
+from meshshard.partition.weld import weld_points
 
 __all__ = [
     "CELL_FACES",
@@ -189,6 +190,7 @@ def dual_graph(
     offsets: Any = None,
     celltypes: Any = None,
     polyhedra: PolyhedronFaces | None = None,
+    merge_tol: float | None = None,
 ) -> Any:
     """Dual graph of a cell mesh: cells are vertices, cells sharing a face are adjacent.
 
@@ -208,6 +210,11 @@ def dual_graph(
         See ``cells``.
     polyhedra : PolyhedronFaces, optional
         With ``cells``: the faces of the cells of type 42 (required when there are any).
+    merge_tol : float, optional
+        Merge points closer than ``merge_tol`` x the shortest edge first
+        (:func:`~meshshard.partition.weld.weld_points`, logged), so that cells sharing a face
+        by coordinates are adjacent even where the file stores its points twice (foamToVTK
+        gives every boundary patch its own copies). Default: cells match by point ids only.
 
     Returns
     -------
@@ -229,6 +236,17 @@ def dual_graph(
     """
     conn, off, types, poly = _connectivity_from_args(mesh, cells, offsets, celltypes, polyhedra)
     ncells = types.size
+    if merge_tol is not None:
+        if mesh is None:
+            msg = "merge_tol= needs the mesh (its point coordinates); pass the mesh, not cells="
+            raise ValueError(msg)
+        import pyvista as pv
+
+        weld = weld_points(np.asarray(pv.wrap(mesh).points), conn, off, relative=merge_tol)
+        if weld.merged:
+            log.info("dual graph: %s", weld.describe())
+        conn = weld.apply(conn)
+        poly = None if poly is None else poly.renumbered(weld)
     keys, owner = cell_faces(conn, off, types, poly)
     if keys.shape[0] == 0:
         import scipy.sparse as sp

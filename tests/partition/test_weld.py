@@ -52,6 +52,10 @@ def test_weld_merges_exactly_the_copies():
     welded = dual_graph(cells=w.apply(conn), offsets=off, celltypes=mesh_connectivity(mesh)[2])
     assert before > 1 and connected_components(welded, directed=False)[0] == 1
     assert (welded != _coordinate_graph(mesh)).nnz == 0
+    # the same from the library call
+    assert (dual_graph(mesh, merge_tol=1e-6) != welded).nnz == 0
+    with pytest.raises(ValueError, match="merge_tol= needs the mesh"):
+        dual_graph(cells=conn, offsets=off, celltypes=mesh_connectivity(mesh)[2], merge_tol=1e-6)
 
 
 def test_weld_tolerances():
