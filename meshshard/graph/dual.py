@@ -16,13 +16,8 @@ import numpy as np
 from meshshard.comm.transport import DistComm
 from meshshard.graph.build import _build, _prepare, _split_by
 from meshshard.graph.record import ShardedGraph
-from meshshard.partition.graph import (
-    _connectivity_from_args,
-    cell_faces,
-    face_width,
-    row_hash,
-    shared_face_pairs,
-)
+from meshshard.partition.faces import cell_faces, face_width, row_hash, shared_face_pairs
+from meshshard.partition.graph import _connectivity_from_args
 from meshshard.partition.record import Partition
 
 __all__ = ["from_cells"]
