@@ -56,10 +56,10 @@ CLOUDS = {"uniform": uniform_cube, "car-shell": car_shell}
 
 
 def evaluate(graph, assignment: np.ndarray, parts: int) -> tuple[float, int, int]:
-    from meshshard.partition import Partition
+    from meshshard.partition import Partition, metrics
 
     part = Partition.from_assignment(assignment, parts)
-    m = part.metrics(graph=graph)
+    m = metrics(part, graph=graph)
     sizes = np.asarray(m["sizes"], dtype=float)
     return float(sizes.max() / sizes.mean()), int(m["edge_cut"]), int(m["halo_volume"])
 

@@ -10,7 +10,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from meshshard import ops
 from meshshard.comm import init, shutdown
 from meshshard.models import Transolver
-from meshshard.partition import knn_graph, partition
+from meshshard.partition import knn_graph, metrics, partition
 from meshshard.shardtensor import Shard, from_local
 
 torch.manual_seed(0)  # same model weights on every rank and every run: a reproducible loss
@@ -22,7 +22,7 @@ pts = np.random.default_rng(0).random((20_000, 3)).astype(np.float32)
 shares = np.arange(1, world + 1, dtype=float)
 part = partition(pts, world, method="rcb", targets=shares / shares.sum())
 if rank == 0:
-    m = part.metrics(graph=knn_graph(pts, 8))
+    m = metrics(part, graph=knn_graph(pts, 8))
     print(f"sizes {part.sizes.tolist()}  edge cut {m['edge_cut']}  halo {m['halo_volume']}")
 
 # 2. this rank's rows (stored in partition order) as a ShardTensor that knows every rank's size

@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 
 from meshshard.apps.figures import evaluate_png, r_squared
-from meshshard.apps.forces import PRESSURE, WALL_SHEAR, field_errors, force_coefficients
+from meshshard.apps.forces import PRESSURE, WALL_SHEAR, force_coefficients
+from meshshard.apps.input_checks import (
+    check_model_for_inference,
+    check_reference_area,
+    checked_errors,
+    run_named,
+)
 from meshshard.apps.inputs import read_surface_rows, reading_options
 from meshshard.apps.model_file import ModelFileError, load_model
 from meshshard.apps.predict import PREDICT_CLASSES, ensure_world, predict_rows
@@ -62,7 +68,20 @@ def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
     whose fields' errors over the volume cells are added as ``rel_l2["volume:<field>"]``.
     A volume model passed as ``mf`` evaluates the volume alone (no drag and lift: nan).
     ``u_inf``, ``fields`` and ``conventions`` (``normals``, ``shear``) are a run directory's
-    flow speed, field-name map and conventions (:func:`~meshshard.apps.inputs.reading_options`)."""
+    flow speed, field-name map and conventions (:func:`~meshshard.apps.inputs.reading_options`).
+    Errors name the run (:func:`~meshshard.apps.input_checks.run_named`)."""
+    check_reference_area(reference_area, "reference_area")
+    with run_named(source):
+        return _evaluate_one(source, mf, mesh=mesh, max_points_per_chunk=max_points_per_chunk,
+                             reference_area=reference_area, volume=volume, u_inf=u_inf,
+                             fields=fields, conventions=conventions)
+
+
+def _evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
+                  max_points_per_chunk: int | None = None,
+                  reference_area: float | None = None, volume: Any = None,
+                  u_inf: float | None = None, fields: Any = None,
+                  conventions: dict | None = None) -> dict[str, Any]:
     surface = True
     if is_volume_model(mf):
         mf, volume, surface = None, mf, False
@@ -119,7 +138,7 @@ def _surface_metrics(source: str | Path, mf: Any = None, *, mesh: Any = None,
     fp = force_coefficients(pred, cols, rows.normals, rows.areas, **kw)
     ft = force_coefficients(true, cols, rows.normals, rows.areas, **kw)
     return {"run": rows.name, "source": str(source), "cells": rows.n_total,
-            "rel_l2": field_errors(pred, true, cols, group=group),
+            "rel_l2": checked_errors(pred, true, cols, group=group, source=source),
             "cd_true": ft["cd"], "cd_pred": fp["cd"], "cl_true": ft["cl"], "cl_pred": fp["cl"],
             "reference_area": ft["reference_area"], "reference_area_from": a_from,
             "u_inf": rows.u_inf, "u_inf_from": rows.u_inf_from, "rho": rows.rho,
@@ -198,6 +217,7 @@ def _models(checkpoint: Any) -> tuple[Any, Any]:
     got: dict[str, Any] = {}
     for c in _checkpoints(checkpoint):
         m = load_model(c, expect_class=PREDICT_CLASSES)
+        check_model_for_inference(m)
         part = "volume" if is_volume_model(m) else "surface"
         if part in got:
             msg = (f"{c}: a second {part} model (after {got[part].path}); give at most one "
@@ -226,6 +246,7 @@ def evaluate_runs(
     ``checkpoint`` may be a list of a surface and a volume model: the surface's errors, drag
     and lift, and the volume fields' errors (``volume:<field>``) over the volume cells. A
     volume model alone evaluates the volume alone (drag and lift are then n/a)."""
+    check_reference_area(reference_area, "reference_area")
     ensure_world()
     mf, vmf = _models(checkpoint)
     if not sources:

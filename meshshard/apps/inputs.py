@@ -27,20 +27,20 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.apps.input_checks import check_surface_rows
 from meshshard.datasets import load_shard
 from meshshard.datasets.curator import curator_info, is_curator_store, load_curator_shard
 from meshshard.datasets.drivaerml import read_surface, run_index
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
 from meshshard.partition.sfc import hilbert_codes
-from meshshard.store.format import StoreError, open_store, read_array
+from meshshard.store.format import SHARDED_PART_KEYS, StoreError, open_store, read_array
 
 __all__ = ["SurfaceRows", "read_surface_rows", "reading_options", "run_schema", "source_kind"]
 
 log = logging.getLogger(__name__)
 
-_KEYS = ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fields",
-         "surface_perm")
+_KEYS = SHARDED_PART_KEYS["surface"]
 
 
 @dataclass
@@ -285,7 +285,8 @@ def read_surface_rows(source: str | Path, group: Any = None, *, fields: Any = No
     Raises
     ------
     FileNotFoundError, ValueError
-        No such source; not a run directory or store; damaged files (named).
+        No such source; not a run directory or store; damaged files (named); geometry or
+        truth unfit for the model (:func:`~meshshard.apps.input_checks.check_surface_rows`).
     """
     schema = run_schema(fields, u_inf, normals=normals, shear=shear)
 
@@ -300,4 +301,5 @@ def read_surface_rows(source: str | Path, group: Any = None, *, fields: Any = No
                f"m/s, not {u_inf:g} ({u_inf_from or '--u-inf'}); --u-inf applies to run "
                "directories, a store keeps the speed it was preprocessed with")
         raise ValueError(msg)
+    check_surface_rows(rows, source, group)  # every rank, before any model runs
     return rows

@@ -32,7 +32,15 @@ import torch
 from torch import nn
 
 from meshshard import models
-from meshshard.errors import InputError
+from meshshard.apps.model_checks import (
+    ModelFileError,
+    check_declared,
+    check_meta,
+    check_weights,
+    meta_state,
+    read_json,
+    regular_file,
+)
 from meshshard.store.atomic import publish, resolve
 from meshshard.store.shapes import shape_mismatch
 
@@ -53,10 +61,6 @@ _JSON = "model.json"
 _WEIGHTS = {"safetensors": "weights.safetensors", "torch": "weights.pt"}
 
 _REGISTRY: dict[str, type[nn.Module]] = {}
-
-
-class ModelFileError(InputError):
-    """A model checkpoint that cannot be used: foreign, truncated, or another model."""
 
 
 def register_model_class(cls: type[nn.Module], name: str | None = None, *,
@@ -237,15 +241,11 @@ def _read_meta(path: Path) -> dict:
     if not path.is_dir():
         msg = f"{path}: no model checkpoint there (want a directory holding {_JSON})"
         raise FileNotFoundError(msg)
-    try:
-        meta = json.loads(f.read_text())
-    except FileNotFoundError:
+    if not f.exists() and not f.is_symlink():
         msg = f"{path}: not a model checkpoint (no {_JSON}; a training checkpoint of " \
               "torch.distributed.checkpoint is not one: export it with save_model)"
-        raise ModelFileError(msg) from None
-    except (OSError, ValueError) as exc:
-        msg = f"{f}: corrupt model checkpoint metadata ({exc})"
-        raise ModelFileError(msg) from None
+        raise ModelFileError(msg)
+    meta = read_json(f, path)  # a regular file in PATH, size and depth capped
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         msg = f"{f}: not a meshshard model checkpoint (format {got!r}, want {FORMAT})"
@@ -258,18 +258,24 @@ def _read_meta(path: Path) -> dict:
     return meta
 
 
-def _read_weights(path: Path, meta: dict) -> dict[str, torch.Tensor]:
+def _weights_file(path: Path, meta: dict) -> tuple[Path, int]:
+    """The weights file (a regular file in ``path``) and its size, as recorded."""
     w = meta["weights"]
     wfile = path / str(w.get("file", ""))
-    if wfile.name not in _WEIGHTS.values() or not wfile.is_file():
+    if wfile.name not in _WEIGHTS.values() or not (wfile.exists() or wfile.is_symlink()):
         msg = f"{path}: weights file {w.get('file')!r} missing"
         raise ModelFileError(msg)
-    size = wfile.stat().st_size
+    size = regular_file(wfile, path)
     if size != w.get("size"):
         msg = f"{wfile}: truncated or replaced weights file ({size} bytes, {_JSON} records " \
               f"{w.get('size')}); copy the checkpoint again"
         raise ModelFileError(msg)
-    if _sha256(wfile) != w.get("sha256"):
+    return wfile, size
+
+
+def _read_weights(path: Path, meta: dict) -> dict[str, torch.Tensor]:
+    wfile, _ = _weights_file(path, meta)
+    if _sha256(wfile) != meta["weights"].get("sha256"):
         msg = f"{wfile}: weights file is corrupt (sha256 differs from {_JSON}); copy it again"
         raise ModelFileError(msg)
     try:
@@ -329,13 +335,19 @@ def load_model(path: str | Path, *, expect_class: str | tuple[str, ...] | None =
         if name not in allowed:
             msg = f"{path}: holds a {name}, but this needs one of {list(allowed)}"
             raise ModelFileError(msg)
+    # the model on the meta device against what model.json declares, before any allocation
+    check_meta(path / _JSON, meta)
+    wfile, size = _weights_file(path, meta)
+    want = meta_state(path, cls, name, meta["config"])
+    check_declared(path, name, want, meta["tensors"], size)
     state = _read_weights(path, meta)
+    _compare(path, name, state, want)
+    check_weights(wfile, state, meta["tensors"])
     try:
         model = cls(**meta["config"])
-    except TypeError as exc:
-        msg = f"{path}: config does not fit {name} ({exc})"
+    except Exception as exc:  # built on meta above; a class that fails only on the CPU
+        msg = f"{path}: config does not fit {name} ({type(exc).__name__}: {str(exc)[:200]})"
         raise ModelFileError(msg) from None
-    _compare(path, name, state, model.state_dict())
     model.load_state_dict(state)
     model.eval()
     return ModelFile(model, name, meta["config"], meta["inputs"], meta["fields"],

@@ -31,7 +31,14 @@ import torch
 
 from meshshard.apps.features import chunked_inputs
 from meshshard.apps.figures import pressure_png
-from meshshard.apps.forces import field_errors, force_coefficients
+from meshshard.apps.forces import force_coefficients
+from meshshard.apps.input_checks import (
+    check_model_for_inference,
+    check_reference_area,
+    checked_errors,
+    run_named,
+    warn_rounds,
+)
 from meshshard.apps.inputs import SurfaceRows, read_surface_rows, reading_options
 from meshshard.apps.model_file import ModelFile, ModelFileError, load_model
 from meshshard.apps.reference import reference_area_for
@@ -122,7 +129,31 @@ def predict_run(
     On a run directory ``u_inf`` (m/s) scales the fields (default: the speed the model was
     trained with), ``fields`` maps the file's array names onto the model's and
     ``conventions`` (``normals``, ``shear``) states the file's
-    (:func:`~meshshard.apps.inputs.reading_options`)."""
+    (:func:`~meshshard.apps.inputs.reading_options`). Errors raised while the run is read or
+    predicted name the run (:func:`~meshshard.apps.input_checks.run_named`); its geometry and
+    truth are checked before the model runs
+    (:func:`~meshshard.apps.input_checks.check_surface_rows`)."""
+    check_reference_area(reference_area, "reference_area")
+    with run_named(source):
+        return _predict_run(checkpoint, source, out, mesh=mesh,
+                            max_points_per_chunk=max_points_per_chunk, png=png,
+                            reference_area=reference_area, u_inf=u_inf, fields=fields,
+                            conventions=conventions)
+
+
+def _predict_run(
+    checkpoint: str | Path | ModelFile,
+    source: str | Path,
+    out: str | Path,
+    *,
+    mesh: Any = None,
+    max_points_per_chunk: int | None = DEFAULT_CHUNK,
+    png: bool = True,
+    reference_area: float | None = None,
+    u_inf: float | None = None,
+    fields: Any = None,
+    conventions: dict | None = None,
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     ensure_world()
     mf = checkpoint if isinstance(checkpoint, ModelFile) else load_model(
@@ -130,6 +161,7 @@ def predict_run(
     if mf.class_name not in PREDICT_CLASSES:
         msg = f"{mf.path}: holds a {mf.class_name}; predict runs {list(PREDICT_CLASSES)}"
         raise ModelFileError(msg)
+    check_model_for_inference(mf)
     if mf.inputs.get("part") == "volume":  # the volume cells (no PNG, no forces)
         return predict_volume_run(mf, source, out, mesh=mesh,
                                   max_points_per_chunk=max_points_per_chunk, u_inf=u_inf,
@@ -139,6 +171,7 @@ def predict_run(
                                                               fields=fields, **(conventions or {})))
     check_conventions_match(mf, rows, source)
     truth = check_fields(mf, rows, source, need_truth=False)
+    warn_rounds(len(rows.centers), max_points_per_chunk, source)
     a_ref, a_from = reference_area_for(source, reference_area)  # a bad geo_ref fails here
     t_read = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -152,7 +185,7 @@ def predict_run(
                                "seconds": {"read_partition": t_read, "inputs_model": t_model}}
     if truth:
         cols, true = truth_columns(truth, rows, pred)
-        summary["rel_l2"] = field_errors(pred, true, cols, group=group)
+        summary["rel_l2"] = checked_errors(pred, true, cols, group=group, source=source)
         summary["reference_area_from"] = a_from
         kw = {"reference_area": a_ref, "group": group}
         summary["forces_pred"] = force_coefficients(pred, cols, rows.normals, rows.areas, **kw)

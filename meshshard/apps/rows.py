@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from meshshard.apps.chunked import chunked_forward
+from meshshard.apps.input_checks import check_predictions
 from meshshard.apps.inputs import SurfaceRows
 from meshshard.apps.model_file import ModelFile
 from meshshard.comm.host import Comm
@@ -103,7 +104,9 @@ def run_model(mf: ModelFile, coords: torch.Tensor, feats: torch.Tensor, sizes: l
                                 group=group, release=True)
     mean = torch.tensor(mf.scales["target_mean"], dtype=y.dtype)
     std = torch.tensor(mf.scales["target_std"], dtype=y.dtype)
-    return (y[0] * std + mean).numpy()
+    out = (y[0] * std + mean).numpy()
+    check_predictions(out, mesh.get_group() if mesh is not None else None)  # every rank
+    return out
 
 
 def truth_columns(cols: dict, rows: SurfaceRows, pred: np.ndarray):

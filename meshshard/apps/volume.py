@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from meshshard.apps.forces import field_errors
+from meshshard.apps.input_checks import checked_errors
 from meshshard.apps.inputs import reading_options, source_kind
 from meshshard.apps.model_file import save_model
 from meshshard.apps.rows import check_fields, gather_for_writing, run_model, truth_columns
@@ -137,7 +137,7 @@ def predict_volume_run(mf: Any, source: str | Path, out: str | Path, *, mesh: An
                                            "inputs_model": time.perf_counter() - t1}}
     if truth:
         cols, true = truth_columns(truth, rows, pred)
-        summary["rel_l2"] = field_errors(pred, true, cols, group=group)
+        summary["rel_l2"] = checked_errors(pred, true, cols, group=group, source=source)
     full, out_dir = gather_for_writing(rows, pred, group, out)
     if full is not None:  # rank 0 writes
         files = {"vtk": str(_write(mf, rows, full, out_dir, bool(truth)))}
@@ -161,4 +161,5 @@ def evaluate_volume(source: str | Path, mf: Any, *, mesh: Any = None,
     cols = check_fields(mf, rows, source, need_truth=True)
     pred = predict_volume_rows(mf, rows, mesh=mesh, max_points_per_chunk=max_points_per_chunk)
     cols, true = truth_columns(cols, rows, pred)
-    return {"cells": rows.n_total, "rel_l2": field_errors(pred, true, cols, group=group)}
+    return {"cells": rows.n_total, "rel_l2": checked_errors(pred, true, cols, group=group,
+                                                                source=source)}

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from meshshard.apps.features import _standardise_into
+from meshshard.apps.input_checks import check_volume_cells, check_volume_rows
 from meshshard.apps.inputs import read_by_kind
 from meshshard.datasets import load_shard
 from meshshard.datasets.curator import curator_info, load_curator_shard
@@ -39,11 +40,12 @@ from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.io.stl import read_stl
 from meshshard.ops.sdf import ShardedSurface
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
-from meshshard.store.format import StoreError, open_store, read_array
+from meshshard.store.curator_checks import read_block
+from meshshard.store.format import SHARDED_PART_KEYS, StoreError, open_store, read_array
 
 __all__ = ["VOLUME_FEATURES", "VolumeRows", "read_volume_rows", "volume_inputs"]
 
-_KEYS = ("volume_mesh_centers", "volume_fields", "volume_perm")
+_KEYS = SHARDED_PART_KEYS["volume"]
 #: what the features are (written into model checkpoints' ``inputs``)
 VOLUME_FEATURES = "signed distance d to the STL, log(|d| + 1e-6) (standardised)"
 _EPS = 1e-6
@@ -124,6 +126,7 @@ def _from_run(path: Path, group: Any, rank: int, world: int,
 
     schema = replace(base, volume_fields=tuple(replace(f, required=False)
                                                for f in base.volume_fields))
+    check_volume_cells(vtu)  # a file of triangles is not a volume
     v = read_volume(vtu, schema=schema, length=stl.length)
     s = _slice(v.centers.shape[0], rank, world)
     rows = {"volume_mesh_centers": v.centers[s], "volume_fields": v.fields[s],
@@ -170,12 +173,13 @@ def _from_curator(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
         raise _no_stl(path)
     got = load_curator_shard(path, rank, world, group=group, part="volume", keys=_KEYS)
     moved = {k: got[k].numpy() for k in _KEYS}
-    coords = np.asarray(g["stl_coordinates"][...])
+    coords = read_block(g["stl_coordinates"], path, "stl_coordinates")
     nf = int(g["stl_faces"].shape[0])
     flat = g["stl_faces"].ndim == 1
     t = nf // 3 if flat else nf
     s = _slice(t, rank, world)
-    faces = np.asarray(g["stl_faces"][3 * s.start : 3 * s.stop] if flat else g["stl_faces"][s])
+    faces = read_block(g["stl_faces"], path, "stl_faces",
+                       slice(3 * s.start, 3 * s.stop) if flat else s)
     meta = (info["columns"]["volume"], info["scales"]["volume"], info["rows"]["volume"])
     return _rows(moved, got["sharding_sizes"].tolist(), meta, _triangles(coords, faces),
                  "curator", path.name.removesuffix(".zarr"), None)
@@ -207,7 +211,9 @@ def read_volume_rows(source: str | Path, group: Any = None, *, fields: Any = Non
     Raises
     ------
     FileNotFoundError, ValueError
-        No such source, no volume (``.vtu``, volume part), no STL; damaged files (named).
+        No such source, no volume (``.vtu``, volume part), no STL; damaged files (named);
+        a ``.vtu`` of surface cells; non-finite centres or truth
+        (:mod:`~meshshard.apps.input_checks`).
     """
     from dataclasses import replace
 
@@ -217,8 +223,10 @@ def read_volume_rows(source: str | Path, group: Any = None, *, fields: Any = Non
     def run(path: Path, group: Any, rank: int, world: int) -> VolumeRows:
         return _from_run(path, group, rank, world, base)
 
-    return read_by_kind(source, group, {"run": run, "store": _from_store,
+    rows = read_by_kind(source, group, {"run": run, "store": _from_store,
                                         "curator": _from_curator})
+    check_volume_rows(rows, source, group)  # every rank, before any model runs
+    return rows
 
 
 def _rounds(n: int, chunk: int, group: Any) -> int:

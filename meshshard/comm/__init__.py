@@ -12,7 +12,7 @@ groups or calls the raw uneven all-to-all. Every other room communicates through
   the distributed partitioner and the graph builder (which also runs its ranks as threads).
 
 The ShardTensor core's traced collectives (``shardtensor/_aten/collective_ops.py``) are
-still in the core: they are custom ops for the compiler, issue 22's room.
+still in the core: they are custom ops for the compiler's room.
 
 Attributes load on first use, so ``import meshshard.comm.launch`` (the CLI) pulls no torch.
 """

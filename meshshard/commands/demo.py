@@ -7,7 +7,7 @@ import argparse
 from meshshard.apps.demo import run_demo
 from meshshard.commands import CLIError
 from meshshard.commands._checks import check_out_dir
-from meshshard.commands.partition import METHOD_HELP, METHODS
+from meshshard.commands._methods import add_method_arg
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -16,7 +16,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parts", type=int, default=4, help="shards in the store")
     parser.add_argument("--ranks", type=int, default=2, help="gloo ranks that train")
     parser.add_argument("--steps", type=int, default=30, help="training steps")
-    parser.add_argument("--method", default="hilbert", choices=METHODS, help=METHOD_HELP)
+    add_method_arg(parser)
     parser.add_argument("--no-png", action="store_true", help="skip the PNG renderings")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from meshshard.apps.evaluate import evaluate_runs, format_table
+from meshshard.apps.input_checks import check_inference_options
 from meshshard.commands._checks import check_inference_args
 from meshshard.commands._physics import add_physics_args, conventions_of, fields_of
 from meshshard.commands._world import join_world, leave_world
@@ -47,6 +48,7 @@ def expand(paths: list[str]) -> list:
 
 def run(args: argparse.Namespace) -> int:
     check_inference_args(args)
+    check_inference_options(args)  # chunk floor, a finite reference area
     rank, _, mesh = join_world()
     res = evaluate_runs(expand(args.runs), args.out, checkpoint=args.checkpoint, mesh=mesh,
                         max_points_per_chunk=args.max_points_per_chunk,

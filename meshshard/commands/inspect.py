@@ -9,12 +9,10 @@ from pathlib import Path
 
 from meshshard.commands import CLIError
 from meshshard.commands._checks import check_out_file
+from meshshard.commands._methods import add_method_arg, is_graph_method
 from meshshard.commands._progress import Stages, progress_enabled
 from meshshard.commands.partition import (
     AUTO_FULL_CELLS,
-    CLI_METHOD_HELP,
-    CLI_METHODS,
-    GRAPH_METHODS,
     add_geometry_args,
     build_report,
     check_parts,
@@ -26,8 +24,10 @@ from meshshard.commands.partition import (
     run_partitioner,
 )
 from meshshard.partition import Partition, knn_graph, partition
+from meshshard.partition._validation import check_distance_range
 from meshshard.partition.io import MESH_SUFFIXES, load_geometry
 from meshshard.partition.report import format_report, render_png, report
+from meshshard.store.curator_checks import is_curator_store, verify_curator_store
 from meshshard.store.format import store_surfels, verify_store
 
 
@@ -38,9 +38,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "on the fly (with --parts), or a run_i.zarr store",
     )
     parser.add_argument("--parts", "-p", type=int, help="shards (when TARGET is a mesh file)")
-    parser.add_argument("--method", "-m", choices=CLI_METHODS, default=None,
-                        help=CLI_METHOD_HELP.replace("%(default)s", "hilbert")
-                        + " (when TARGET is a mesh file)")  # fmt: skip
+    add_method_arg(parser, default=None, suffix=" (when TARGET is a mesh file)")
     parser.add_argument("--preset", default=None,
                         help="preset of --method kaminpar or hypergraph (see partition --help)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the graph partitioners")
@@ -60,7 +58,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--verify",
         action="store_true",
         help="STORE: recompute the crc32 of every chunk file against the store's record "
-        "(exit status 2 and the first difference when it is damaged)",
+        "(exit status 2 and the first difference when it is damaged); a physicsnemo-curator "
+        "store has no record: every chunk is checked present, decoding and finite",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -104,9 +103,30 @@ def _format_tree(d: dict, indent: int = 0) -> list[str]:
     return lines
 
 
+def _inspect_curator(path: Path, args: argparse.Namespace) -> int:
+    """A physicsnemo-curator store: ``--verify`` checks what its layout allows (it records
+    no checksums); without it, a one-line pointer."""
+    if not args.verify:
+        msg = (f"{path}: a physicsnemo-curator store; inspect reports meshshard stores: pass "
+               "--verify to check every chunk of it (present, decoding, finite; the layout has "
+               "no checksums), or convert it with meshshard preprocess")
+        raise CLIError(msg)
+    res = verify_curator_store(path)  # StoreError: exit 2, naming the array
+    if args.json:
+        print(json.dumps({"store": str(path), "verified": res}, indent=2))
+    else:
+        print(f"{path}: physicsnemo-curator store, {len(res['arrays'])} arrays verified "
+              f"(checksums: {res['checksums']})")
+        for k, v in res["arrays"].items():
+            print(f"  {k}: {tuple(v['shape'])} {v['dtype']}, {v['chunks']} chunk(s)")
+    return 0
+
+
 def _inspect_store(path: Path, args: argparse.Namespace) -> int:
     """``run_i.zarr``: the pipelines' store summary, then a partition report per stored part
     (surface, volume) on the kNN graph of its cell centres (stores keep no connectivity)."""
+    if is_curator_store(path):
+        return _inspect_curator(path, args)
     try:  # deferred: a failing store reader becomes this command's one-line error
         from meshshard.store.format import inspect_store, store_partition
     except ImportError as exc:
@@ -126,6 +146,7 @@ def _inspect_store(path: Path, args: argparse.Namespace) -> int:
         for name in names:
             with st.stage(f"{name} read"):
                 part, points = store_partition(path, name)
+            check_distance_range(points, name=f"{path} ({name}_mesh_centers)")
             with st.stage(f"{name} graph", f"kNN-{args.knn}"):
                 graph = knn_graph(points, args.knn)
             with st.stage(f"{name} metrics"):
@@ -227,16 +248,18 @@ def run(args: argparse.Namespace) -> int:
         method = method if part is None else ""  # "": nothing to partition here
         auto = args.metrics == "auto"
         mode = metrics_mode(args.metrics, kind, method, geom.points.shape[0])
-        need_graph = mode == "full" or method in GRAPH_METHODS
+        need_graph = mode == "full" or is_graph_method(method)
         st.set_total(2 + need_graph + (part is None) + bool(args.png))
         merge_points(geom, kind, mode, need_graph, rel)
         graph = None
+        if need_graph and kind == "knn":  # a kd-tree on extreme coordinates: refuse, naming it
+            check_distance_range(geom.points, name=str(geom.source or target))
         if need_graph:
             with st.stage("graph", kind):
                 graph = geom.graph(kind, knn=knn)
         if part is None:
             extra = dict(graph_method_options(args), graph=graph) \
-                if method in GRAPH_METHODS else {}
+                if is_graph_method(method) else {}
             with st.stage("partition", method):
                 part = run_partitioner(
                     partition, geom.points, args.parts, method=method, targets=targets,

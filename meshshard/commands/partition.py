@@ -11,29 +11,17 @@ from typing import Any
 
 from meshshard.commands import CLIError
 from meshshard.commands._checks import check_out_dir, check_out_file
+from meshshard.commands._methods import add_method_arg, is_graph_method
 from meshshard.commands._progress import Stages, progress_enabled
 from meshshard.partition import Partition, partition
 from meshshard.partition import hypergraph as hg
 from meshshard.partition import kaminpar_part as kp
+from meshshard.partition._validation import check_distance_range
 from meshshard.partition.cutcount import dual_cut_metrics
 from meshshard.partition.io import load_geometry
+from meshshard.partition.methods import list_methods
 from meshshard.partition.report import format_report, render_png, report
 from meshshard.partition.weld import DEFAULT_WELD
-
-METHODS = ("hilbert", "morton", "rcb", "metis")
-#: ``--method`` help, shared by the commands that partition
-METHOD_HELP = (
-    "partitioner: hilbert (Hilbert curve of the centres; fast, the default), morton (Z-order "
-    "curve), rcb (recursive coordinate bisection; compact shards, meets targets exactly), "
-    "metis (METIS on the mesh dual or kNN graph; fewest cut edges); default: %(default)s"
-)
-#: the graph partitioners of optional extras, offered by ``partition`` and ``inspect``
-EXTRA_METHODS = ("kaminpar", "hypergraph")
-GRAPH_METHODS = ("metis", *EXTRA_METHODS)
-CLI_METHODS = (*METHODS, *EXTRA_METHODS)
-CLI_METHOD_HELP = METHOD_HELP.replace(
-    "; default:", "; kaminpar (KaMinPar, extra meshshard[kaminpar]); hypergraph (Mt-KaHyPar "
-    "on the refresh hypergraph: fewest ghost rows, extra meshshard[hypergraph]); default:")
 
 
 def graph_method_options(args: argparse.Namespace) -> dict:
@@ -41,7 +29,7 @@ def graph_method_options(args: argparse.Namespace) -> dict:
     ``--tries`` (checked: ``--preset`` must be one the method knows)."""
     method = args.method
     preset = getattr(args, "preset", None)
-    if method not in GRAPH_METHODS:
+    if not is_graph_method(method):
         if preset is not None:
             msg = f"--preset is an option of --method kaminpar or hypergraph (got {method})"
             raise CLIError(msg)
@@ -159,8 +147,7 @@ def merge_points(geom: Any, kind: str, mode: str, need_graph: bool, rel: float) 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="mesh (.vtp .vtu .vtk .ply .stl) or points (.npy)")
     parser.add_argument("--parts", "-p", type=int, required=True, help="number of shards")
-    parser.add_argument("--method", "-m", choices=CLI_METHODS, default="hilbert",
-                        help=CLI_METHOD_HELP)
+    add_method_arg(parser)
     add_geometry_args(parser)
     parser.add_argument("--weights", metavar="FIELD", help="cell/point field used as weights")
     parser.add_argument("--targets", help="fraction per shard, e.g. 0.5,0.25,0.25")
@@ -223,8 +210,9 @@ def run(args: argparse.Namespace) -> int:
         msg = f"--objective is a METIS option; add --method metis (got --method {args.method})"
         raise CLIError(msg)
     for flag, on in (("--refine", args.refine is not None), ("--tries", args.tries != 1)):
-        if on and args.method not in GRAPH_METHODS:
-            msg = (f"{flag} is an option of the graph methods ({', '.join(GRAPH_METHODS)}); "
+        if on and not is_graph_method(args.method):
+            msg = (f"{flag} is an option of the graph methods "
+                   f"({', '.join(list_methods(graph=True))}); "
                    f"got --method {args.method}")
             raise CLIError(msg)
     graph_opts = graph_method_options(args)
@@ -244,15 +232,17 @@ def run(args: argparse.Namespace) -> int:
         kind = args.graph or geom.default_graph()
         auto = mode == "auto"
         mode = metrics_mode(mode, kind, args.method, geom.points.shape[0])
-        need_graph = args.method in GRAPH_METHODS or mode == "full"
+        need_graph = is_graph_method(args.method) or mode == "full"
         st.set_total(3 + need_graph + (mode != "none") + bool(args.png))
         merge_points(geom, kind, mode, need_graph, rel)
         graph = None
+        if need_graph and kind == "knn":  # a kd-tree on extreme coordinates: refuse, naming it
+            check_distance_range(geom.points, name=str(args.input))
         if need_graph:
-            why = f"for {args.method}" if args.method in GRAPH_METHODS else "for the metrics"
+            why = f"for {args.method}" if is_graph_method(args.method) else "for the metrics"
             with st.stage("graph", f"{kind}, {why}"):
                 graph = geom.graph(kind, knn=args.knn)
-        extra = dict(graph_opts, graph=graph) if args.method in GRAPH_METHODS else {}
+        extra = dict(graph_opts, graph=graph) if is_graph_method(args.method) else {}
         if args.objective is not None:
             extra["objective"] = args.objective
         with st.stage("partition", args.method):
@@ -299,7 +289,7 @@ def run_partitioner(partition: Any, *args: Any, **kwargs: Any) -> Any:
 def metrics_mode(mode: str, kind: str, method: str, n: int) -> str:
     """``auto`` -> ``full`` or ``cut``; a graph method has its graph anyway, so ``cut`` is
     ``full``."""
-    if method in GRAPH_METHODS and mode in ("auto", "cut"):
+    if is_graph_method(method) and mode in ("auto", "cut"):
         return "full"
     if mode == "auto":
         return "cut" if kind == "dual" and n > AUTO_FULL_CELLS else "full"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from meshshard.apps.input_checks import check_inference_options
 from meshshard.apps.predict import predict_run
 from meshshard.commands._checks import check_inference_args
 from meshshard.commands._physics import add_physics_args, conventions_of, fields_of
@@ -29,6 +30,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_inference_args(args)
+    check_inference_options(args)  # chunk floor, a finite reference area
     rank, world, mesh = join_world()
     s = predict_run(args.checkpoint, args.run, args.out, mesh=mesh,
                     max_points_per_chunk=None if args.unchunked else args.max_points_per_chunk,

@@ -8,8 +8,8 @@ import math
 from meshshard.comm.launch import launch
 from meshshard.comm.process import init
 from meshshard.commands._checks import check_out_dir
+from meshshard.commands._methods import add_method_arg
 from meshshard.commands._physics import add_physics_args, conventions_of, fields_of
-from meshshard.commands.partition import METHOD_HELP, METHODS
 from meshshard.datasets import DRIVAERML
 from meshshard.pipelines import RunOptions, preprocess_runs
 from meshshard.pipelines._alloc import tune_allocator
@@ -21,12 +21,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="directory holding run_<i>/ directories")
     parser.add_argument("dst", help="output directory for run_<i>.zarr stores")
     parser.add_argument("--parts", type=int, required=True, help="shards per sample")
-    parser.add_argument(
-        "--method", default="hilbert", choices=(*METHODS, "hypergraph"),
-        help=METHOD_HELP + "; hypergraph: fewest ghost rows (needs pip install "
-        "meshshard[hypergraph]); with --graph dual, metis and hypergraph cut the surface's "
-        "dual graph",
-    )
+    add_method_arg(parser, graph_note="with --graph dual, a graph method (metis, kaminpar, "
+                   "hypergraph) cuts the surface's dual graph")
     parser.add_argument(
         "--workers",
         type=int,

@@ -29,7 +29,6 @@ is not here).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,45 +36,40 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.comm.agree import raise_together
 from meshshard.datasets.drivaerml import read_run
 from meshshard.datasets.rows import target_device, wrap_rows
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.partition import partition
 from meshshard.partition.distributed import partition_distributed, redistribute_rows
-from meshshard.store.format import STL_KEYS, StoreError
+from meshshard.store.curator_checks import (
+    check_array_meta,
+    check_flow,
+    read_block,
+    value_problems,
+    verify_curator_store,
+)
+from meshshard.store.curator_checks import is_curator_store as _is_curator_store
+from meshshard.store.format import PART_KEYS, SHARDED_PART_KEYS, STL_KEYS, StoreError
 
 __all__ = ["CURATOR_COLUMNS", "curator_info", "is_curator_store", "load_curator_shard",
-           "write_curator_store"]
+           "verify_curator_store", "write_curator_store"]
 
 log = logging.getLogger(__name__)
 
 #: field name -> (kind, columns) of surface_fields / volume_fields, as curator writes them
+#: (the DrivaerML schema's required fields, in its order: the field table has one home)
 CURATOR_COLUMNS = {
-    "surface": (("pMeanTrim", "pressure", 1), ("wallShearStressMeanTrim", "wall_shear", 3)),
-    "volume": (("UMeanTrim", "velocity", 3), ("pMeanTrim", "pressure", 1),
-               ("nutMeanTrim", "nut", 1)),
+    part: tuple((f.name, f.kind, f.components) for f in fields if f.required)
+    for part, fields in (("surface", DRIVAERML.surface_fields),
+                         ("volume", DRIVAERML.volume_fields))
 }
-_PART_KEYS = {"surface": ("surface_mesh_centers", "surface_normals", "surface_areas",
-                          "surface_fields"),
-              "volume": ("volume_mesh_centers", "volume_fields")}
-
-
-def _group_meta(path: Path) -> dict | None:
-    try:
-        meta = json.loads((path / "zarr.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) and meta.get("node_type") == "group" else None
+_PART_KEYS = PART_KEYS
 
 
 def is_curator_store(path: str | Path) -> bool:
     """A zarr v3 group with curator's arrays and without meshshard's ``schema_version``."""
-    path = Path(path)
-    meta = _group_meta(path)
-    if meta is None or "schema_version" in meta.get("attributes", {}):
-        return False
-    return any((path / k / "zarr.json").is_file() for k in ("surface_mesh_centers",
-                                                            "volume_mesh_centers"))
+    return _is_curator_store(path)
 
 
 def curator_info(path: str | Path, schema: DatasetSchema = DRIVAERML) -> tuple[Any, dict]:
@@ -94,23 +88,30 @@ def curator_info(path: str | Path, schema: DatasetSchema = DRIVAERML) -> tuple[A
         msg = f"{path}: not a physicsnemo-curator store (a zarr v3 group with surface_mesh_centers)"
         raise StoreError(msg)
     g = zarr.open_group(str(path), mode="r")
+    # dtypes and chunk coverage of every array read below, before any is read
+    for k in (*_PART_KEYS["surface"], *_PART_KEYS["volume"], *STL_KEYS):
+        if k in g:
+            check_array_meta(path, k)
     attrs = dict(g.attrs)
     u, rho = attrs.get("stream_velocity"), attrs.get("air_density")
     if (u is None or rho is None) and "global_params_reference" in g:
-        ref = np.asarray(g["global_params_reference"][...], dtype=float).ravel()
+        ref = np.asarray(read_block(g["global_params_reference"], path,
+                                    "global_params_reference"), dtype=float).ravel()
         if ref.size >= 2:
             u, rho = (u if u is not None else ref[0]), (rho if rho is not None else ref[1])
     if u is None or rho is None:
         log.warning("%s: no stream_velocity/air_density; using u_inf=%s rho=%s", path,
                     schema.u_inf, schema.rho)
         u, rho = schema.u_inf if u is None else u, schema.rho if rho is None else rho
-    u, rho = float(u), float(rho)
-    if not (np.isfinite(u) and u > 0 and np.isfinite(rho) and rho > 0):
-        msg = f"{path}: stream_velocity={u} and air_density={rho} must be finite and > 0"
-        raise StoreError(msg)
+    try:
+        u, rho = float(u), float(rho)
+    except (TypeError, ValueError):
+        msg = f"{path}: stream_velocity={u!r} and air_density={rho!r} must be numbers"
+        raise StoreError(msg) from None
+    check_flow(path, u, rho)
     length = None
     if "stl_coordinates" in g:
-        x = np.asarray(g["stl_coordinates"][:, 0])
+        x = read_block(g["stl_coordinates"], path, "stl_coordinates", (slice(None), 0))
         length = float(x.max() - x.min()) if x.size else None
     info: dict[str, Any] = {"u_inf": u, "rho": rho, "length": length, "rows": {},
                             "columns": {}, "scales": {}, "attrs": attrs}
@@ -177,14 +178,14 @@ def load_curator_shard(
         dev = target_device(mesh, device)
         out = {}
         for k in tuple(keys) if keys is not None else STL_KEYS:
-            a = np.asarray(g[k][...])
+            a = read_block(g[k], store, k)
             out[k] = torch.from_numpy(a.reshape(-1, 3) if k == "stl_faces" else a).to(dev)
         return out
     if part not in info["rows"]:
         msg = f"{store}: has no {part} part (no {part}_mesh_centers)"
         raise StoreError(msg)
     keys = tuple(keys) if keys is not None else _PART_KEYS[part]
-    allowed = (*_PART_KEYS[part], f"{part}_perm")
+    allowed = SHARDED_PART_KEYS[part]
     bad = [k for k in keys if k not in allowed]
     if bad:
         msg = f"{store}: unknown key(s) {bad} for part {part}; choose from {list(allowed)}"
@@ -194,7 +195,7 @@ def load_curator_shard(
     rows: dict[str, np.ndarray] = {}
     for k in _PART_KEYS[part]:
         if k in keys or k == f"{part}_mesh_centers":
-            a = np.asarray(g[k][lo:hi])
+            a = read_block(g[k], store, k, slice(lo, hi))
             rows[k] = a.astype(np.float32, copy=False) if a.dtype.kind == "f" else a
     if f"{part}_fields" in rows:
         f = rows[f"{part}_fields"]
@@ -202,6 +203,13 @@ def load_curator_shard(
             np.float32)
     bad_rows = int((~np.isfinite(rows[f"{part}_mesh_centers"])).any(axis=1).sum())
     rows[f"{part}_perm"] = np.arange(lo, hi, dtype=np.int64)
+    # NaN/inf truth or geometry (centres: the partitioner's own check): every rank stops
+    problem = value_problems(store, {k: v for k, v in rows.items()
+                                     if k != f"{part}_mesh_centers"}, lo)
+    if world_size == 1 and problem:
+        raise StoreError(problem)
+    if world_size > 1:
+        raise_together(problem, mesh if mesh is not None else group, StoreError)
     if world_size == 1:
         if bad_rows:
             msg = f"{store}: {bad_rows} {part}_mesh_centers rows are not finite"

@@ -13,7 +13,7 @@ nodes is complete), per-edge features, and the ghost send/receive plan (1 or ``r
   (sum / mean / max at targets), :class:`GhostExchange` (plugs both into a plain-torch model),
   :func:`sync_gradients` (sum replicated-parameter gradients over ranks), :func:`gcn_norm`
   (GCN edge weights from global degrees, for PyG's ``GCNConv`` on a 1-ring graph);
-- :class:`GraphPlug`: the same plug on ShardTensors with autograd on the wrapper (issue 22):
+- :class:`GraphPlug`: the same plug on ShardTensors with autograd on the wrapper:
   tensors in and out are ShardTensors, gradients and the loss are global with no user call.
 """
 

@@ -1,4 +1,4 @@
-"""The graph plug for ShardTensors with autograd on the wrapper (issue 22's core): a model's
+"""The graph plug for ShardTensors with autograd on the wrapper: a model's
 node and edge tensors are ShardTensors in and out, and gradients and the loss are global by
 construction — no ``sync_gradients``, no loss scaling by hand.
 

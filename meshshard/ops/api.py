@@ -52,7 +52,7 @@ def _is_st(t: Any) -> bool:
     return isinstance(t, _classes())
 
 
-# The ShardTensor class of the call's inputs (today's, or the aten-level one of issue 22):
+# The ShardTensor class of the call's inputs:
 # outputs are wrapped in the same class. Set by _layout, which every op calls first.
 _CLS: list = [None]
 

@@ -174,6 +174,10 @@ def _query_tree(tree, xn: np.ndarray, y: torch.Tensor, k: int, device: torch.dev
     kq = min(k + 1, n)  # one extra to see ties that cross the k-th place
     _, ii = tree.query(yn, k=kq, workers=tree_workers())
     ii = np.asarray(ii, dtype=np.int64).reshape(yn.shape[0], kq)
+    if ii.size and int(ii.max()) >= n:  # cKDTree's "none found" sentinel: distances overflowed
+        msg = ("knn: the kd-tree found no neighbour for some queries (squared distances not "
+               "finite in float64); rescale the coordinates (e.g. to metres)")
+        raise ValueError(msg)
     xt, yt = torch.from_numpy(xn), torch.from_numpy(yn)
     idx = torch.from_numpy(ii)
     d2 = sqdist(yt[:, None, :], xt[idx])

@@ -12,7 +12,7 @@ from torch.distributed.tensor import Replicate
 
 from meshshard.errors import LayoutError
 from meshshard.shardtensor import ShardTensor
-from meshshard.shardtensor._aten import from_local_aten
+from meshshard.shardtensor._aten import wrap_local
 
 __all__ = ["drop", "lift", "same_mesh"]
 
@@ -31,7 +31,7 @@ def lift(x: Any, mesh: DeviceMesh) -> Any:
     sizes: list[Any] = [None] * mesh.ndim
     for i, j in enumerate(_dim_map(src, mesh)):
         placements[j], sizes[j] = x._spec.placements[i], x._spec.sizes[i]
-    return from_local_aten(x.to_local(), mesh, placements, sizes)
+    return wrap_local(x.to_local(), mesh, placements, sizes)
 
 
 def drop(x: Any, mesh: DeviceMesh, target: DeviceMesh) -> Any:
@@ -46,7 +46,7 @@ def drop(x: Any, mesh: DeviceMesh, target: DeviceMesh) -> Any:
         placements = [p if j in idx else Replicate() for j, p in enumerate(spec.placements)]
         x = x.redistribute(placements, list(spec.sizes))
         spec = x._spec
-    return from_local_aten(x.to_local(), target, [spec.placements[j] for j in idx],
+    return wrap_local(x.to_local(), target, [spec.placements[j] for j in idx],
                            [spec.sizes[j] for j in idx])
 
 

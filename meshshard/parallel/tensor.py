@@ -65,7 +65,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from meshshard.errors import LayoutError
 from meshshard.parallel._submesh import drop, lift, same_mesh
 from meshshard.shardtensor import ShardTensor
-from meshshard.shardtensor._aten import from_local_aten
+from meshshard.shardtensor._aten import wrap_local
 
 __all__ = [
     "ColwiseParallel",
@@ -308,10 +308,10 @@ def parallelize_module(
 def _tp_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     st: _TPLinear = self._meshshard_tp
     x = lift(x, st.mesh)
-    w = from_local_aten(self.weight.to_local(), st.mesh, *st.weight_layout)
+    w = wrap_local(self.weight.to_local(), st.mesh, *st.weight_layout)
     b = self.bias
     if b is not None and st.bias_layout is not None:
-        b = from_local_aten(b.to_local(), st.mesh, *st.bias_layout)
+        b = wrap_local(b.to_local(), st.mesh, *st.bias_layout)
     return F.linear(x, w, b)
 
 

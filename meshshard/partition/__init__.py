@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from meshshard.partition.api import list_methods, partition, register_method
+from meshshard.partition.api import partition
+from meshshard.partition.methods import list_methods, method_info, register_method
 from meshshard.partition.rcb import rcb
 from meshshard.partition.record import SCHEMA_VERSION, HaloPlan, Partition
 from meshshard.partition.sfc import hilbert, hilbert_codes, morton, morton_codes
@@ -47,6 +48,7 @@ __all__ = [
     "hilbert",
     "hilbert_codes",
     "list_methods",
+    "method_info",
     "morton",
     "morton_codes",
     "rcb",

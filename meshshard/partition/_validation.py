@@ -12,7 +12,9 @@ import numpy as np
 
 __all__ = [
     "as_points",
+    "check_distance_range",
     "check_epsilon",
+    "check_tree_indices",
     "check_graph",
     "check_int",
     "check_parts",
@@ -68,6 +70,57 @@ def as_points(points: Any, name: str = "points", *, keep_float: bool = False) ->
         )
         raise ValueError(msg)
     return arr
+
+
+def check_distance_range(points: np.ndarray, name: str = "points") -> None:
+    """Refuse coordinates whose squared distances leave float64's range.
+
+    A kd-tree compares squared distances in float64: past an extent of about 1e154 they
+    overflow to inf (scipy's cKDTree then reports "no neighbour", its sentinel index N), and
+    below about 1e-154 they underflow to 0 (every point ties with every other). Both give a
+    wrong graph, the first a crash in scipy.sparse. Cheap: two reductions.
+
+    Raises
+    ------
+    ValueError
+        Naming ``name``, the extent found and the fix (rescale the coordinates).
+    """
+    if points.size == 0:
+        return
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        ext = np.asarray(points.max(axis=0), dtype=np.float64) - np.asarray(
+            points.min(axis=0), dtype=np.float64)
+        sq = float(np.sum(ext * ext))
+        top = float(ext.max())
+    if not np.isfinite(sq):
+        msg = (
+            f"{name}: coordinates span {top:.3g}, so squared distances overflow float64 "
+            "(neighbour search would be meaningless); rescale the coordinates (e.g. to metres)"
+        )
+        raise ValueError(msg)
+    if top > 0 and sq < np.finfo(np.float64).tiny / np.finfo(np.float64).eps:
+        msg = (
+            f"{name}: coordinates span only {top:.3g}, so squared distances underflow float64 "
+            "(all points would tie); rescale the coordinates (e.g. to metres)"
+        )
+        raise ValueError(msg)
+
+
+def check_tree_indices(idx: np.ndarray, n: int, name: str = "points") -> np.ndarray:
+    """Neighbour indices from a kd-tree query, refused when any is outside ``[0, n)``.
+
+    scipy's cKDTree answers "no neighbour found" with the index ``n`` (and distance inf);
+    such an index must never reach a sparse matrix (scipy.sparse does not bound-check CSR
+    columns and corrupts memory in ``a + a.T``).
+    """
+    if idx.size and (int(idx.max()) >= n or int(idx.min()) < 0):
+        bad = int(np.count_nonzero((idx >= n) | (idx < 0)))
+        msg = (
+            f"{name}: the kd-tree found no neighbour for {bad} query slot(s) (distances not "
+            "finite in float64); check the coordinates for extreme values and rescale them"
+        )
+        raise ValueError(msg)
+    return idx
 
 
 def check_int(name: str, val: Any, low: int) -> int:

@@ -2,53 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from typing import Any
 
+from meshshard.partition.methods import list_methods, register_method, resolve_method
 from meshshard.partition.record import Partition
 
 __all__ = ["list_methods", "partition", "register_method"]
-
-# name -> "module:function" (imported on first use) or a callable registered at runtime.
-_METHODS: dict[str, str | Callable[..., Partition]] = {
-    "morton": "meshshard.partition.sfc:morton",
-    "hilbert": "meshshard.partition.sfc:hilbert",
-    "rcb": "meshshard.partition.rcb:rcb",
-    "metis": "meshshard.partition.graphpart:metis",
-    "kaminpar": "meshshard.partition.kaminpar_part:kaminpar",  # optional: meshshard[kaminpar]
-    "hypergraph": "meshshard.partition.hypergraph:hypergraph",  # optional: meshshard[hypergraph]
-}
-
-
-def register_method(name: str, fn: Callable[..., Partition], *, override: bool = False) -> None:
-    """Register ``fn(points, parts, *, weights, targets, allow_empty, **params) -> Partition``.
-
-    Raises
-    ------
-    ValueError
-        ``name`` is taken and ``override`` is False.
-    """
-    if name in _METHODS and not override:
-        msg = f"method {name!r} is already registered; pass override=True to replace it"
-        raise ValueError(msg)
-    _METHODS[name] = fn
-
-
-def list_methods() -> list[str]:
-    """Names accepted by :func:`partition`'s ``method``."""
-    return sorted(_METHODS)
-
-
-def _resolve(method: str) -> Callable[..., Partition]:
-    if not isinstance(method, str) or method not in _METHODS:
-        msg = f"unknown method {method!r}; choose one of {', '.join(list_methods())}"
-        raise ValueError(msg)
-    target = _METHODS[method]
-    if isinstance(target, str):
-        mod, _, attr = target.partition(":")
-        target = getattr(importlib.import_module(mod), attr)
-    return target
 
 
 def partition(
@@ -69,7 +28,7 @@ def partition(
         Coordinates (use cell centres for a cell mesh).
     parts : int
         Number of shards P >= 1.
-    method : {"hilbert", "morton", "rcb", "metis"} or a registered name
+    method : {"hilbert", "morton", "rcb", "metis", "kaminpar", "hypergraph"} or a registered name
         ``"metis"`` takes ``graph=`` (scipy.sparse adjacency, e.g. from :func:`dual_graph`)
         or builds a symmetric kNN graph (``knn=8``) of the points; ``"kaminpar"`` takes the
         same graphs (optional: ``pip install meshshard[kaminpar]``; ``preset``, ``epsilon``);
@@ -110,7 +69,7 @@ def partition(
     >>> partition(pts, 4, method="rcb", targets=[0.4, 0.2, 0.2, 0.2]).sizes.tolist()
     [400, 200, 200, 200]
     """
-    fn = _resolve(method)
+    fn = resolve_method(method)
     return fn(
         points, parts, weights=weights, targets=targets, allow_empty=allow_empty, **method_params
     )

@@ -14,7 +14,11 @@ from typing import Any
 import numpy as np
 
 from meshshard.io.cells import CELL_FACES, VTK_POLYGON, PolyhedronFaces
-from meshshard.partition._validation import as_points
+from meshshard.partition._validation import (
+    as_points,
+    check_distance_range,
+    check_tree_indices,
+)
 from meshshard.partition.faces import cell_faces, shared_face_pairs
 from meshshard.partition.sfc import curve_order, hilbert_codes
 from meshshard.partition.weld import weld_points
@@ -79,10 +83,11 @@ def knn_graph_sorted(points: Any, k: int = 8) -> tuple[Any, np.ndarray]:
     order = curve_order(hilbert_codes(pts)) if n else np.zeros(0, dtype=np.int64)
     if n == 0 or k == 0:
         return sp.csr_matrix((n, n), dtype=np.int32), order
+    check_distance_range(pts)
     xs = pts[order]
     tree = cKDTree(xs, balanced_tree=False, compact_nodes=False)
     _, nbr = tree.query(xs, k=k + 1, workers=-1)
-    nbr = nbr.astype(np.int64, copy=False)
+    nbr = check_tree_indices(nbr.astype(np.int64, copy=False).reshape(n, k + 1), n)
     is_self = nbr == np.arange(n)[:, None]
     # duplicates can push the point itself out of its k + 1 hits: then drop the farthest hit
     is_self[~is_self.any(axis=1), k] = True

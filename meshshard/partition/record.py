@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from meshshard.partition import quality
 from meshshard.partition.haloplan import HaloPlan
 
 __all__ = ["SCHEMA_VERSION", "HaloPlan", "Partition", "shard_labels"]
@@ -171,12 +170,15 @@ class Partition:
         sizes = np.bincount(assignment, minlength=nparts)
         return cls(assignment, order, sizes, method=method, params=params or {})
 
-    def metrics(self, graph: Any = None, points: Any = None, weights: Any = None,
-                **options: Any) -> dict:  # fmt: skip
-        """Quality numbers (imbalance, edge cut, communication volume, ghost rows per refresh
-        depth, halos, neighbours, components, bounding boxes); see
-        :func:`meshshard.partition.quality.metrics` (``depths``, ``plan``)."""
-        return quality.metrics(self, graph=graph, points=points, weights=weights, **options)
+    def __getattr__(self, name: str) -> Any:
+        # the record is data at the bottom of the package: quality numbers are computed above
+        # it, by meshshard.partition.metrics(part, ...), which builds on it
+        if name == "metrics":
+            msg = ("Partition.metrics(...) was removed: call meshshard.partition.metrics(part, "
+                   "graph=..., points=...) (the same numbers and keywords)")
+            raise AttributeError(msg)
+        msg = f"'Partition' object has no attribute {name!r}"
+        raise AttributeError(msg)
 
     # ------------------------------------------------------------------ data movement
     def apply(self, array: Any) -> Any:

@@ -37,18 +37,20 @@ from meshshard.partition.distributed import partition_distributed, redistribute_
 from meshshard.pipelines.distributed_inputs import is_source, open_source, source_name
 from meshshard.pipelines.options import RunOptions
 from meshshard.store.atomic import publish
-from meshshard.store.format import STL_KEYS, _compressors, choose_chunk, store_status
+from meshshard.store.format import (
+    SHARDED_PART_KEYS,
+    STL_KEYS,
+    _compressors,
+    choose_chunk,
+    store_status,
+)
 from meshshard.store.integrity import crc32_file, seal_store
 
 __all__ = ["preprocess_distributed", "repartition_store"]
 
 log = logging.getLogger(__name__)
 
-PART_KEYS = {
-    "surface": ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fields",
-                "surface_perm"),
-    "volume": ("volume_mesh_centers", "volume_fields", "volume_perm"),
-}  # fmt: skip
+PART_KEYS = SHARDED_PART_KEYS
 
 # Test hook: {"phase": name, "rank": r} makes rank r raise at that phase.
 _FAULT: dict = {}

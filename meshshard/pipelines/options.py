@@ -15,11 +15,10 @@ from typing import Any
 
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.partition.hypergraph import require_mtkahypar
+from meshshard.partition.methods import list_methods
 
-__all__ = ["GRAPHS", "METHODS", "STL_MODES", "RunOptions"]
+__all__ = ["GRAPHS", "STL_MODES", "RunOptions"]
 
-#: the partition methods preprocessing accepts
-METHODS = ("hilbert", "morton", "rcb", "metis", "hypergraph")
 #: the mesh graphs a store can hold beside its rows (:mod:`meshshard.datasets.graphstore`)
 GRAPHS = ("dual",)
 #: what a store keeps of the run's STL: all four arrays (PhysicsNeMo's layout), the triangle
@@ -40,8 +39,10 @@ class RunOptions:
     ----------
     parts : int
         Shards per sample (>= 1).
-    method : {"hilbert", "morton", "rcb", "metis", "hypergraph"}
-        Partition method; ``"hypergraph"`` needs ``pip install meshshard[hypergraph]``.
+    method : str
+        Partition method, any name of :func:`~meshshard.partition.list_methods` (a method
+        added with :func:`~meshshard.partition.register_method` too); ``"hypergraph"`` needs
+        the ``hypergraph`` extra.
     surface, volume : bool
         Which parts of the run to store (at least one).
     halo_radius : float, optional
@@ -57,8 +58,8 @@ class RunOptions:
     compressor : {"lz4", "zstd", None}
         The stores' zarr codec.
     graph : {None, "dual"}
-        ``"dual"``: also store the surface dual graph's shards; with ``method="metis"`` or
-        ``"hypergraph"`` the surface is then cut on that graph (fewest ghost rows).
+        ``"dual"``: also store the surface dual graph's shards; with a graph method
+        (``"metis"``, ``"hypergraph"``, ...) the surface is then cut on that graph.
     stl : {None, "full", "mesh", "none"}
         What the store keeps of the run's STL: ``"full"`` (coordinates, faces, centres,
         areas), ``"mesh"`` (coordinates and faces: what the volume's SDF and DoMINO need) or
@@ -104,8 +105,8 @@ class RunOptions:
         if not isinstance(self.parts, int) or self.parts < 1:
             msg = f"parts={self.parts!r} must be an integer >= 1"
             raise ValueError(msg)
-        if self.method not in METHODS:
-            msg = f"method={self.method!r} is not one of {METHODS}"
+        if self.method not in list_methods():
+            msg = f"method={self.method!r} is not one of {tuple(list_methods())}"
             raise ValueError(msg)
         if self.method == "hypergraph":  # before any run is read: say which extra is missing
             try:

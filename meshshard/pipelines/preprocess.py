@@ -45,15 +45,16 @@ from meshshard.datasets.reference import geo_ref_path
 from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.io.vtkxml import THREADS_ENV, usable_cpus
 from meshshard.partition import halo_plan_radius, partition
+from meshshard.partition.methods import MethodInfo, method_info, register_method, runtime_methods
 from meshshard.pipelines._alloc import tune_allocator
 from meshshard.pipelines._memcap import MEMORY_ENV, apply_cap, worker_budget
 from meshshard.pipelines._runlock import RunBusy, run_lock
 from meshshard.pipelines._workers import TaskError, WorkerDied, WorkerPool
-from meshshard.pipelines.options import METHODS, RunOptions
+from meshshard.pipelines.options import RunOptions
 from meshshard.store.atomic import publish
 from meshshard.store.format import store_status, write_store
 
-__all__ = ["METHODS", "RunOptions", "RunResult", "discover_runs", "preprocess_runs",
+__all__ = ["RunOptions", "RunResult", "discover_runs", "preprocess_runs",
            "process_run"]
 
 log = logging.getLogger(__name__)
@@ -255,7 +256,7 @@ def _write_run(run_dir: Path, dst: Path, out: Path, opts: RunOptions) -> RunResu
             continue
         t = time.perf_counter()
         kw: dict[str, Any] = {}
-        if part == "surface" and graph == "dual" and method in ("metis", "hypergraph"):
+        if part == "surface" and graph == "dual" and method_info(method).graph:
             # a GNN's ghost rows are the dual graph's communication volume: cut that graph,
             # for that objective (METIS on a kNN graph of the centres moves up to 1.6x more;
             # the hypergraph method minimises exactly those ghost rows)
@@ -397,16 +398,33 @@ def _parent_logging() -> tuple[int, str | None]:
     return root.level, fmt
 
 
+def _worker_methods(method: str) -> dict[str, MethodInfo]:
+    """The runtime-registered method the workers must know, checked to travel by reference."""
+    methods = {k: v for k, v in runtime_methods().items() if k == method}
+    for m in methods.values():
+        name = getattr(m.target, "__qualname__", "")
+        if callable(m.target) and ("<" in name or getattr(m.target, "__module__", None) is None):
+            msg = (f"method {m.name!r} is {name or m.target!r}, which preprocessing workers "
+                   "(separate processes) cannot import: define it at a module's top level, "
+                   "register it as 'module:function', or pass isolate=False")
+            raise ValueError(msg)
+    return methods
+
+
 def _init_worker(
     threads: int,
     log_setup: tuple[int, str | None] = (logging.WARNING, None),
     budget: int | None = None,
+    methods: dict[str, MethodInfo] | None = None,
 ) -> None:
     """A preprocessing worker process: the parent's logging, allocator tuning, its share of
-    the CPUs for the VTK XML reader's decompression threads (workers x threads <= CPUs), and
-    its address-space budget."""
+    the CPUs for the VTK XML reader's decompression threads (workers x threads <= CPUs), its
+    address-space budget, and the partition methods the parent registered at runtime."""
     global _BUDGET
     _BUDGET = budget
+    for m in (methods or {}).values():
+        register_method(m.name, m.target, graph=m.graph, extra=m.extra, summary=m.summary,
+                        override=True)
     level, fmt = log_setup
     if fmt is not None:
         logging.basicConfig(level=level, format=fmt)
@@ -534,7 +552,7 @@ def preprocess_runs(
             pool = WorkerPool(
                 n,
                 initializer=_init_worker,
-                initargs=(threads, _parent_logging(), budget),
+                initargs=(threads, _parent_logging(), budget, _worker_methods(opts.method)),
                 on_exit=functools.partial(_clean_after_worker, dst),
             )
             with pool:

@@ -6,8 +6,9 @@ sharded dim, so uneven layouts and empty shards survive every op, forward and ba
 
 Export: :class:`ShardTensor`, torch's :class:`Shard`, :class:`Replicate`, :class:`Partial`,
 :func:`from_local`, :func:`scatter`, :func:`redistribute`, :func:`even_sizes`,
-:func:`bucket_weight_grads`, and the errors :class:`LayoutError` and
-:class:`NoShardingRuleError`. Design: ``docs/design/core.md``.
+:func:`bucket_weight_grads`, :func:`register_rule` (add a sharding rule; its helpers are in
+:mod:`meshshard.shardtensor.rules`), and the errors :class:`LayoutError`,
+:class:`NoShardingRuleError` and :class:`RuleConflictError`. Design: ``docs/design/core.md``.
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -16,6 +17,7 @@ from meshshard.errors import LayoutError, NoShardingRuleError
 from meshshard.shardtensor._aten import ShardTensor, from_local, redistribute
 from meshshard.shardtensor._aten.grad_bucket import bucket_weight_grads
 from meshshard.shardtensor._aten.layout_args import even_sizes
+from meshshard.shardtensor._aten.registry import RuleConflictError, register_rule
 from meshshard.shardtensor._aten.scatter import scatter
 
 __all__ = [
@@ -23,11 +25,13 @@ __all__ = [
     "NoShardingRuleError",
     "Partial",
     "Replicate",
+    "RuleConflictError",
     "Shard",
     "ShardTensor",
     "bucket_weight_grads",
     "even_sizes",
     "from_local",
     "redistribute",
+    "register_rule",
     "scatter",
 ]

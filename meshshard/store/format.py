@@ -76,9 +76,23 @@ log = logging.getLogger(__name__)
 #: test hook: os._exit(86) after writing this many arrays (simulates a crash mid-write)
 CRASH_ENV = "MESHSHARD_TEST_CRASH_AFTER_ARRAYS"
 
+#: the one table of a store's row arrays (physicsnemo-curator's names): every reader and writer
+#: (sharded stores, curator stores, the inference inputs, distributed preprocessing) takes its
+#: keys from here
 SURFACE_KEYS = ("surface_mesh_centers", "surface_normals", "surface_areas", "surface_fields")
 VOLUME_KEYS = ("volume_mesh_centers", "volume_fields")
 STL_KEYS = ("stl_coordinates", "stl_faces", "stl_centers", "stl_areas")
+#: each part's row arrays, as curator writes them (no permutation)
+PART_KEYS = {"surface": SURFACE_KEYS, "volume": VOLUME_KEYS}
+
+
+def perm_key(part: str) -> str:
+    """The array of a part's stored row -> original row permutation (sharded stores)."""
+    return f"{part}_perm"
+
+
+#: each part's row arrays with the permutation, as meshshard's sharded stores hold them
+SHARDED_PART_KEYS = {part: (*keys, perm_key(part)) for part, keys in PART_KEYS.items()}
 
 
 def choose_chunk(
@@ -245,7 +259,7 @@ def _write_all(group, w: _Writer, run, partitions, halos, request, dataset, targ
             arrays = [("volume_mesh_centers", "centers"), ("volume_fields", "fields")]
         for key, attr in arrays:
             w.put(key, getattr(data, attr)[order], chunk)
-        w.put(f"{part}_perm", data.source_index[order], chunk)
+        w.put(perm_key(part), data.source_index[order], chunk)
         halo_attrs = None
         plan = halos.get(part)
         if plan is not None:
@@ -442,7 +456,7 @@ def store_partition(path: str | Path, part: str = "surface"):
     if a is None:
         msg = f"{path}: has no {part} part"
         raise StoreError(msg)
-    perm = read_array(group, path, f"{part}_perm").astype(np.int64, copy=False)
+    perm = read_array(group, path, perm_key(part)).astype(np.int64, copy=False)
     sizes = np.diff(np.asarray(a["partition_ptr"], dtype=np.int64))
     order = np.empty_like(perm)
     order[np.argsort(perm, kind="stable")] = np.arange(perm.size)  # compressed source index

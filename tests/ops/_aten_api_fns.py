@@ -13,7 +13,7 @@ def cases(rank: int, world: int, sizes: tuple, k: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     from meshshard import ops
-    from meshshard.shardtensor._aten import AtenShardTensor, from_local
+    from meshshard.shardtensor._aten import ShardTensor, from_local
 
     mesh = init_device_mesh("cpu", (world,))
     n = sum(sizes)
@@ -24,7 +24,7 @@ def cases(rank: int, world: int, sizes: tuple, k: int) -> dict:
     x = from_local(X[off : off + sizes[rank]].clone(), mesh, [Shard(0)], [sizes]).detach() \
         .requires_grad_()
     d, idx = ops.knn(x, k, loop=False)
-    out = {"classes": (type(d) is AtenShardTensor and type(idx) is AtenShardTensor)}
+    out = {"classes": (type(d) is ShardTensor and type(idx) is ShardTensor)}
     ref_d, ref_i = cKDTree(X.numpy()).query(X.numpy(), k + 1)
     out["index"] = (idx.full_tensor(), torch.from_numpy(ref_i[:, 1:]))
     out["dist"] = (d.full_tensor().detach(), torch.from_numpy(ref_d[:, 1:]))

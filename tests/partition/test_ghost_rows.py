@@ -64,7 +64,7 @@ def test_reported_ghost_rows_equal_brute_force(meshes, method, kind, targets):
     extra = {"graph": g} if method in ("metis", "kaminpar", "hypergraph") else {}
     p = partition(pts, parts, method=method, targets=targets, **extra)
     plan = halo_plan_graph(p, g, rings=3)
-    m = p.metrics(graph=g, depths=(1, 2), plan=plan)
+    m = metrics(p, graph=g, depths=(1, 2), plan=plan)
     want = {str(d): _brute_ghosts(g, p.assignment, d) for d in (1, 2, 3)}
     assert m["ghost_rows"] == want
     assert m["ghost_rows"]["1"] == m["halo_volume"] == m["comm_volume"]

@@ -16,7 +16,7 @@ def _path_graph(n: int):
 def test_metrics_on_a_hand_checked_path():
     # path 0-1-2-3-4-5, shards: {0,1,5} {2,3} {4}; shard 0 is disconnected (0-1 and 5)
     p = Partition.from_assignment([0, 0, 1, 1, 2, 0], 3)
-    m = p.metrics(graph=_path_graph(6), points=np.c_[np.arange(6.0), np.zeros(6)])
+    m = metrics(p, graph=_path_graph(6), points=np.c_[np.arange(6.0), np.zeros(6)])
     assert m["sizes"] == [3, 2, 1]
     assert m["imbalance"] == pytest.approx(1.5) and m["most_overweight_part"] == 0
     assert m["num_edges"] == 5 and m["edge_cut"] == 3  # 1-2, 3-4, 4-5
@@ -52,9 +52,17 @@ def test_metrics_brute_force_on_random_cloud():
 
 def test_metrics_empty_parts_and_errors():
     p = Partition.from_assignment([0, 0, 2], 3)
-    m = p.metrics(points=np.zeros((3, 3)))
+    m = metrics(p, points=np.zeros((3, 3)))
     assert m["empty_parts"] == 1 and m["bbox_min"][1] is None
     with pytest.raises(ValueError, match="points has 2 rows; the partition has N=3"):
-        p.metrics(points=np.zeros((2, 3)))
+        metrics(p, points=np.zeros((2, 3)))
     with pytest.raises(ValueError, match="2 vertices but there are 3 points"):
-        p.metrics(graph=_path_graph(2))
+        metrics(p, graph=_path_graph(2))
+
+
+def test_the_removed_method_says_where_metrics_went():
+    p = Partition.from_assignment([0, 1], 2)
+    with pytest.raises(AttributeError, match=r"meshshard.partition.metrics\(part"):
+        p.metrics()
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        p.nope  # noqa: B018

@@ -16,7 +16,7 @@ def _setup(rank, world, sizes, dtype=torch.float64):
     from torch.distributed.tensor import Shard
 
     from meshshard.models import Transolver
-    from meshshard.shardtensor._aten import from_local_aten
+    from meshshard.shardtensor._aten import wrap_local
 
     mesh = init_device_mesh("cpu", (world,))
     n = sum(sizes)
@@ -28,7 +28,7 @@ def _setup(rank, world, sizes, dtype=torch.float64):
 
     def shard(t, grad=False):
         loc = t[:, off : off + mine].clone().requires_grad_(grad)
-        return from_local_aten(loc, mesh, [Shard(1)], [tuple(sizes)]), loc
+        return wrap_local(loc, mesh, [Shard(1)], [tuple(sizes)]), loc
 
     def rows(t):
         return t[:, off : off + mine]

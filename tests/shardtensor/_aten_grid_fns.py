@@ -31,11 +31,11 @@ def _mesh(mesh_shape):
 def _shard(full, mesh, dims, sizes, grad=True):
     from torch.distributed.tensor import Shard
 
-    from meshshard.shardtensor._aten import from_local_aten
+    from meshshard.shardtensor._aten import wrap_local
 
     leaf = _split(full, dims, sizes, mesh.get_coordinate()).clone().requires_grad_(grad)
     placements = [Shard(d) for d in dims]
-    return from_local_aten(leaf, mesh, placements, [tuple(s) for s in sizes]), leaf
+    return wrap_local(leaf, mesh, placements, [tuple(s) for s in sizes]), leaf
 
 
 # ------------------------------------------------------------------ per-op cases

@@ -187,12 +187,12 @@ def errors(mesh, layout):
     """Layouts that cannot be reconciled: the error says what differs (1-D mesh)."""
     from torch.distributed.tensor import Shard
 
-    from meshshard.shardtensor._aten import from_local_aten
+    from meshshard.shardtensor._aten import wrap_local
 
     me, n = mesh.get_coordinate()[0], sum(layout)
-    rows = from_local_aten(torch.ones(layout[me], n), mesh, [Shard(0)], [tuple(layout)])
-    cols = from_local_aten(torch.ones(n, layout[me]), mesh, [Shard(1)], [tuple(layout)])
-    twice = from_local_aten(torch.ones(2 * layout[me], n), mesh, [Shard(0)],
+    rows = wrap_local(torch.ones(layout[me], n), mesh, [Shard(0)], [tuple(layout)])
+    cols = wrap_local(torch.ones(n, layout[me]), mesh, [Shard(1)], [tuple(layout)])
+    twice = wrap_local(torch.ones(2 * layout[me], n), mesh, [Shard(0)],
                             [tuple(2 * v for v in layout)])
     probes = {
         "different dims": lambda: rows * cols,

@@ -214,7 +214,7 @@ def _mesh_and_shard(rank, world, layout):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard
 
-    from meshshard.shardtensor._aten import from_local_aten
+    from meshshard.shardtensor._aten import wrap_local
 
     if isinstance(layout[0], tuple):
         s1, s0 = layout
@@ -224,7 +224,7 @@ def _mesh_and_shard(rank, world, layout):
         def shard(t):
             o1, o0 = sum(s1[:c1]), sum(s0[:c0])
             loc = t[o0 : o0 + s0[c0], o1 : o1 + s1[c1]].detach().clone()
-            return from_local_aten(loc, mesh, [Shard(1), Shard(0)], [s1, s0])
+            return wrap_local(loc, mesh, [Shard(1), Shard(0)], [s1, s0])
 
         return mesh, shard, sum(s1)
     mesh = init_device_mesh("cpu", (world,))
@@ -233,7 +233,7 @@ def _mesh_and_shard(rank, world, layout):
     def shard(t):
         o = sum(layout[:me])
         loc = t[:, o : o + layout[me]].detach().clone()
-        return from_local_aten(loc, mesh, [Shard(1)], [tuple(layout)])
+        return wrap_local(loc, mesh, [Shard(1)], [tuple(layout)])
 
     return mesh, shard, sum(layout)
 

@@ -66,10 +66,10 @@ def _piece(full, mesh, layout, sizes):
 
 
 def _leaf(full, mesh, layout, sizes):
-    from meshshard.shardtensor._aten import from_local_aten
+    from meshshard.shardtensor._aten import wrap_local
 
     local, placements, per_dim = _piece(full, mesh, layout, sizes)
-    return from_local_aten(local, mesh, placements, per_dim).detach().requires_grad_(True)
+    return wrap_local(local, mesh, placements, per_dim).detach().requires_grad_(True)
 
 
 def _cases(mesh, n_sizes):

@@ -158,6 +158,49 @@ case("conversions", "to_clone_detach", lambda N: _inputs_bn(N),
      lambda x, y: x.double().float() + y.clone() + x.detach() * 0 + y.contiguous())
 
 
+# rules the cases above do not reach ---------------------------------------------------------
+def _inputs_idx(N):
+    g = torch.Generator().manual_seed(2)
+    return [*_inputs_bn(N), (torch.randint(0, 6, (2, N, 6), generator=g), 1)]
+
+
+case("views", "squeeze_variants", lambda N: _inputs_bn(N),
+     lambda x, y: x.unsqueeze(0).squeeze() + y.unsqueeze(0).unsqueeze(3).squeeze((0, 3))
+     + torch.ops.aten.squeeze.dims(x.unsqueeze(0), [0]))
+case("conversions", "like_fill_alias", lambda N: _inputs_bn(N),
+     lambda x, y: torch.ops.aten.alias.default(x) + torch.full_like(x, 2.0) * y
+     + torch.empty_like(x).fill_(1.5) * x + torch.zeros_like(y).zero_()
+     + y * float(torch.ops.aten.is_same_size.default(x, y)))
+case("linalg", "addmm_split_with_sizes", lambda N: _inputs_bn(N, extra=[(4,), (6, 4)]),
+     lambda x, y, b, w: torch.addmm(b, x[0], w).sum(1, keepdim=True)
+     * torch.cat(torch.split(y[1], [2, 4], dim=1)[::-1], dim=1))
+case("indexing", "new_factories", lambda N: _inputs_bn(N),
+     lambda x, y: x.new_ones(x.shape) * y + x.new_full(x.shape, 2.0) * x
+     + x.new_zeros(x.shape) + x.new_empty(x.shape).fill_(0.5) * y)
+case("indexing", "scatter_in_place_and_reduce", lambda N: _inputs_idx(N),
+     lambda x, y, i: _scatters(x, y, i))
+case("reductions", "any_dims", lambda N: _inputs_bn(N),
+     lambda x, y: x * (y > 0).any(dim=(0, 2), keepdim=True) + y * (x > 2).any())
+case("pointwise", "leaky_relu", lambda N: _inputs_bn(N),
+     lambda x, y: torch.nn.functional.leaky_relu(x - y, 0.1))
+case("reductions", "topk_along_sharded_dim", lambda N: _inputs_bn(N),
+     lambda x, y: torch.topk(x, 3, dim=1)[0] * torch.topk(y, 3, dim=1, largest=False)[0]
+     + torch.topk(x, 3, dim=1)[1].to(x.dtype))
+
+
+def _scatters(x, y, i):
+    z = x.clone()
+    z.scatter_(2, i, y)
+    z.scatter_add_(2, i, y * 2)
+    z.index_add_(2, torch.tensor([0, 2]), y[..., :2])
+    z.masked_fill_(y > 1.0, torch.tensor(0.25))
+    z.scatter_(2, i, 0.5)
+    z.scatter_reduce_(2, i, y, "amax")  # last: its backward reads its result
+    d = x.detach()  # (torch has no derivative of scatter with reduce=)
+    return z + torch.scatter(d, 2, i, y.detach(), reduce="add") \
+        + d.scatter(2, i, 1.5, reduce="multiply")
+
+
 # ------------------------------------------------------------------------------------------
 def run_cases(rank, world_size, sizes, families=None):
     """Rank function: run every case, return {case: None | error text}."""
@@ -182,10 +225,11 @@ def run_cases(rank, world_size, sizes, families=None):
             dist_in, leaves = [], []
             for (t, d), r in zip(inputs, ref_in):
                 if d is None:
-                    leaf = t.clone().requires_grad_(True)
+                    leaf = t.clone().requires_grad_(t.dtype.is_floating_point)
                     dist_in.append(leaf)
                 else:
-                    leaf = _split(t, d, sizes, rank).clone().requires_grad_(True)
+                    leaf = _split(t, d, sizes, rank).clone()
+                    leaf.requires_grad_(t.dtype.is_floating_point)
                     dist_in.append(from_local(leaf, mesh, [Shard(d)], sizes))
                 leaves.append((leaf, d, r))
             out = f(*dist_in)
@@ -193,6 +237,8 @@ def run_cases(rank, world_size, sizes, families=None):
             torch.testing.assert_close(full, ref.detach(), rtol=RTOL, atol=ATOL)
             (full * R).sum().backward()
             for k, (leaf, d, r) in enumerate(leaves):
+                if not leaf.dtype.is_floating_point:  # (index tensors)
+                    continue
                 want = r.grad if d is None else _split(r.grad, d, sizes, rank)
                 got = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
                 torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL,

@@ -29,6 +29,6 @@ from meshshard.shardtensor._aten import (  # noqa: F401  (each registers its rul
     rules_view,
 )
 from meshshard.shardtensor._aten.layout import from_local, redistribute
-from meshshard.shardtensor._aten.tensor import AtenShardTensor, ShardTensor, from_local_aten
+from meshshard.shardtensor._aten.tensor import ShardTensor, wrap_local
 
-__all__ = ["AtenShardTensor", "ShardTensor", "from_local", "from_local_aten", "redistribute"]
+__all__ = ["ShardTensor", "from_local", "redistribute", "wrap_local"]

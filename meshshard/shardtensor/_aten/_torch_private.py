@@ -1,4 +1,4 @@
-"""The private torch names the spike relies on, in one place (checked by a test).
+"""The private torch names the core relies on, in one place (checked by a test).
 
 ``torch.autograd.backward`` and ``torch.autograd.grad`` hand ShardTensor arguments to
 ``__torch_function__``; if the handler ran them with torch-function handling disabled (the

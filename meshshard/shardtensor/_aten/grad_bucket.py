@@ -1,4 +1,4 @@
-"""One collective for the weight gradients of a backward (issue 22: the 5 ms target).
+"""One collective for the weight gradients of a backward.
 
 A plain weight used with ShardTensors gets a Partial gradient (each rank's sum over its own
 points), which must be summed over the ranks. Done where it appears (a lifted weight's

@@ -1,4 +1,4 @@
-"""Halo exchange for the aten-level grid rules (issue 22, porting step 4).
+"""Halo exchange for the aten-level grid rules.
 
 A grid rule reduces, per sharded spatial dim, to "rank r needs global rows ``needs[r]`` (in this
 order, ``-1`` = a fill value)". Those plans are the pure functions of :mod:`.grid_plan`

@@ -18,14 +18,13 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.shardtensor._aten.layout_args import even_sizes, resolve_layout
 from meshshard.shardtensor._aten.rules import (
-    _DIRECT,
     _all_gather_v,
     _all_reduce,
     _coord,
     _fc,
     _narrow,
     check,
-    rule,
+    register_rule,
 )
 from meshshard.shardtensor._aten.tensor import (
     LATE,
@@ -306,8 +305,7 @@ def _redistribute_rule(func, args, kwargs) -> ShardTensor:
     return ShardTensor(local, make_spec(spec.mesh, placements, sizes, spec.shape))
 
 
-rule(torch.ops.meshshard.redistribute.default)(_redistribute_rule)
-_DIRECT.add(_redistribute_rule)
+register_rule(torch.ops.meshshard.redistribute.default, direct=True)(_redistribute_rule)
 
 
 def _relayout(x: ShardTensor, placements: tuple, sizes: tuple) -> ShardTensor:

@@ -44,9 +44,9 @@ class NoRuleError(NoShardingRuleError):
             head += f" ({why})"
         super().__init__(
             f"{head}. Redistribute the input to Replicate() first "
-            "(x.redistribute([Replicate()]), collective), or register a rule, a function "
-            "(func, args, kwargs) -> Plan over the local pieces: "
-            f"meshshard.shardtensor._aten.rules.rule(torch.ops.{op})(my_rule)")
+            "(x.redistribute([Replicate()]), collective), or add a rule: "
+            f"@meshshard.shardtensor.register_rule(torch.ops.{op}) over a function "
+            "(func, args, kwargs) -> Plan (docs/design/core.md, 'Adding a rule')")
 
     def within(self, func: Any) -> NoRuleError:
         return self if self.func is not None else NoRuleError(self.op, func, self.why)

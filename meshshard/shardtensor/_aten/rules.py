@@ -26,6 +26,15 @@ from meshshard.shardtensor._aten.grid_halo import fetch, reshard_plan
 from meshshard.shardtensor._aten.meshinfo import check
 from meshshard.shardtensor._aten.meshinfo import coord as _coord
 from meshshard.shardtensor._aten.no_rule import NoRuleError
+from meshshard.shardtensor._aten.registry import (
+    ATEN_RULES,
+    DIRECT,
+    FALLBACK,
+    POINTWISE,
+    POINTWISE_INPLACE,
+    register_rule,
+    rule_for,
+)
 from meshshard.shardtensor._aten.tensor import (
     LATE,
     SHARDED,
@@ -37,19 +46,8 @@ from meshshard.shardtensor._aten.tensor import (
 )
 
 aten = torch.ops.aten
-_RULES: dict[Any, Callable] = {}
 _REP = Replicate()
 _PSUM = Partial()
-
-
-def rule(*ops):
-    def deco(fn):
-        for op in ops:
-            _RULES[op] = fn
-        return fn
-
-    return deco
-
 
 class Plan(NamedTuple):
     """What a rule decided for one layout of its inputs; cached per (op, input specs, other
@@ -66,7 +64,39 @@ class Plan(NamedTuple):
 
 
 _PLANS: dict = {}
-_FALLBACK: list = [None]
+#: aten op -> the rule that serves it (its own, or a slot's), resolved on first use
+_RESOLVED: dict = {}
+
+
+def _resolve(func) -> Callable:
+    fn = ATEN_RULES.get(func)
+    if fn is None:
+        fn = ATEN_RULES.get(func.overloadpacket)
+    if fn is None:
+        if torch.Tag.pointwise in func.tags:
+            slot = POINTWISE_INPLACE if func._schema.name[-1] == "_" else POINTWISE
+        else:
+            slot = FALLBACK
+        fn = ATEN_RULES.get(slot)
+        if fn is None:
+            raise NoRuleError(func)
+    _RESOLVED[func] = fn
+    return fn
+
+
+def _deferred(func, fn) -> Callable:
+    """The rule a plan rule that returned NotImplemented leaves the case to: the rule it
+    extends, else the fallback."""
+    entry = rule_for(func) or rule_for(func.overloadpacket)
+    while entry is not None and entry.fn is not fn:
+        entry = entry.base
+    base = entry.base if entry is not None else None
+    if base is not None:
+        return base.fn
+    fallback = ATEN_RULES.get(FALLBACK)
+    if fallback is None or fallback is fn:
+        raise NoRuleError(func)
+    return fallback
 
 
 def _key_of(a: Any) -> Any:
@@ -107,20 +137,15 @@ def dispatch(func, args: tuple, kwargs: dict) -> Any:
         except TypeError:  # an unhashable argument: no cache
             key = None
     if plan is None:
-        fn = _RULES.get(func)
-        if fn is None:
-            fn = _RULES.get(func.overloadpacket)
-            if fn is None:
-                if torch.Tag.pointwise in func.tags:  # in place: rules_inplace
-                    fn = _POINTWISE_INPLACE[0] if func._schema.name[-1] == "_" else _pointwise
-                elif _FALLBACK[0] is not None:
-                    fn = _FALLBACK[0]  # rules_generic: local where exact, else a clear error
-                else:
-                    raise NoRuleError(func)
-            _RULES[func] = fn
-        if fn in _DIRECT:
+        fn = _RESOLVED.get(func) or _resolve(func)
+        if fn in DIRECT:
             return fn(func, args, kwargs)
         plan = fn(func, args, kwargs)
+        while plan is NotImplemented:  # the rule leaves this case to its base (or the fallback)
+            fn = _deferred(func, fn)
+            if fn in DIRECT:
+                return fn(func, args, kwargs)
+            plan = fn(func, args, kwargs)
         if key is not None:
             if len(_PLANS) > 16384:
                 _PLANS.clear()
@@ -263,9 +288,6 @@ def respec_local(loc: torch.Tensor, src, dst) -> torch.Tensor:
                 loc = fetch(loc, ex, src.mesh, detail="rows that change owner", phase=None)
         return loc
     return from_replicate_local(to_replicate_local(loc, src), dst)
-
-
-_DIRECT: set = set()
 
 
 def _all_reduce(t: torch.Tensor, mesh, i: int) -> torch.Tensor:
@@ -449,16 +471,18 @@ def _pointwise(func, args, kwargs) -> Plan:
                 make_spec(mesh, tuple(placements), tuple(sizes), shape))
 
 
-_POINTWISE_INPLACE: list = [_pointwise]  # in-place pointwise ops: replaced by rules_inplace
+register_rule(POINTWISE)(_pointwise)
+# in-place pointwise ops: the same plan, applied in place (rules_inplace extends this)
+register_rule(POINTWISE_INPLACE)(_pointwise)
 
 
 # ------------------------------------------------------------------ same layout
-@rule(aten.detach.default, aten.alias.default, aten._to_copy.default)
+@register_rule(aten.detach.default, aten.alias.default, aten._to_copy.default)
 def _same(func, args, kwargs) -> Plan:
     return Plan(outs=args[0]._spec)
 
 
-@rule(aten.ones_like.default, aten.zeros_like.default, aten.empty_like.default,
+@register_rule(aten.ones_like.default, aten.zeros_like.default, aten.empty_like.default,
       aten.full_like.default)
 def _like(func, args, kwargs) -> Plan:
     spec = args[0]._spec
@@ -468,18 +492,16 @@ def _like(func, args, kwargs) -> Plan:
     return Plan(outs=spec)
 
 
-@rule(aten._local_scalar_dense.default)
+@register_rule(aten._local_scalar_dense.default, direct=True)
 def _item(func, args, kwargs):
     x = args[0]
     return func(to_replicate_local(x._local, x._spec))
 
 
-@rule(aten.is_same_size.default)
+@register_rule(aten.is_same_size.default, direct=True)
 def _same_size(func, args, kwargs):
     return tuple(args[0].shape) == tuple(args[1].shape)
 
-
-_DIRECT.update({_item, _same_size})
 
 
 # ------------------------------------------------------------------ reductions
@@ -522,12 +544,12 @@ def _reduce_rule(func, args, kwargs, mean: bool, default: bool) -> Plan:
     return Plan((), (), call, out)
 
 
-@rule(aten.sum.dim_IntList, aten.sum.default)
+@register_rule(aten.sum.dim_IntList, aten.sum.default)
 def _sum(func, args, kwargs) -> Plan:
     return _reduce_rule(func, args, kwargs, False, func is aten.sum.default)
 
 
-@rule(aten.mean.dim, aten.mean.default)
+@register_rule(aten.mean.dim, aten.mean.default)
 def _mean(func, args, kwargs) -> Plan:
     return _reduce_rule(func, args, kwargs, True, func is aten.mean.default)
 
@@ -544,13 +566,13 @@ def _moved(x, mapping: Callable[[int], int], out_shape) -> Plan:
     return Plan(outs=_spec_with(spec, pl, spec.sizes, out_shape))
 
 
-@rule(aten.permute.default)
+@register_rule(aten.permute.default)
 def _permute(func, args, kwargs) -> Plan:
     x, dims = args[0], [d % args[0].ndim for d in args[1]]
     return _moved(x, dims.index, [x.shape[d] for d in dims])
 
 
-@rule(aten.transpose.int)
+@register_rule(aten.transpose.int)
 def _transpose(func, args, kwargs) -> Plan:
     x = args[0]
     a, b = args[1] % x.ndim, args[2] % x.ndim
@@ -559,14 +581,14 @@ def _transpose(func, args, kwargs) -> Plan:
     return _moved(x, perm.index, [x.shape[d] for d in perm])
 
 
-@rule(aten.t.default)
+@register_rule(aten.t.default)
 def _t(func, args, kwargs) -> Plan:
     x = args[0]
     perm = list(range(x.ndim))[::-1]
     return _moved(x, perm.index, [x.shape[d] for d in perm])
 
 
-@rule(aten.unsqueeze.default)
+@register_rule(aten.unsqueeze.default)
 def _unsqueeze(func, args, kwargs) -> Plan:
     x = args[0]
     d = args[1] % (x.ndim + 1)
@@ -575,7 +597,7 @@ def _unsqueeze(func, args, kwargs) -> Plan:
     return _moved(x, lambda k: k + (k >= d), shape)
 
 
-@rule(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+@register_rule(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
 def _squeeze(func, args, kwargs) -> Plan:
     x = args[0]
     if func is aten.squeeze.default:
@@ -586,10 +608,15 @@ def _squeeze(func, args, kwargs) -> Plan:
         dims = [d % x.ndim for d in args[1] if x.shape[d % x.ndim] == 1]
     _check_free(x, dims, func)
     shape = [s for k, s in enumerate(x.shape) if k not in dims]
-    return _moved(x, lambda k: k - sum(1 for d in dims if d < k), shape)
+    plan = _moved(x, lambda k: k - sum(1 for d in dims if d < k), shape)
+
+    def call(loc, *_a, **_k):  # the globally size-1 dims only: a 1-row shard keeps its dim
+        return aten.squeeze.dims(loc, dims)
+
+    return plan._replace(call=call)
 
 
-@rule(aten.expand.default)
+@register_rule(aten.expand.default)
 def _expand(func, args, kwargs) -> Plan:
     x, target = args[0], list(args[1])
     spec = x._spec
@@ -657,7 +684,7 @@ def view_plan(x: ShardTensor, shape: Any, place: Callable) -> Plan | None:
                 _spec_with(spec, placements, sizes, out_shape))
 
 
-@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+@register_rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def _view(func, args, kwargs) -> Plan:
     spec = args[0]._spec
 
@@ -666,7 +693,7 @@ def _view(func, args, kwargs) -> Plan:
         if found is None:
             msg = (
                 f"{func}: reshape {tuple(in_shape)} -> {tuple(out_shape)} splits the sharded "
-                f"dim {p.dim} (needs a redistribution; not in the spike)"
+                f"dim {p.dim} (needs a redistribution first)"
             )
             raise NotImplementedError(msg)
         od, blocks, q = found
@@ -774,16 +801,16 @@ def product(func, args, kwargs) -> Plan:
     return Plan(steps, (), None, spec)
 
 
-rule(*PRODUCTS)(product)
+register_rule(*PRODUCTS)(product)
 
 
-@rule(aten.addmm.default)
+@register_rule(aten.addmm.default)
 def _addmm(func, args, kwargs) -> Plan:
     steps, spec = _contract(aten.mm.default, args, ("mk", "kn"), "mn", (1, 2))
     bias = args[0]
     if type(bias) is ShardTensor and any(not isinstance(p, Replicate)
                                              for p in bias._spec.placements):
-        msg = f"{func}: a sharded or partial bias (not in the spike)"
+        msg = f"{func}: a sharded or partial bias (not supported)"
         raise NotImplementedError(msg)
     partial = [i for i, p in enumerate(spec.placements) if isinstance(p, Partial)]
     if not partial:
@@ -842,7 +869,7 @@ def _replicated(spec):
                      spec.shape)
 
 
-@rule(aten._softmax.default, aten._log_softmax.default)
+@register_rule(aten._softmax.default, aten._log_softmax.default)
 def _softmax(func, args, kwargs) -> Plan:
     x = args[0]
     _check_free(x, [args[1] % x.ndim], func)
@@ -850,14 +877,14 @@ def _softmax(func, args, kwargs) -> Plan:
     return Plan(steps, (), None, spec)
 
 
-@rule(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
+@register_rule(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
 def _softmax_bwd(func, args, kwargs) -> Plan:
     out = args[1]
     _check_free(out, [args[2] % out.ndim], func)
     return Plan(_to_spec(args[0], 0, out._spec), (), None, out._spec)
 
 
-@rule(aten.native_layer_norm.default)
+@register_rule(aten.native_layer_norm.default)
 def _layer_norm(func, args, kwargs) -> Plan:
     x, nshape = args[0], args[1]
     axis = x.ndim - len(nshape)
@@ -868,7 +895,7 @@ def _layer_norm(func, args, kwargs) -> Plan:
     return Plan(steps, (), None, (spec, sspec, sspec))
 
 
-@rule(aten.native_layer_norm_backward.default)
+@register_rule(aten.native_layer_norm_backward.default)
 def _layer_norm_bwd(func, args, kwargs) -> Plan:
     g, x, w, b = args[0], args[1], args[5], args[6]
     spec = x._spec
@@ -880,7 +907,7 @@ def _layer_norm_bwd(func, args, kwargs) -> Plan:
     return Plan(_to_spec(g, 0, spec), (), None, outs)
 
 
-@rule(aten.cat.default)
+@register_rule(aten.cat.default)
 def _cat(func, args, kwargs) -> Plan:
     tensors = args[0]
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
@@ -903,7 +930,7 @@ def _cat(func, args, kwargs) -> Plan:
     return Plan(tuple(steps), (), None, _spec_with(rs, rs.placements, rs.sizes, shape))
 
 
-@rule(aten.split_with_sizes.default, aten.split.Tensor)
+@register_rule(aten.split_with_sizes.default, aten.split.Tensor)
 def _split(func, args, kwargs) -> Plan:
     x, dim = args[0], (args[2] if len(args) > 2 else 0) % args[0].ndim
     _check_free(x, [dim], func)
@@ -921,21 +948,7 @@ def _split(func, args, kwargs) -> Plan:
     return Plan(outs=outs)
 
 
-@rule(aten.slice.Tensor)
-def _slice(func, args, kwargs) -> Plan:
-    x = args[0]
-    dim = (args[1] if len(args) > 1 else 0) % x.ndim
-    _check_free(x, [dim], func)
-    start = args[2] if len(args) > 2 and args[2] is not None else 0
-    end = args[3] if len(args) > 3 and args[3] is not None else x.shape[dim]
-    step = args[4] if len(args) > 4 else 1
-    n = len(range(*slice(start, end, step).indices(x.shape[dim])))
-    shape = list(x.shape)
-    shape[dim] = n
-    return Plan(outs=_spec_with(x._spec, x._spec.placements, x._spec.sizes, shape))
-
-
-@rule(aten.select.int)
+@register_rule(aten.select.int)
 def _select(func, args, kwargs) -> Plan:
     x, dim = args[0], args[1] % args[0].ndim
     _check_free(x, [dim], func)
@@ -943,7 +956,7 @@ def _select(func, args, kwargs) -> Plan:
     return _moved(x, lambda k: k - (k > dim), shape)
 
 
-@rule(aten.slice_backward.default)
+@register_rule(aten.slice_backward.default)
 def _slice_bwd(func, args, kwargs) -> Plan:
     g, sizes, dim = args[0], list(args[1]), args[2] % len(args[1])
     _check_free(g, [dim], func)
@@ -960,14 +973,12 @@ def _fill_local(x: ShardTensor, value) -> None:
     x._local.fill_(value if keep else 0)
 
 
-@rule(aten.fill_.Scalar, aten.zero_.default)
+@register_rule(aten.fill_.Scalar, aten.zero_.default, direct=True)
 def _fill(func, args, kwargs):
     x = args[0]
     _fill_local(x, args[1] if func is aten.fill_.Scalar else 0)
     return x
 
-
-_DIRECT.add(_fill)
 
 
 LATE.update(dispatch=dispatch, to_replicate_local=to_replicate_local)

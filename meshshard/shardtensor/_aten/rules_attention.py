@@ -38,9 +38,8 @@ from meshshard.shardtensor._aten.attention_mask import mask_local
 from meshshard.shardtensor._aten.attention_mha import mha_decomposed, mha_replicated
 from meshshard.shardtensor._aten.attention_ring import AttnPlan, backward, forward
 from meshshard.shardtensor._aten.layout import redistribute_local
-from meshshard.shardtensor._aten.rules import _DIRECT, _coord, rule
+from meshshard.shardtensor._aten.rules import _coord, register_rule
 from meshshard.shardtensor._aten.tensor import (
-    FUNCTION_RULES,
     SHARDED,
     ShardTensor,
     _lift_plain,
@@ -378,9 +377,7 @@ def mha_function(*args, **kwargs):
     return mha_decomposed(*args, **kwargs)
 
 
-FUNCTION_RULES[torch.nn.functional.scaled_dot_product_attention] = sdpa_function
-FUNCTION_RULES[torch.nn.functional.multi_head_attention_forward] = mha_function
-for _op, _fn in ((torch.ops.meshshard.sdpa.default, _sdpa_rule),
-                 (torch.ops.meshshard.sdpa_backward.default, _sdpa_bwd_rule)):
-    rule(_op)(_fn)
-    _DIRECT.add(_fn)
+register_rule(torch.nn.functional.scaled_dot_product_attention)(sdpa_function)
+register_rule(torch.nn.functional.multi_head_attention_forward)(mha_function)
+register_rule(torch.ops.meshshard.sdpa.default, direct=True)(_sdpa_rule)
+register_rule(torch.ops.meshshard.sdpa_backward.default, direct=True)(_sdpa_bwd_rule)

@@ -1,4 +1,4 @@
-"""Fused rules for eager speed (issue 22, porting step 8): ``F.linear`` as one custom op.
+"""Fused rules for eager speed: ``F.linear`` as one custom op.
 
 Through the generic rules a linear layer is 4-6 aten ops on the wrapper (``t``, views,
 ``addmm``/``matmul``) plus a lift of the weight and the bias, each ~30 us of Python; forward
@@ -24,15 +24,13 @@ from torch.distributed.tensor import Partial, Replicate
 
 from meshshard.shardtensor._aten import grad_bucket
 from meshshard.shardtensor._aten.rules import (
-    _DIRECT,
     _all_reduce,
     _reduce_once,
     from_replicate_local,
-    rule,
+    register_rule,
     to_replicate_local,
 )
 from meshshard.shardtensor._aten.tensor import (
-    FUNCTION_RULES,
     SHARDED,
     ShardTensor,
     make_spec,
@@ -172,8 +170,7 @@ def _linear_bwd_rule(func, args, kwargs):
 
 for _op, _fn in ((torch.ops.meshshard.linear.default, _linear_rule),
                  (torch.ops.meshshard.linear_backward.default, _linear_bwd_rule)):
-    rule(_op)(_fn)
-    _DIRECT.add(_fn)
+    register_rule(_op, direct=True)(_fn)
 
 
 def linear_function(input, weight, bias=None):
@@ -185,4 +182,4 @@ def linear_function(input, weight, bias=None):
     return torch.ops.meshshard.linear(input, weight, bias)
 
 
-FUNCTION_RULES[F.linear] = linear_function
+register_rule(F.linear)(linear_function)

@@ -19,6 +19,7 @@ import torch
 
 from meshshard.shardtensor._aten import rules as _R
 from meshshard.shardtensor._aten.no_rule import NoRuleError
+from meshshard.shardtensor._aten.registry import FALLBACK, register_rule
 from meshshard.shardtensor._aten.rules import Plan, _reduced, _replicated, same_layout
 from meshshard.shardtensor._aten.tensor import SHARDED, ShardTensor, make_spec
 
@@ -118,4 +119,4 @@ def generic(func, args: tuple, kwargs: dict) -> Plan:
     return Plan(tuple(steps), (), None, outs)
 
 
-_R._FALLBACK[0] = generic
+register_rule(FALLBACK)(generic)

@@ -1,5 +1,5 @@
 """Message passing on the aten-level ShardTensor: row-local gather and scatter, and the ghost
-refresh, as custom ops with autograd formulas (issue 22, porting step 6).
+refresh, as custom ops with autograd formulas.
 
 A graph's node tensor lives in one of two layouts, both ``Shard(0)`` on a 1-D mesh:
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import Shard
 
-from meshshard.shardtensor._aten.rules import _DIRECT, _coord, _fc, check, rule
-from meshshard.shardtensor._aten.tensor import FUNCTION_RULES, ShardTensor, make_spec
+from meshshard.shardtensor._aten.rules import _coord, _fc, check, register_rule
+from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
 
 _REDUCES = ("sum", "mean", "max")
 
@@ -296,8 +296,7 @@ for _op, _fn in ((torch.ops.meshshard.row_gather.default, _gather_rule),
                  (torch.ops.meshshard.row_scatter.default, _scatter_rule),
                  (torch.ops.meshshard.ghost_refresh.default, _refresh_rule),
                  (torch.ops.meshshard.ghost_refresh_adjoint.default, _adjoint_rule)):
-    rule(_op)(_fn)
-    _DIRECT.add(_fn)
+    register_rule(_op, direct=True)(_fn)
 
 
 # ------------------------------------------------------------------ h[idx], index_select
@@ -318,6 +317,5 @@ def _index_select(x, dim, index):
     return NotImplemented
 
 
-FUNCTION_RULES[torch.Tensor.__getitem__] = _getitem
-FUNCTION_RULES[torch.Tensor.index_select] = _index_select
-FUNCTION_RULES[torch.index_select] = _index_select
+register_rule(torch.Tensor.__getitem__)(_getitem)
+register_rule(torch.Tensor.index_select, torch.index_select)(_index_select)

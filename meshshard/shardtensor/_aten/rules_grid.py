@@ -1,4 +1,4 @@
-"""Aten rules for grids (issue 22, porting step 4): convolution and its backward.
+"""Aten rules for grids: convolution and its backward.
 
 Inputs are ``(N, C, *spatial)`` tensors sharded along spatial dims (any of them, on a 1-D or
 N-D mesh, uneven and empty slabs) and optionally the batch dim; weights are Replicate (plain
@@ -30,12 +30,11 @@ from meshshard.shardtensor._aten.grid_halo import (
 )
 from meshshard.shardtensor._aten.grid_plan import sliding_plan, transpose_plan
 from meshshard.shardtensor._aten.rules import (
-    _DIRECT,
     _all_reduce,
     _coord,
     from_replicate_local,
+    register_rule,
     respec_local,
-    rule,
     same_layout,
 )
 from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
@@ -46,17 +45,6 @@ _REP = Replicate()
 
 
 # ------------------------------------------------------------------ shared helpers
-def direct(*ops):
-    """Register a rule that computes and wraps its result itself (no cached Plan)."""
-
-    def deco(fn):
-        rule(*ops)(fn)
-        _DIRECT.add(fn)
-        return fn
-
-    return deco
-
-
 def ints(v) -> tuple:
     return tuple(int(a) for a in v)
 
@@ -235,7 +223,7 @@ def _conv_out_spec(spec, x, c_out, gout, plans, groups, transposed, w):
     return out_spec(spec, shape, plans)
 
 
-@direct(aten.convolution.default)
+@register_rule(aten.convolution.default, direct=True)
 def _convolution(func, args, kwargs):
     x, w, b, stride, padding, dilation, transposed, opad, groups = args
     name = "convolution_transpose" if transposed else "convolution"
@@ -277,7 +265,7 @@ def _crop(raw_shape, oshape, starts, first, nsp) -> list:
     return crop
 
 
-@direct(aten.convolution_backward.default)
+@register_rule(aten.convolution_backward.default, direct=True)
 def _convolution_backward(func, args, kwargs):
     (g, x, w, bias_sizes, stride, padding, dilation, transposed, opad, groups,
      mask) = args

@@ -1,4 +1,4 @@
-"""Circular padding on sharded grids (issue 22, porting step 4).
+"""Circular padding on sharded grids.
 
 ``F.pad(mode="circular")`` decomposes above aten into ``as_strided``/``copy_`` on the padded
 dims, which no rule can follow along a sharded dim. So on a ShardTensor ``F.pad`` with
@@ -14,16 +14,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from meshshard.shardtensor._aten import tensor as _tensor
 from meshshard.shardtensor._aten.grid_halo import tie
 from meshshard.shardtensor._aten.rules_grid import (
     ShardTensor,
-    direct,
     empty_window,
     gather,
     gather_transpose,
     grad_local,
     local_shape,
+    register_rule,
     window_shape,
 )
 from meshshard.shardtensor._aten.rules_grid_window import _pad_setup
@@ -88,7 +87,7 @@ def _backward(ctx, g):
 grid_pad_circular.register_autograd(_backward, setup_context=_setup)
 
 
-@direct(torch.ops.meshshard.grid_pad_circular.default)
+@register_rule(torch.ops.meshshard.grid_pad_circular.default, direct=True)
 def _pad_fwd(func, args, kwargs):
     x, pad = args
     local, spec, _, so, exs, lpad = _pad_setup(x, pad, "circular", "F.pad(mode='circular')")
@@ -99,7 +98,7 @@ def _pad_fwd(func, args, kwargs):
     return ShardTensor(F.pad(win, lpad, mode="circular") if any(lpad) else win, so)
 
 
-@direct(torch.ops.meshshard.grid_pad_circular_backward.default)
+@register_rule(torch.ops.meshshard.grid_pad_circular_backward.default, direct=True)
 def _pad_bwd(func, args, kwargs):
     g, x, pad = args
     local, spec, _, so, exs, lpad = _pad_setup(x, pad, "circular", "F.pad(mode='circular')")
@@ -121,22 +120,5 @@ def _pad_rule(input, pad, mode="constant", value=None):
     return NotImplemented
 
 
-def _pad_entry(input, pad, mode="constant", value=None):
-    """The same as an engine entry (a tree without ``FUNCTION_RULES``): anything but circular
-    goes on as ``__torch_function__`` would."""
-    out = _pad_rule(input, pad, mode, value)
-    if out is not NotImplemented:
-        return out
-    args, kwargs = (input, pad), {"mode": mode, "value": value}
-    if torch.is_grad_enabled():
-        args, kwargs = _tensor._lift_plain(args, kwargs)
-    with torch._C.DisableTorchFunctionSubclass():
-        return F.pad(*args, **kwargs)
-
-
-# F.pad reaches the wrapper's __torch_function__: a function-level rule where the tree has
-# them (tensor.FUNCTION_RULES), else an engine entry
-if hasattr(_tensor, "FUNCTION_RULES"):
-    _tensor.FUNCTION_RULES[F.pad] = _pad_rule
-else:
-    _tensor._ENGINE_ENTRIES[F.pad] = _pad_entry
+# F.pad reaches the wrapper's __torch_function__: a function-level rule
+register_rule(F.pad)(_pad_rule)

@@ -1,4 +1,4 @@
-"""Aten rules for group / batch / instance norm with global statistics (issue 22, step 4).
+"""Aten rules for group / batch / instance norm with global statistics.
 
 Statistics are exact global sums: the mean from one all-reduce of local sums, then the
 variance from one all-reduce of local squared deviations from that mean (two passes, as one
@@ -15,15 +15,15 @@ variance, as one process would, so every rank holds the same buffers.
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard
 
 from meshshard.shardtensor._aten.grid_checks import check_mesh
 from meshshard.shardtensor._aten.rules import _all_reduce
 from meshshard.shardtensor._aten.rules_grid import (
-    direct,
     grad_local,
     grid_input,
     partial_spec,
+    register_rule,
     rep_local,
     replicate_spec_of,
     wrap,
@@ -89,7 +89,7 @@ def _stat_spec(spec, shape):
     return make_spec(spec.mesh, tuple(pl), tuple(sizes), tuple(int(v) for v in shape))
 
 
-@direct(aten.native_group_norm.default)
+@register_rule(aten.native_group_norm.default, direct=True)
 def _group_norm(func, args, kwargs):
     x, w, b, _n, c, _hxw, groups, eps = args
     local, spec, md = _group_setup(x, "native_group_norm")
@@ -112,7 +112,7 @@ def _group_norm(func, args, kwargs):
             ShardTensor(rstd.reshape(n_loc, groups), ss))
 
 
-@direct(aten.native_group_norm_backward.default)
+@register_rule(aten.native_group_norm_backward.default, direct=True)
 def _group_norm_backward(func, args, kwargs):
     g, x, mean, rstd, w, _n, c, _hxw, groups, mask = args
     local, spec, md = _group_setup(x, "native_group_norm_backward")
@@ -191,7 +191,7 @@ def _copy_stats(rm, rv, new_rm, new_rv):
             _buf(rv).copy_(new_rv)
 
 
-@direct(aten.native_batch_norm.default, aten._native_batch_norm_legit.default)
+@register_rule(aten.native_batch_norm.default, aten._native_batch_norm_legit.default, direct=True)
 def _batch_norm(func, args, kwargs):
     x, w, b, rm, rv, training, momentum, eps = args
     y, mean, rstd, new_rm, new_rv, _ = _bn(x, w, b, rm, rv, training, momentum, eps,
@@ -201,21 +201,21 @@ def _batch_norm(func, args, kwargs):
     return y, mean, rstd
 
 
-@direct(aten._native_batch_norm_legit.no_stats)
+@register_rule(aten._native_batch_norm_legit.no_stats, direct=True)
 def _batch_norm_no_stats(func, args, kwargs):
     x, w, b, training, momentum, eps = args
     y, mean, rstd, *_ = _bn(x, w, b, None, None, True, momentum, eps, str(func))
     return y, mean, rstd
 
 
-@direct(aten._native_batch_norm_legit_no_training.default)
+@register_rule(aten._native_batch_norm_legit_no_training.default, direct=True)
 def _batch_norm_eval(func, args, kwargs):
     x, w, b, rm, rv, momentum, eps = args
     y, mean, rstd, *_ = _bn(x, w, b, rm, rv, False, momentum, eps, str(func))
     return y, mean, rstd
 
 
-@direct(aten._native_batch_norm_legit_functional.default)
+@register_rule(aten._native_batch_norm_legit_functional.default, direct=True)
 def _batch_norm_functional(func, args, kwargs):
     x, w, b, rm, rv, training, momentum, eps = args
     y, mean, rstd, new_rm, new_rv, rs = _bn(x, w, b, rm, rv, training, momentum, eps,
@@ -223,7 +223,7 @@ def _batch_norm_functional(func, args, kwargs):
     return y, mean, rstd, new_rm, new_rv
 
 
-@direct(aten.native_batch_norm_backward.default)
+@register_rule(aten.native_batch_norm_backward.default, direct=True)
 def _batch_norm_backward(func, args, kwargs):
     g, x, w, rm, rv, smean, sinvstd, train, eps, mask = args
     op = "native_batch_norm_backward"
@@ -250,16 +250,3 @@ def _batch_norm_backward(func, args, kwargs):
         db = gl.sum(dims)
     ps = partial_spec(spec, (x.shape[1],))
     return wrap(dx, spec), wrap(dw, ps), wrap(db, ps)
-
-
-# ------------------------------------------------------------------ weights of instance norm
-@direct(aten.repeat.default)
-def _repeat(func, args, kwargs):
-    """``repeat`` of a Replicate tensor (instance norm repeats its weight N times)."""
-    x = args[0]
-    if not all(isinstance(p, (Replicate, Partial)) for p in x._spec.placements):
-        msg = f"{func} of a sharded tensor ({x._spec}) is not supported"
-        raise NotImplementedError(msg)
-    out = func(x._local, *args[1:], **kwargs)
-    sp = x._spec
-    return ShardTensor(out, make_spec(sp.mesh, sp.placements, sp.sizes, tuple(out.shape)))

@@ -1,5 +1,5 @@
 """Aten rules for ``upsample_nearest{1,2,3}d`` and ``upsample_{linear1d,bilinear2d,
-trilinear3d}`` (+ backward) on sharded grids (issue 22, porting step 4).
+trilinear3d}`` (+ backward) on sharded grids.
 
 The resampling is separable: along each spatial dim, output ``t`` reads input rows ``i0(t)``
 and ``i1(t)`` with weights from global positions, computed as torch's CPU kernels compute
@@ -21,6 +21,7 @@ from torch.distributed.tensor import Shard
 from meshshard.shardtensor._aten import rules_grid as rg
 from meshshard.shardtensor._aten.grid_halo import tie
 from meshshard.shardtensor._aten.grid_plan import DimPlan, out_sizes_of, ranges_of
+from meshshard.shardtensor._aten.registry import register_rule
 from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
 
 aten = torch.ops.aten
@@ -139,7 +140,7 @@ def _args(args, nsp, linear):
 
 
 def _upsample(name, nsp, linear):
-    @rg.direct(getattr(aten, name).default)
+    @register_rule(getattr(aten, name).default, direct=True)
     def fwd(func, args, kwargs):
         x = args[0]
         osz, align, scales = _args(args, nsp, linear)
@@ -155,7 +156,7 @@ def _upsample(name, nsp, linear):
             return ShardTensor(tie(win.new_zeros(oshape), win), so)
         return ShardTensor(_resample(win, rows), so)
 
-    @rg.direct(getattr(aten, f"{name}_backward").default)
+    @register_rule(getattr(aten, f"{name}_backward").default, direct=True)
     def bwd(func, args, kwargs):
         g = args[0]
         osz, in_size = [int(v) for v in args[1]], [int(v) for v in args[2]]

@@ -1,4 +1,4 @@
-"""Aten rules for pooling and padding on sharded grids (issue 22, porting step 4).
+"""Aten rules for pooling and padding on sharded grids.
 
 Same scheme as the convolution (:mod:`.rules_grid`): today's plan functions say which rows each
 rank's outputs read, :mod:`.grid_halo` fetches them (max pooling fills with -inf, the rest with
@@ -27,7 +27,6 @@ from meshshard.shardtensor._aten.grid_halo import tie
 from meshshard.shardtensor._aten.grid_plan import divisors, pad_plan, sliding_plan
 from meshshard.shardtensor._aten.rules_grid import (
     ShardTensor,
-    direct,
     empty_window,
     exchanges,
     gather,
@@ -38,6 +37,7 @@ from meshshard.shardtensor._aten.rules_grid import (
     local_shape,
     me_of,
     out_spec,
+    register_rule,
     window_shape,
 )
 from meshshard.shardtensor._aten.tensor import make_spec
@@ -116,7 +116,7 @@ def _shifts(first, nsp, starts, sign):
 
 # ------------------------------------------------------------------ max pooling
 def _max_pool(nsp):
-    @direct(getattr(aten, f"max_pool{nsp}d_with_indices").default)
+    @register_rule(getattr(aten, f"max_pool{nsp}d_with_indices").default, direct=True)
     def fwd(func, args, kwargs):
         x = args[0]
         k, s, p, dl, ceil = _pool_args(args, nsp)
@@ -134,7 +134,7 @@ def _max_pool(nsp):
                                _shifts(first, nsp, starts, 1))
         return ShardTensor(out, so), ShardTensor(idx, so)
 
-    @direct(getattr(aten, f"max_pool{nsp}d_with_indices_backward").default)
+    @register_rule(getattr(aten, f"max_pool{nsp}d_with_indices_backward").default, direct=True)
     def bwd(func, args, kwargs):
         g, x, k, s, p, dl, ceil, idx = args
         k, s, p, dl = _tup(k, nsp), _tup(s, nsp) if s else _tup(k, nsp), _tup(p, nsp), \
@@ -172,7 +172,7 @@ def _avg_factor(spec, so, sharded, first, k, s, p, ceil, cip, gshape, like):
 
 
 def _avg_pool(nsp):
-    @direct(getattr(aten, f"avg_pool{nsp}d").default)
+    @register_rule(getattr(aten, f"avg_pool{nsp}d").default, direct=True)
     def fwd(func, args, kwargs):
         x, kk = args[0], args[1]
         k = _tup(kk, nsp)
@@ -192,7 +192,7 @@ def _avg_pool(nsp):
             out = out * _avg_factor(spec, so, sharded, first, k, s, p, ceil, cip, so.shape, out)
         return ShardTensor(out, so)
 
-    @direct(getattr(aten, f"avg_pool{nsp}d_backward").default)
+    @register_rule(getattr(aten, f"avg_pool{nsp}d_backward").default, direct=True)
     def bwd(func, args, kwargs):
         g, x, k, s, p, ceil, cip, override = args
         k = _tup(k, nsp)
@@ -237,7 +237,7 @@ def _with_shape(spec, shape):
 def _adaptive(nsp, kind):
     name = f"_adaptive_avg_pool{nsp}d" if kind == "avg" else f"adaptive_max_pool{nsp}d"
 
-    @direct(getattr(aten, name).default)
+    @register_rule(getattr(aten, name).default, direct=True)
     def fwd(func, args, kwargs):
         x, output_size = args[0], args[1]
         k, osz = _adaptive_kernel(x, nsp, output_size, str(func))
@@ -264,7 +264,7 @@ def _adaptive(nsp, kind):
     bname = f"_adaptive_avg_pool{nsp}d_backward" if kind == "avg" else \
         f"adaptive_max_pool{nsp}d_backward"
 
-    @direct(getattr(aten, bname).default)
+    @register_rule(getattr(aten, bname).default, direct=True)
     def bwd(func, args, kwargs):
         g, x = args[0], args[1]
         k, _ = _adaptive_kernel(x, nsp, g.shape[x.ndim - nsp:], str(func))
@@ -327,7 +327,7 @@ def _any_input(x, op):
     return grid_input(x, x.ndim, op)
 
 
-@direct(aten.constant_pad_nd.default)
+@register_rule(aten.constant_pad_nd.default, direct=True)
 def _constant_pad(func, args, kwargs):
     x, pad = args[0], args[1]
     value = float(args[2]) if len(args) > 2 else float(kwargs.get("value", 0.0))
@@ -340,7 +340,7 @@ def _constant_pad(func, args, kwargs):
 
 
 def _mode_pad(nsp, mode, prefix):
-    @direct(getattr(aten, f"{prefix}_pad{nsp}d").default)
+    @register_rule(getattr(aten, f"{prefix}_pad{nsp}d").default, direct=True)
     def fwd(func, args, kwargs):
         x, pad = args[0], args[1]
         local, spec, sharded, so, exs, lpad = _pad_setup(x, pad, mode, str(func))
@@ -350,7 +350,7 @@ def _mode_pad(nsp, mode, prefix):
             return ShardTensor(tie(win.new_zeros(oshape), win), so)
         return ShardTensor(func(win, lpad) if any(lpad) else win, so)
 
-    @direct(getattr(aten, f"{prefix}_pad{nsp}d_backward").default)
+    @register_rule(getattr(aten, f"{prefix}_pad{nsp}d_backward").default, direct=True)
     def bwd(func, args, kwargs):
         g, x, pad = args
         local, spec, sharded, so, exs, lpad = _pad_setup(x, pad, mode, str(func))

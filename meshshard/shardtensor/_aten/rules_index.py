@@ -1,4 +1,4 @@
-"""Aten rules (issue 22, porting step 2): indexing.
+"""Aten rules: indexing.
 
 * ``index`` / ``index_put`` (advanced indexing): integer index tensors (plain or Replicate) on
   unsharded dims; the sharded dim keeps its rows and moves to its place in the result. Local.
@@ -29,7 +29,7 @@ from meshshard.shardtensor._aten.rules import (
     _local_shape,
     _pointwise,
     make_spec,
-    rule,
+    register_rule,
     shard_like,
 )
 
@@ -89,7 +89,7 @@ def align(func, args, positions, free: list[int]) -> tuple[tuple, object]:
 
 
 # ------------------------------------------------------------------ factories
-@rule(aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default,
+@register_rule(aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default,
       aten.new_full.default)
 def _new(func, args, kwargs) -> Plan:
     x, size = args[0], list(args[1])
@@ -160,7 +160,7 @@ def _partial_on(spec, over):
     return make_spec(spec.mesh, pl, sz, spec.shape)
 
 
-@rule(aten.gather.default)
+@register_rule(aten.gather.default)
 def _gather(func, args, kwargs) -> Plan:
     d = args[1] % max(args[0].ndim, 1)
     over = _owner_split(func, args, d, 2)
@@ -179,13 +179,13 @@ def _gather(func, args, kwargs) -> Plan:
     return Plan(steps, (), call, _partial_on(spec, over))
 
 
-@rule(aten.scatter.src, aten.scatter.value, aten.scatter_add.default, aten.scatter_reduce.two,
-      aten.scatter.reduce, aten.scatter.value_reduce)
+@register_rule(aten.scatter.src, aten.scatter.value, aten.scatter_add.default,
+               aten.scatter_reduce.two, aten.scatter.reduce, aten.scatter.value_reduce)
 def _scatter(func, args, kwargs) -> Plan:
     return _dim_op(func, args, (0, 2, 3))
 
 
-@rule(aten.index_add.default)
+@register_rule(aten.index_add.default)
 def _index_add(func, args, kwargs) -> Plan:
     d = args[1] % max(args[0].ndim, 1)
     _plain_index(func, args[2])
@@ -193,7 +193,7 @@ def _index_add(func, args, kwargs) -> Plan:
     return Plan(steps, (), None, spec)
 
 
-@rule(aten.index_select.default)
+@register_rule(aten.index_select.default)
 def _index_select(func, args, kwargs) -> Plan:
     x, d, index = args[0], args[1] % max(args[0].ndim, 1), args[2]
     _plain_index(func, index)
@@ -238,7 +238,7 @@ def _unwrap_call(func, positions):
     return call
 
 
-@rule(aten.masked_fill.Tensor)
+@register_rule(aten.masked_fill.Tensor)
 def _masked_fill(func, args, kwargs) -> Plan:
     return _pointwise(func, args, kwargs)
 
@@ -258,7 +258,6 @@ def _inplace(plan_rule):
         _R._execute(func, args, kwargs, plan)
         return args[0]
 
-    _R._DIRECT.add(run)
     return run
 
 
@@ -266,7 +265,7 @@ for _op, _fn in ((aten.masked_fill_.Scalar, _pointwise), (aten.masked_fill_.Tens
                  (aten.scatter_.src, _scatter), (aten.scatter_.value, _scatter),
                  (aten.scatter_add_.default, _scatter),
                  (aten.scatter_reduce_.two, _scatter), (aten.index_add_.default, _index_add)):
-    rule(_op)(_inplace(_fn))
+    register_rule(_op, direct=True)(_inplace(_fn))
 
 
 # ------------------------------------------------------------------ advanced indexing
@@ -289,7 +288,7 @@ def _adv_layout(func, x_nd: int, indices) -> tuple[list, int, object]:
     return adv, x_nd - len(adv) + nb, out_dim
 
 
-@rule(aten.index.Tensor)
+@register_rule(aten.index.Tensor)
 def _index(func, args, kwargs) -> Plan:
     x, indices = args[0], list(args[1])
     steps, spec = _R._reduced(x, 0)
@@ -315,7 +314,7 @@ def _index_shape(shape, indices) -> list:
     return b + rest
 
 
-@rule(aten.index_put.default)
+@register_rule(aten.index_put.default)
 def _index_put(func, args, kwargs) -> Plan:
     x, indices, values = args[0], list(args[1]), args[2]
     adv, res_nd, out_dim = _adv_layout(func, x.ndim, indices)
@@ -356,4 +355,5 @@ def _index_put(func, args, kwargs) -> Plan:
     return Plan(tuple(steps), (), _unwrap_call(func, (1,)), out)
 
 
-rule(aten.index_put_.default, aten._index_put_impl_.default)(_inplace(_index_put))
+register_rule(aten.index_put_.default, aten._index_put_impl_.default,
+              direct=True)(_inplace(_index_put))

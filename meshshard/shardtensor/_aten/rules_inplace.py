@@ -19,9 +19,8 @@ from __future__ import annotations
 import torch
 
 from meshshard.errors import LayoutError
-from meshshard.shardtensor._aten import rules as _base
+from meshshard.shardtensor._aten.registry import POINTWISE_INPLACE, register_rule
 from meshshard.shardtensor._aten.rules import (
-    _DIRECT,
     _execute,
     _key_of,
     _pointwise,
@@ -62,5 +61,4 @@ def inplace_pointwise(func, args, kwargs):
     return self
 
 
-_DIRECT.add(inplace_pointwise)
-_base._POINTWISE_INPLACE[0] = inplace_pointwise
+register_rule(POINTWISE_INPLACE, direct=True, extends=_pointwise)(inplace_pointwise)

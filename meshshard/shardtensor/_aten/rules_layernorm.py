@@ -30,16 +30,16 @@ from meshshard.shardtensor._aten.rules import (
     _replicated,
     _to_spec,
     make_spec,
+    register_rule,
     respec_local,
-    rule,
     shard_like,
 )
 from meshshard.shardtensor._aten.rules_reduce import all_reduce_op
 from meshshard.shardtensor._aten.tensor import SHARDED, ShardTensor
 
 aten = torch.ops.aten
-_LOCAL_FWD = _base._RULES[aten.native_layer_norm.default]
-_LOCAL_BWD = _base._RULES[aten.native_layer_norm_backward.default]
+_LOCAL_FWD = _base._layer_norm  # normalised dims that are not sharded
+_LOCAL_BWD = _base._layer_norm_bwd
 
 
 def _over(spec, axis: int) -> list[int]:
@@ -101,7 +101,7 @@ def _target(w, wspec_full):
     return w._spec if type(w) is ShardTensor else wspec_full
 
 
-@rule(aten.native_layer_norm.default)
+@register_rule(aten.native_layer_norm.default, extends=_LOCAL_FWD)
 def _layer_norm(func, args, kwargs) -> Plan:
     x, nshape = args[0], list(args[1])
     axis = x.ndim - len(nshape)
@@ -135,7 +135,7 @@ def _layer_norm(func, args, kwargs) -> Plan:
     return Plan(tuple(steps), (), call, (spec, sspec, sspec))
 
 
-@rule(aten.native_layer_norm_backward.default)
+@register_rule(aten.native_layer_norm_backward.default, extends=_LOCAL_BWD)
 def _layer_norm_bwd(func, args, kwargs) -> Plan:
     g, x, nshape, mean, rstd, w, b, mask = args
     nshape = list(nshape)

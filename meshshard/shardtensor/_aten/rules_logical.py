@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from meshshard.shardtensor._aten.rules import Plan, rule
+from meshshard.shardtensor._aten.rules import Plan, register_rule
 from meshshard.shardtensor._aten.rules_reduce import (
     _prepare,
     all_reduce_op,
@@ -20,7 +20,7 @@ aten = torch.ops.aten
 _ALL = (aten.all.default, aten.all.dim, aten.all.dims)
 
 
-@rule(*_ALL, aten.any.default, aten.any.dim, aten.any.dims)
+@register_rule(*_ALL, aten.any.default, aten.any.dim, aten.any.dims)
 def _all_any(func, args, kwargs) -> Plan:
     x = args[0]
     steps, spec = _prepare(x)

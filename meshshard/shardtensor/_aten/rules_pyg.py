@@ -1,4 +1,4 @@
-"""Unmodified PyG ``MessagePassing`` layers on the aten-level ShardTensor (issue 22): the
+"""Unmodified PyG ``MessagePassing`` layers on the aten-level ShardTensor: the
 scatter side of message passing, row-local like :mod:`.rules_graph`'s gather.
 
 PyG gathers with ``x.index_select(-2, edge_index[j])`` (row-local already, see
@@ -40,15 +40,14 @@ from torch.distributed.tensor import Shard
 from meshshard.shardtensor._aten import rules_graph as _G
 from meshshard.shardtensor._aten import rules_grid_norm as _N  # noqa: F401  (its rules first)
 from meshshard.shardtensor._aten import rules_index as _I  # noqa: F401  (its rules first)
+from meshshard.shardtensor._aten.registry import DIRECT, rule_for
 from meshshard.shardtensor._aten.rules import (
-    _DIRECT,
-    _RULES,
     _coord,
     _execute,
     _pointwise,
-    rule,
+    register_rule,
 )
-from meshshard.shardtensor._aten.tensor import FUNCTION_RULES, ShardTensor, make_spec
+from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
 
 aten = torch.ops.aten
 
@@ -94,9 +93,10 @@ def _recording(fn, index_pos: int):
     return wrapped
 
 
-FUNCTION_RULES[torch.Tensor.__getitem__] = _recording(_G._getitem, 1)
-FUNCTION_RULES[torch.Tensor.index_select] = _recording(_G._index_select, 2)
-FUNCTION_RULES[torch.index_select] = _recording(_G._index_select, 2)
+# the row gathers of rules_graph, extended to record the node layouts they see
+register_rule(torch.Tensor.__getitem__, extends=_G._getitem)(_recording(_G._getitem, 1))
+register_rule(torch.Tensor.index_select, torch.index_select,
+              extends=_G._index_select)(_recording(_G._index_select, 2))
 
 
 # ------------------------------------------------------------------ new_* at function level
@@ -156,7 +156,7 @@ def _new_factory(name: str, has_fill: bool):
 
 for _name, _fill in (("new_zeros", False), ("new_ones", False), ("new_empty", False),
                      ("new_full", True)):
-    FUNCTION_RULES[getattr(torch.Tensor, _name)] = _new_factory(_name, _fill)
+    register_rule(getattr(torch.Tensor, _name))(_new_factory(_name, _fill))
 
 
 # ------------------------------------------------------------------ row-local scatter / gather
@@ -213,7 +213,7 @@ def _src_local(func, src, idx: ShardTensor):
 
 def _call(prev, func, args, kwargs):
     """The rule this module wraps, for the layouts it leaves alone."""
-    if prev in _DIRECT:
+    if prev in DIRECT:
         return prev(func, args, kwargs)
     return _execute(func, args, kwargs, prev(func, args, kwargs))
 
@@ -236,18 +236,19 @@ def _wrap(prev):
             return t
         return ShardTensor(out, t._spec)
 
-    _DIRECT.add(run)
     return run
 
 
 for _op in (aten.gather.default, aten.scatter_add.default, aten.scatter_add_.default,
             aten.scatter_reduce.two, aten.scatter_reduce_.two, aten.scatter.src,
             aten.scatter.value, aten.scatter_.src, aten.scatter_.value):
-    rule(_op)(_wrap(_RULES[_op]))
+    _base = rule_for(_op).fn  # rules_index's, for the layouts this one leaves alone
+    register_rule(_op, direct=True, extends=_base)(_wrap(_base))
 
 
 # ------------------------------------------------------------------ activations PyG layers use
-rule(aten.leaky_relu_backward.default)(_pointwise)  # GATConv's attention (not tagged pointwise)
+# GATConv's attention (leaky_relu_backward is not tagged pointwise)
+register_rule(aten.leaky_relu_backward.default)(_pointwise)
 
 
 # ------------------------------------------------------------------ statistics over ghost rows
@@ -280,7 +281,6 @@ def _no_ghost_stats(prev, training_pos: int | None):
             raise ValueError(msg)
         return _call(prev, func, args, kwargs)
 
-    _DIRECT.add(run)
     return run
 
 
@@ -288,4 +288,5 @@ for _op, _pos in ((aten.native_batch_norm.default, 5),
                   (aten._native_batch_norm_legit.default, 5),
                   (aten._native_batch_norm_legit.no_stats, 3),
                   (aten._native_batch_norm_legit_functional.default, 5)):
-    rule(_op)(_no_ghost_stats(_RULES[_op], _pos))
+    _base = rule_for(_op).fn  # rules_grid_norm's
+    register_rule(_op, direct=True, extends=_base)(_no_ghost_stats(_base, _pos))

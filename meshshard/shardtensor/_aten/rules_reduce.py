@@ -1,4 +1,4 @@
-"""Aten rules (issue 22, porting step 2): reductions beyond sum/mean.
+"""Aten rules: reductions beyond sum/mean.
 
 max/min (values + indices), amax/amin, argmax/argmin, var/std, ``linalg_vector_norm``,
 logsumexp and cumsum, over the sharded dim, other dims or all dims, with ``keepdim``.
@@ -25,20 +25,22 @@ from meshshard.shardtensor._aten.rules import (
     _reduced,
     check,
     make_spec,
-    rule,
+    register_rule,
     shard_like,
+)
+from meshshard.shardtensor.rules import (
+    all_gather,
+    all_reduce,
+    shard_offset,
+    sharded_mesh_dims,
+    spec_of,
+    with_dim_replicated,
 )
 
 aten = torch.ops.aten
 
 
-def all_reduce_op(t: torch.Tensor, mesh, i: int, op: str) -> torch.Tensor:
-    """All-reduce over mesh dim ``i`` with ``op`` ("sum", "max", "min"); a functional
-    collective, so it traces."""
-    if mesh.size(i) == 1:
-        return t
-    check("all_reduce", mesh, i, t, op)
-    return _fc.wait_tensor(_fc.all_reduce(t.contiguous(), op, _coord(mesh)[2][i]))
+all_reduce_op = all_reduce  # (the public helper; other rule modules import this name)
 
 
 def norm_dims(dim, nd: int) -> list[int]:
@@ -108,7 +110,7 @@ def _extreme_call(spec, dims, keepdim, over, kind):
     return call
 
 
-@rule(aten.amax.default, aten.amin.default)
+@register_rule(aten.amax.default, aten.amin.default)
 def _amax(func, args, kwargs) -> Plan:
     x = args[0]
     steps, spec = _prepare(x)
@@ -119,7 +121,7 @@ def _amax(func, args, kwargs) -> Plan:
     return Plan(steps, (), _extreme_call(spec, dims, keepdim, over, kind), out)
 
 
-@rule(aten.max.default, aten.min.default)
+@register_rule(aten.max.default, aten.min.default)
 def _max_all(func, args, kwargs) -> Plan:
     x = args[0]
     steps, spec = _prepare(x)
@@ -141,7 +143,7 @@ def _offset(spec, i):
     return sum(spec.sizes[i][: _coord(spec.mesh)[1][i]])
 
 
-@rule(aten.max.dim, aten.min.dim)
+@register_rule(aten.max.dim, aten.min.dim)
 def _max_dim(func, args, kwargs) -> Plan:
     x = args[0]
     steps, spec = _prepare(x)
@@ -161,7 +163,7 @@ def _max_dim(func, args, kwargs) -> Plan:
     return Plan(steps, (), call, (out, out))
 
 
-@rule(aten.argmax.default, aten.argmin.default)
+@register_rule(aten.argmax.default, aten.argmin.default)
 def _argmax(func, args, kwargs) -> Plan:
     x = args[0]
     steps, spec = _prepare(x)
@@ -221,7 +223,7 @@ def _global_sum(t, dims, keepdim, mesh, over):
     return s
 
 
-@rule(aten.var.correction, aten.std.correction)
+@register_rule(aten.var.correction, aten.std.correction)
 def _var(func, args, kwargs) -> Plan:
     x = args[0]
     steps, spec = _prepare(x)
@@ -247,7 +249,7 @@ def _var(func, args, kwargs) -> Plan:
 
 
 # ------------------------------------------------------------------ norms
-@rule(aten.linalg_vector_norm.default)
+@register_rule(aten.linalg_vector_norm.default)
 def _vector_norm(func, args, kwargs) -> Plan:
     x = args[0]
     steps, spec = _prepare(x)
@@ -282,7 +284,7 @@ def _vector_norm(func, args, kwargs) -> Plan:
     return Plan(steps, (), call, out)
 
 
-@rule(aten.logsumexp.default)
+@register_rule(aten.logsumexp.default)
 def _logsumexp(func, args, kwargs) -> Plan:
     x = args[0]
     steps, spec = _prepare(x)
@@ -306,7 +308,7 @@ def _logsumexp(func, args, kwargs) -> Plan:
 
 
 # ------------------------------------------------------------------ scans
-@rule(aten.cumsum.default)
+@register_rule(aten.cumsum.default)
 def _cumsum(func, args, kwargs) -> Plan:
     """Along an unsharded dim: local (a Partial stays Partial: cumsum is linear). Along the
     sharded dim: local cumsum plus the totals of the ranks before (one all-gather of each
@@ -338,3 +340,53 @@ def _cumsum(func, args, kwargs) -> Plan:
         return c + before
 
     return Plan((), (), call, spec)
+
+
+# ------------------------------------------------------------------ top k
+@register_rule(aten.topk.default)
+def _topk(func, args, kwargs) -> Plan:
+    """``topk`` along the sharded dim: each rank sorts its rows (plus k rows of the identity,
+    so an empty or short shard still offers k candidates), all-gathers its first k values and
+    global indices, and every rank picks the same k of those P*k candidates. Ties go to the
+    lowest global index, and real rows always beat the padding. Along any other dim: left to
+    the fallback (local)."""
+    x = args[0]
+    k = args[1]
+    d = (args[2] if len(args) > 2 else kwargs.get("dim", -1)) % max(x.ndim, 1)
+    largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
+    over = sharded_mesh_dims(spec_of(x), d)
+    if not over:
+        return NotImplemented  # the fallback runs it on the local pieces
+    steps, spec = _reduced(x, 0)  # a Partial input is summed first
+    if len(over) > 1 or getattr(spec.placements[over[0]], "blocks", 1) != 1:
+        msg = f"{func} along dim {d}, sharded on several mesh dims or blocked ({spec})"
+        raise NotImplementedError(msg)
+    (i,) = over
+    if not 0 <= k <= spec.shape[d]:
+        msg = f"{func}: k={k} out of range for dim {d} of size {spec.shape[d]}"
+        raise IndexError(msg)
+    mesh, off, n = spec.mesh, shard_offset(spec, i), spec.mesh.size(i)
+    fill = _fill(x.dtype, "max" if largest else "min")
+    out = with_dim_replicated(spec, d, k)
+
+    def call(loc, *_a, **_k):
+        rows = loc.shape[d]
+        pad_shape = list(loc.shape)
+        pad_shape[d] = k
+        cand = torch.cat([loc, loc.new_full(pad_shape, fill)], d)
+        # a stable sort keeps real rows ahead of equal padding
+        v, ix = torch.sort(cand, dim=d, descending=largest, stable=True)
+        v, ix = v.narrow(d, 0, k), ix.narrow(d, 0, k)
+        pad = (ix >= rows).to(torch.int64)
+        gix = ix + off
+        sizes = (k,) * n
+        v, gix, pad = (all_gather(t, d, sizes, mesh, i) for t in (v, gix, pad))
+        # order the P*k candidates by (value, padding last, global index): three stable sorts
+        o = torch.sort(gix, dim=d, stable=True)[1]
+        v, gix, pad = (t.gather(d, o) for t in (v, gix, pad))
+        o = torch.sort(pad, dim=d, stable=True)[1]
+        v, gix = (t.gather(d, o) for t in (v, gix))
+        v, o = torch.sort(v, dim=d, descending=largest, stable=True)
+        return v.narrow(d, 0, k), gix.gather(d, o).narrow(d, 0, k)
+
+    return Plan(steps, (), call, (out, out))

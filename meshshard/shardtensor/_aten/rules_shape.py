@@ -1,8 +1,8 @@
-"""Aten rules (issue 22, porting step 2): shape ops that move rows between ranks, and the rest.
+"""Aten rules: shape ops that move rows between ranks, and the rest.
 
 * ``cat`` along the sharded dim: rank r ends up with the sum of every operand's rows on r
   (replicated operands count as split evenly); only rows whose owner changes move (one uneven
-  all-to-all, :func:`move_rows`). Elsewhere the spike's ``cat`` rule applies.
+  all-to-all, :func:`move_rows`). Elsewhere the base ``cat`` rule (``rules._cat``) applies.
 * ``view``/``reshape`` that *split* a sharded dim other than by whole rows (``(N*D,) ->
   (N, D)`` with shard sizes not multiples of ``D``): the boundaries are rounded to whole rows of
   the new outer dim and the partial rows move (all-to-all), then the view is local.
@@ -10,7 +10,7 @@
   the rows go to the mirrored rank. ``roll`` along the sharded dim: rows move by the shift.
 * ``stack``, ``unbind``, ``repeat`` (a repeat of the sharded dim is ``Blocked``: every block
   holds each rank's rows), ``flip``/``roll`` of unsharded dims: local.
-* ``mv``/``dot``: the spike's label algebra (a contracted sharded dim gives Partial).
+* ``mv``/``dot``: the base rules' label algebra (a contracted sharded dim gives Partial).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from meshshard.shardtensor._aten.rules import (
     check,
     make_spec,
     product,
-    rule,
+    register_rule,
     shard_like,
 )
 
@@ -103,10 +103,10 @@ def _plain_blocks(spec, i, func):
 
 
 # ------------------------------------------------------------------ cat along the shard dim
-_spike_cat = _R._RULES[aten.cat.default]
+_same_dim_cat = _R._cat  # cat along a dim no operand is sharded on
 
 
-@rule(aten.cat.default)
+@register_rule(aten.cat.default, extends=_same_dim_cat)
 def _cat(func, args, kwargs) -> Plan:
     tensors = args[0]
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
@@ -115,7 +115,7 @@ def _cat(func, args, kwargs) -> Plan:
     over = [i for t in tensors if type(t) is ShardTensor
             for i in _shard_mesh_dims(t._spec, dim)]
     if not over:
-        return _spike_cat(func, args, kwargs)
+        return _same_dim_cat(func, args, kwargs)
     i = over[0]
     rs = next(t._spec for t in tensors if type(t) is ShardTensor
               and i in _shard_mesh_dims(t._spec, dim))
@@ -158,7 +158,7 @@ def _cat(func, args, kwargs) -> Plan:
 
 
 # ------------------------------------------------------------------ views splitting a shard
-_spike_view = _R._RULES[aten.view.default]
+_mapped_view = _R._view  # views that map each sharded dim into one output dim
 
 
 def _rounded(sizes, b: int) -> tuple:
@@ -171,10 +171,11 @@ def _rounded(sizes, b: int) -> tuple:
     return tuple(cuts[r + 1] - cuts[r] for r in range(len(sizes)))
 
 
-@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+@register_rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+               extends=_mapped_view)
 def _view(func, args, kwargs) -> Plan:
     try:
-        plan = _spike_view(func, args, kwargs)
+        plan = _mapped_view(func, args, kwargs)
     except NotImplementedError as e:
         err = e
     else:
@@ -238,7 +239,7 @@ def _view(func, args, kwargs) -> Plan:
 
 
 # ------------------------------------------------------------------ flip / roll
-@rule(aten.flip.default)
+@register_rule(aten.flip.default)
 def _flip(func, args, kwargs) -> Plan:
     x, spec = args[0], args[0]._spec
     dims = [d % x.ndim for d in args[1]]
@@ -263,7 +264,7 @@ def _flip(func, args, kwargs) -> Plan:
     return Plan((), (), call, spec)
 
 
-@rule(aten.roll.default)
+@register_rule(aten.roll.default)
 def _roll(func, args, kwargs) -> Plan:
     x, spec = args[0], args[0]._spec
     shifts = list(args[1])
@@ -307,7 +308,7 @@ def _roll(func, args, kwargs) -> Plan:
 
 
 # ------------------------------------------------------------------ stack / unbind / repeat
-@rule(aten.stack.default)
+@register_rule(aten.stack.default)
 def _stack(func, args, kwargs) -> Plan:
     tensors = args[0]
     ref = next(t for t in tensors if type(t) is ShardTensor)
@@ -326,7 +327,7 @@ def _stack(func, args, kwargs) -> Plan:
     return Plan(tuple(steps), (), None, make_spec(rs.mesh, pl, rs.sizes, tuple(shape)))
 
 
-@rule(aten.unbind.int)
+@register_rule(aten.unbind.int)
 def _unbind(func, args, kwargs) -> Plan:
     x = args[0]
     d = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % x.ndim
@@ -339,7 +340,7 @@ def _unbind(func, args, kwargs) -> Plan:
     return Plan(outs=[out] * spec.shape[d])
 
 
-@rule(aten.repeat.default)
+@register_rule(aten.repeat.default)
 def _repeat(func, args, kwargs) -> Plan:
     x, reps = args[0], list(args[1])
     spec = x._spec
@@ -358,5 +359,5 @@ def _repeat(func, args, kwargs) -> Plan:
 
 # ------------------------------------------------------------------ linalg
 PRODUCTS.update({aten.mv.default: (("mk", "k"), "m"), aten.dot.default: (("k", "k"), "")})
-rule(aten.mv.default, aten.dot.default)(product)
+register_rule(aten.mv.default, aten.dot.default)(product)
 

@@ -1,4 +1,4 @@
-"""Aten rules (issue 22, porting step 2): slices and ``select`` of the sharded dim.
+"""Aten rules: slices and ``select`` of the sharded dim.
 
 ``slice`` of the sharded dim keeps each rank's rows (new per-rank counts, no data moves). Its
 backward puts the gradient back in the input's layout when the forward was seen (eager), else
@@ -20,7 +20,7 @@ from meshshard.shardtensor._aten.rules import (
     _coord,
     _local_shape,
     make_spec,
-    rule,
+    register_rule,
     shard_like,
     to_replicate_local,
 )
@@ -28,7 +28,7 @@ from meshshard.shardtensor._aten.rules import (
 aten = torch.ops.aten
 
 
-_spike_slice_bwd = _R._RULES[aten.slice_backward.default]
+_local_slice_bwd = _R._slice_bwd  # slices along a dim that is not sharded
 _SLICED: dict = {}  # forward slices seen: (layout of the result, slice) -> input sizes
 
 
@@ -75,7 +75,7 @@ def _sharded_on(spec, dim):
     return None
 
 
-@rule(aten.slice.Tensor)
+@register_rule(aten.slice.Tensor)
 def _slice(func, args, kwargs) -> Plan:
     x = args[0]
     dim = (args[1] if len(args) > 1 else 0) % x.ndim
@@ -84,7 +84,7 @@ def _slice(func, args, kwargs) -> Plan:
     start, end, step = norm_slice(args[2] if len(args) > 2 else None,
                                   args[3] if len(args) > 3 else None,
                                   args[4] if len(args) > 4 else 1, x.shape[dim])
-    if i is None:  # the spike's rule, with the length computed without a guard
+    if i is None:  # not sharded along dim: the length computed without a guard
         shape = list(spec.shape)
         shape[dim] = torch.sym_max((end - start + step - 1) // step, 0)
         return Plan(outs=make_spec(spec.mesh, spec.placements, spec.sizes, tuple(shape)))
@@ -108,13 +108,13 @@ def _slice(func, args, kwargs) -> Plan:
     return Plan((), (), call, out)
 
 
-@rule(aten.slice_backward.default)
+@register_rule(aten.slice_backward.default, extends=_local_slice_bwd)
 def _slice_bwd(func, args, kwargs) -> Plan:
     g, in_sizes, dim, start, end, step = args[:6]
     dim = dim % len(in_sizes)
     i = _sharded_on(g._spec, dim)
     if i is None:
-        return _spike_slice_bwd(func, args, kwargs)
+        return _local_slice_bwd(func, args, kwargs)
     gs = g._spec
     start, end, step = norm_slice(start, end, step, in_sizes[dim])
     try:
@@ -140,15 +140,15 @@ def _slice_bwd(func, args, kwargs) -> Plan:
     return Plan((), (), call, out)
 
 
-_spike_select = _R._RULES[aten.select.int]
+_local_select = _R._select  # select along a dim that is not sharded
 
 
-@rule(aten.select.int)
+@register_rule(aten.select.int, extends=_local_select)
 def _select(func, args, kwargs) -> Plan:
     x, dim = args[0], args[1] % args[0].ndim
     i = _sharded_on(x._spec, dim)
     if i is None:
-        return _spike_select(func, args, kwargs)
+        return _local_select(func, args, kwargs)
     spec = x._spec
     n = x.shape[dim]
     k = args[2] + n if args[2] < 0 else args[2]
@@ -175,7 +175,7 @@ def _select(func, args, kwargs) -> Plan:
     return Plan((), (), call, make_spec(mesh, tuple(pl), tuple(sizes), shape))
 
 
-@rule(aten.select_backward.default)
+@register_rule(aten.select_backward.default)
 def _select_bwd(func, args, kwargs) -> Plan:
     g, in_sizes, dim = args[0], list(args[1]), args[2] % len(args[1])
     gs = g._spec

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from meshshard.shardtensor._aten import rules as _base
-from meshshard.shardtensor._aten.rules import Plan, _reduced, _to_spec, rule
+from meshshard.shardtensor._aten.rules import Plan, _reduced, _to_spec, register_rule
 from meshshard.shardtensor._aten.rules_reduce import all_reduce_op, padded
 from meshshard.shardtensor._aten.tensor import SHARDED
 
@@ -28,7 +28,7 @@ def _over(spec, dim: int) -> list[int]:
     return [i for i, p in enumerate(spec.placements) if isinstance(p, SHARDED) and p.dim == dim]
 
 
-@rule(aten._softmax.default, aten._log_softmax.default)
+@register_rule(aten._softmax.default, aten._log_softmax.default, extends=_LOCAL_FWD)
 def _softmax(func, args, kwargs) -> Plan:
     x, dim = args[0], args[1] % args[0].ndim
     over = _over(x._spec, dim)
@@ -52,7 +52,8 @@ def _softmax(func, args, kwargs) -> Plan:
     return Plan(steps, (), call, spec)
 
 
-@rule(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
+@register_rule(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default,
+               extends=_LOCAL_BWD)
 def _softmax_bwd(func, args, kwargs) -> Plan:
     out, dim = args[1], args[2] % args[1].ndim
     over = _over(out._spec, dim)

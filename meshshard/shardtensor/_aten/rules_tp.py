@@ -38,18 +38,16 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.shardtensor._aten import rules as _R
 from meshshard.shardtensor._aten import rules_fused as _fused
-from meshshard.shardtensor._aten import rules_shape as _shape  # noqa: F401  (view chain order)
+from meshshard.shardtensor._aten import rules_shape as _shape
 from meshshard.shardtensor._aten.rules import (
-    _DIRECT,
     Plan,
     _all_gather_v,
     _all_reduce,
     _coord,
     _narrow,
-    rule,
+    register_rule,
 )
 from meshshard.shardtensor._aten.tensor import (
-    FUNCTION_RULES,
     SHARDED,
     ShardTensor,
     _Lift,
@@ -167,8 +165,7 @@ def _einsum_rule(func, args, kwargs):
     return ShardTensor(torch.einsum(eq, locs), out)
 
 
-rule(torch.ops.meshshard.einsum.default)(_einsum_rule)
-_DIRECT.add(_einsum_rule)
+register_rule(torch.ops.meshshard.einsum.default, direct=True)(_einsum_rule)
 
 
 # ------------------------------------------------------------------ when torch calls route here
@@ -249,7 +246,7 @@ def matmul_function(a, b):
     return _route(f"{batch}xy,{batch}yz->{batch}xz", [a, b])
 
 
-_prev_linear = FUNCTION_RULES.get(F.linear, _fused.linear_function)
+_prev_linear = _fused.linear_function
 
 
 def linear_function(input, weight, bias=None):
@@ -268,14 +265,13 @@ def linear_function(input, weight, bias=None):
     return _prev_linear(input, weight, bias)
 
 
-FUNCTION_RULES[torch.einsum] = einsum_function
-for _f in (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__):
-    FUNCTION_RULES[_f] = matmul_function
-FUNCTION_RULES[F.linear] = linear_function
+register_rule(torch.einsum)(einsum_function)
+register_rule(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)(matmul_function)
+register_rule(F.linear, extends=_prev_linear)(linear_function)  # the fused rule's, extended
 
 
 # ------------------------------------------------------------------ views splitting a shard locally
-_prev_view = _R._RULES[aten.view.default]
+_prev_view = _shape._view  # the shape rules' view, for the views this one leaves alone
 
 
 def _groups(ins: list, outs: list) -> list | None:
@@ -345,7 +341,8 @@ def _split_plan(args) -> Plan | None:
     return Plan((), ((1, local),), _R._reshape, out)
 
 
-@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+@register_rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+               extends=_prev_view)
 def _view(func, args, kwargs) -> Plan:
     plan = _split_plan(args)
     return plan if plan is not None else _prev_view(func, args, kwargs)

@@ -2,15 +2,16 @@
 ``numpy``): a one-element tensor converts (a Partial or sharded one is reduced or gathered
 first, as ``rules._item`` does); a sharded tensor of more elements holds different values on
 each rank, so the conversion is refused with an error that says so and what to call instead
-(torch's own message only counts the elements). Function-level rules (``FUNCTION_RULES``):
-they run before any aten op.
+(torch's own message only counts the elements). Function-level rules: they run before any
+aten op.
 """
 
 from __future__ import annotations
 
 import torch
 
-from meshshard.shardtensor._aten.tensor import FUNCTION_RULES, SHARDED, ShardTensor
+from meshshard.shardtensor._aten.registry import register_rule
+from meshshard.shardtensor._aten.tensor import SHARDED, ShardTensor
 
 
 def _refuse_sharded(name: str, one_element_ok: bool):
@@ -28,4 +29,4 @@ def _refuse_sharded(name: str, one_element_ok: bool):
 for _f, _ok in ((torch.Tensor.item, True), (torch.Tensor.__float__, True),
                 (torch.Tensor.__int__, True), (torch.Tensor.__bool__, True),
                 (torch.Tensor.tolist, False), (torch.Tensor.numpy, False)):
-    FUNCTION_RULES[_f] = _refuse_sharded(f"{_f.__name__}()", _ok)
+    register_rule(_f)(_refuse_sharded(f"{_f.__name__}()", _ok))

@@ -3,7 +3,7 @@
 ``(B*H, N, D) -> (B, H, N, D)`` inside an einsum, with the batch sharded on mesh dim 0 and the
 points on mesh dim 1 (data x domain): ``B*H`` is sharded with sizes ``b_r * H``, and splitting
 it into ``(B, H)`` keeps every rank's rows whole (``b_r`` rows of the new outer dim). The
-spike's rule (``rules._view``) maps a sharded coordinate into one output dim (a merge, or a
+base rule (``rules._view``) maps a sharded coordinate into one output dim (a merge, or a
 dim kept), and ``rules_shape._view`` splits a dim sharded on one mesh dim by moving rows; this
 rule adds the split by whole rows, per mesh dim and independently of the others, so nothing
 moves. Each mesh dim's sharded coordinate (extent ``n``, flat stride ``sigma``, per-rank sizes
@@ -18,10 +18,11 @@ from __future__ import annotations
 import torch
 
 from meshshard.shardtensor._aten import rules as _R
-from meshshard.shardtensor._aten.rules import Plan, _map_view_dim, rule
+from meshshard.shardtensor._aten import rules_tp as _tp
+from meshshard.shardtensor._aten.rules import Plan, _map_view_dim, register_rule
 
 aten = torch.ops.aten
-_EARLIER = _R._RULES[aten.view.default]  # rules_shape's (imported before this module)
+_EARLIER = _tp._view  # the view chain so far: rules_tp's, then rules_shape's, then rules
 
 
 def _strides(shape: list) -> list:
@@ -62,7 +63,8 @@ def _map(outs: list, sigma, n, sizes: tuple):
     return map_split(outs, sigma, n, sizes)
 
 
-@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+@register_rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+               extends=_EARLIER)
 def _view(func, args, kwargs) -> Plan:
     spec = args[0]._spec
     used = set()

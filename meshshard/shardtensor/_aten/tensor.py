@@ -42,8 +42,9 @@ from meshshard.shardtensor._aten.collective_ops import (
     keep_checkpointed_collectives_saved,
 )
 from meshshard.shardtensor._aten.no_rule import NoRuleError
+from meshshard.shardtensor._aten.registry import FUNCTION_RULES
 
-__all__ = ["ASpec", "AtenShardTensor", "Blocked", "ShardTensor", "from_local_aten"]
+__all__ = ["ASpec", "Blocked", "ShardTensor", "wrap_local"]
 
 
 @dataclass(frozen=True)
@@ -137,9 +138,6 @@ def _late(name: str) -> Any:
                "(not meshshard.shardtensor._aten.tensor alone)")
         raise RuntimeError(msg)
     return fn
-# torch functions whose ShardTensor rule runs above autograd (filled by the rule modules): they
-# call custom ops with their own autograd formulas and sharding rules
-FUNCTION_RULES: dict = {}
 _EMPTY: dict = {}
 _SPECS: dict = {}
 
@@ -413,10 +411,6 @@ def _is_custom_op_autograd(func: Any) -> bool:
     return is_custom_op_autograd_function(getattr(func, "__self__", None))
 
 
-# the name the port used before the swap; tests written then still import it
-AtenShardTensor = ShardTensor
-
-
 def _skip_new_in_dynamo() -> None:
     skip_dynamo_frame(ShardTensor.__new__)
 
@@ -554,7 +548,7 @@ class _Full(torch.autograd.Function):
                                        spec)
 
 
-def from_local_aten(local: torch.Tensor, mesh, placements, sizes) -> ShardTensor:
+def wrap_local(local: torch.Tensor, mesh, placements, sizes) -> ShardTensor:
     """Wrap this rank's piece (differentiable w.r.t. ``local``). ``sizes``: per mesh dim, the
     per-rank sizes of each Shard placement (None for others). No collective."""
     placements = tuple(placements)
@@ -563,7 +557,7 @@ def from_local_aten(local: torch.Tensor, mesh, placements, sizes) -> ShardTensor
         if isinstance(p, Shard):
             shape[p.dim] = sum(sizes[i])
         elif isinstance(p, Partial) and p.reduce_op != "sum":
-            msg = f"spike supports Partial('sum') only, got {p}"
+            msg = f"a ShardTensor's Partial placements reduce by 'sum' only, got {p}"
             raise NotImplementedError(msg)
     sizes = tuple(None if s is None else tuple(int(v) for v in s) for s in sizes)
     spec = make_spec(mesh, placements, sizes, tuple(shape))

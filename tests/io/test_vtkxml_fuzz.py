@@ -3,7 +3,7 @@ edits of small generated files in several layouts. Every case must end in output
 the undamaged file's (the store is written from it) or in an InputFileError naming the file;
 never a crash, a hang, another exception or different data.
 
-The cases run in a child process (``tests/pipelines/_fuzz.py``), so a segfault in a reader
+The cases run in a child process (``tests/io/_fuzz.py``), so a segfault in a reader
 (VTK still reads the layouts meshshard's reader does not) fails the test and names the case.
 Flips in uncompressed layouts avoid the array values themselves: a changed value there is a
 valid, different file that no reader can detect; compressed layouts (zlib's adler32, xz's
@@ -60,7 +60,7 @@ def test_fuzzed_files_give_the_same_output_or_a_clear_error(bases, tmp_path):
                                 "work": str(tmp_path)}))  # fmt: skip
     env = dict(os.environ, PYTHONPATH=os.getcwd(), MESHSHARD_READ_THREADS="2")
     try:
-        p = subprocess.run([sys.executable, "-m", "tests.pipelines._fuzz", str(spec), str(out)],
+        p = subprocess.run([sys.executable, "-m", "tests.io._fuzz", str(spec), str(out)],
                            capture_output=True, text=True, timeout=240, env=env)  # fmt: skip
     except subprocess.TimeoutExpired:
         last = (tmp_path / "out.json.progress").read_text()

@@ -1,5 +1,5 @@
 """The fuzz cases over meshshard's VTK XML reading, run in a child process by
-``test_vtkxml_fuzz.py``: ``python -m tests.pipelines._fuzz SPEC OUT``.
+``test_vtkxml_fuzz.py``: ``python -m tests.io._fuzz SPEC OUT``.
 
 SPEC (JSON) lists base files (path, layout, whether compressed) and how many cases of each
 kind to make from each; every case is derived from ``(seed, base, kind, i)`` only. Before each

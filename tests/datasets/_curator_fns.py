@@ -1,4 +1,4 @@
-"""Rank functions for tests/pipelines/test_curator.py."""
+"""Rank functions for tests/datasets/test_curator.py."""
 
 from __future__ import annotations
 
@@ -37,3 +37,15 @@ def load_rank(rank: int, world: int, store: str, root: str) -> dict:
         "stl": load_shard(store, rank, world, part="stl")["stl_faces"].shape,
         "reads": [(n, (s.start, s.stop) if isinstance(s, slice) else repr(s)) for n, s in reads],
     }
+
+
+def refused_rank(rank: int, world: int, store: str) -> str:
+    """The StoreError every rank raises when one rank's rows hold a NaN truth ('' if none)."""
+    from meshshard.datasets import load_shard
+    from meshshard.store.format import StoreError
+
+    try:
+        load_shard(store, rank, world, part="surface")
+    except StoreError as exc:
+        return str(exc)
+    return ""

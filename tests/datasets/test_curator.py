@@ -15,7 +15,7 @@ from meshshard.datasets.curator import curator_info, is_curator_store, write_cur
 from meshshard.partition import partition
 from meshshard.store.format import StoreError
 from meshshard.testing.distributed import run_ranks
-from tests.pipelines._curator_fns import load_rank
+from tests.datasets._curator_fns import load_rank
 
 
 @pytest.fixture(scope="module")
