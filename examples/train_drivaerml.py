@@ -71,6 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="DoMINO: train in float64 (separates rounding from real differences)")
     ap.add_argument("--png", type=Path, default=Path("domino_loss.png"),
                     help="DoMINO: plot of both loss curves (with --compare-single)")
+    ap.add_argument("--device", default=None,
+                    help="cuda or cpu (default: cuda when present; each rank takes its "
+                         "LOCAL_RANK GPU)")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--knn", type=int, default=8)
@@ -90,16 +93,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def setup() -> tuple[int, int]:
+def setup(device: str | None = None) -> tuple[int, int]:
     # under torchrun: join it; plain `python train_drivaerml.py`: a world of one. Collectives
-    # fail after MESHSHARD_TIMEOUT seconds (default 5 minutes) instead of hanging
-    return init()
+    # fail after MESHSHARD_TIMEOUT seconds (default 5 minutes) instead of hanging. On CUDA the
+    # group is cpu:gloo,cuda:nccl (the CPU tensors a loader still moves go through gloo)
+    return init("gloo" if device == "cpu" else None)
+
+
+def run_device(args) -> torch.device:
+    """``--device``, else this rank's GPU when CUDA is present, else the CPU."""
+    from meshshard.comm import default_device
+
+    if args.device is None:
+        return default_device()
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     split_runs([], args.val_fraction)  # a bad --val-fraction: refused before any group is made
-    rank, world = setup()
+    rank, world = setup(args.device)
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="%(asctime)s %(message)s")
     if args.model == "domino":
@@ -109,7 +125,7 @@ def main(argv=None) -> int:
         msg = f"--data-parallel {dp} x --tensor-parallel {tp} must divide the world size {world}"
         raise SystemExit(msg)
     domain = world // (dp * tp)
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    device_type = run_device(args).type
     if tp > 1:
         mesh = init_mesh_3d(dp, domain, tp, device_type=device_type)
     else:
@@ -248,23 +264,26 @@ def train_domino_main(args, rank: int, world: int) -> int:
     if not runs:
         msg = f"{args.stores}: no run_<i>.zarr stores (run meshshard preprocess first)"
         raise SystemExit(msg)
-    mesh = init_device_mesh("cpu", (world,))
+    device = run_device(args)
+    mesh = init_device_mesh(device.type, (world,))
     group = mesh.get_group(0)
     solo = dist.new_group([0])  # collective: the one-process reference's group
     samples = [domino_sample(r, rank, world, group, grid_shape=args.grid,
-                             grid_layout=args.grid_layout) for r in runs]
+                             grid_layout=args.grid_layout, device=device) for r in runs]
     lay = samples[0]["layout"]
-    ops = ShardedDominoOps(mesh, lay.sizes)
-    model = make_domino(lay, samples[0]["target"].shape[1], ops, hidden=args.hidden)
+    ops = ShardedDominoOps(mesh, lay.sizes, validate=False)  # domino_sample checked the points
+    model = make_domino(lay, samples[0]["target"].shape[1], ops, hidden=args.hidden,
+                        device=device)
     if args.float64:
         model, samples = model.double(), [_double(s) for s in samples]
     # ShardTensor inputs: a plain loss.backward() gives global gradients (no allreduce_grads)
     losses = train_domino(samples, model, steps=args.steps, lr=args.lr, mesh=mesh)
     if args.compare_single:
         if rank == 0:
-            ref = [domino_sample(r, 0, 1, solo, grid_shape=args.grid) for r in runs]
+            ref = [domino_sample(r, 0, 1, solo, grid_shape=args.grid, device=device)
+                   for r in runs]
             single = make_domino(ref[0]["layout"], ref[0]["target"].shape[1], LocalOps(),
-                                 hidden=args.hidden)
+                                 hidden=args.hidden, device=device)
             if args.float64:
                 single, ref = single.double(), [_double(s) for s in ref]
             base = train_domino(ref, single, steps=args.steps, lr=args.lr, sharded=False)

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from meshshard.datasets.reference import geo_ref_path, read_geo_ref, run_reference
+from meshshard.store.format import StoreError, open_store
 
 __all__ = ["ESTIMATED", "geo_ref_path", "read_geo_ref", "reference_area_for"]
 
@@ -26,8 +27,6 @@ ESTIMATED = "frontal area (estimate)"
 def _store_reference(source: Path) -> dict | None:
     if not (source / "zarr.json").is_file():
         return None
-    from meshshard.store.format import StoreError, open_store
-
     try:
         _, attrs = open_store(source)
     except (StoreError, OSError, ValueError):  # a curator store or another zarr: none recorded

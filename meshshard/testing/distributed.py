@@ -1,16 +1,17 @@
 """Run a function on real ``torch.distributed`` ranks spawned on this machine.
 
 Every distributed test (and a few benchmarks) uses :func:`run_ranks`. It starts ``world_size``
-processes, joins them into one gloo (CPU) or NCCL (GPU) process group through a TCP store on a
-free port (port 0, chosen by the OS), runs ``fn(rank, world_size, *args)`` on each, and returns
-the per-rank results in rank order. When any rank raises, the others are stopped after a short
-grace period and :class:`RankError` carries every rank's traceback; a rank that hangs is killed
-at ``timeout`` seconds. Before a rank that is still running is killed, its Python stack is
-dumped (``faulthandler``), so the report says per rank: finished, raised, died, or still running
-and where -- and names a rank that never arrived at the collective the others waited in.
-Collectives fail after the collective timeout (``MESHSHARD_TIMEOUT``, at most ``timeout``), so a
-diverging rank ends the run with errors rather than a hang. Nothing here mocks the
-communication layer.
+processes, joins them into one process group (gloo unless the caller names another backend: it
+never switches on its own, so the CPU suite tests the same thing on a host with GPUs) through a
+TCP store on a free port (port 0, chosen by the OS), runs ``fn(rank, world_size, *args)`` on
+each, and returns the per-rank results in rank order. When any rank raises, the others are
+stopped after a short grace period and :class:`RankError` carries every rank's traceback; a rank
+that hangs is killed at ``timeout`` seconds. Before a rank that is still running is killed, its
+Python stack is dumped (``faulthandler``), so the report says per rank: finished, raised, died,
+or still running and where -- and names a rank that never arrived at the collective the others
+waited in. Collectives fail after the collective timeout (``MESHSHARD_TIMEOUT``, at most
+``timeout``), so a diverging rank ends the run with errors rather than a hang. Nothing here
+mocks the communication layer.
 
 Example
 -------
@@ -145,7 +146,7 @@ def _worker(
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     try:
-        if backend == "nccl":
+        if "nccl" in backend:
             torch.cuda.set_device(rank % torch.cuda.device_count())
         join_group(backend, "127.0.0.1", port, rank, world_size,
                    join_timeout=_dt.timedelta(seconds=timeout_s),
@@ -190,7 +191,7 @@ def run_ranks(
     fn: Callable[..., Any],
     world_size: int,
     *args: Any,
-    backend: str | None = None,
+    backend: str = "gloo",
     timeout: float = 120.0,
     threads: int = 1,
     collective_timeout: float | None = None,
@@ -209,8 +210,10 @@ def run_ranks(
         Number of ranks (>= 1).
     *args
         Extra picklable arguments passed to every rank.
-    backend : str, optional
-        ``"gloo"`` (default on CPU) or ``"nccl"`` (default when CUDA has >= world_size devices).
+    backend : str
+        ``"gloo"`` (default, whatever devices the host has) or ``"nccl"`` (each rank then
+        takes GPU ``rank % device_count``; tests that ask for it carry the ``gpu`` marker),
+        or a device-mapped string such as ``"cpu:gloo,cuda:nccl"``.
     timeout : float
         Seconds before a silent rank is declared hung and every rank is killed.
     threads : int
@@ -240,7 +243,6 @@ def run_ranks(
     if world_size < 1:
         msg = f"world_size={world_size} must be >= 1"
         raise ValueError(msg)
-    import torch
     import torch.distributed as dist
 
     env = {str(k): str(v) for k, v in (env or {}).items()}
@@ -249,9 +251,6 @@ def run_ranks(
         float(timeout),
     )
 
-    if backend is None:
-        use_nccl = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
-        backend = "nccl" if use_nccl else "gloo"
     ctx = _mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
     # The parent hosts the rendezvous store on a port the OS chooses (port 0).

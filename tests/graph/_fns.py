@@ -82,6 +82,14 @@ def oracle_cases(rank: int, P: int, cases: list[dict]) -> list[dict]:
                     "out": out.detach().numpy(), "grads": _grads(model),
                     "refreshes": plug.refreshes,
                 }  # fmt: skip
+        # a layer's refresh after the first: no host sync (the plan's rows stay on the device)
+        from meshshard.testing.sync_census import sync_census
+
+        plug = GhostExchange(g1, "per_layer", 2)
+        h = plug.begin(torch.from_numpy(prob["x"][g1.nodes[: g1.n_owned]]))
+        with sync_census() as census:
+            plug.before_layer(h, 1)
+        res["layer_syncs"] = census.report() if census.total else 0
         results.append(res)
     return results
 

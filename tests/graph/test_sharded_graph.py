@@ -128,6 +128,8 @@ def test_refresh_and_aggregate(P: int, ci: int) -> None:
         for r in per:
             np.testing.assert_allclose(r["agg"][reduce], want[r["nodes"][: r["n_owned"]]],
                                        rtol=1e-5, atol=1e-6)  # fmt: skip
+    for r in per:  # GhostExchange's per-layer refresh: the plan's rows cached on the device
+        assert r["layer_syncs"] == 0, r["layer_syncs"]
 
 
 MODEL_IDS = [

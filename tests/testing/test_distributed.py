@@ -11,6 +11,11 @@ def test_allreduce_real_ranks(world_size):
     assert out == [expected] * world_size
 
 
+def test_backend_is_gloo_unless_named():
+    """The CPU suite must test gloo on a host with GPUs too: no silent switch to NCCL."""
+    assert run_ranks(_fns.backend_name, 2) == ["gloo", "gloo"]
+
+
 def test_args_and_rank_order():
     out = run_ranks(_fns.echo_args, 2, 7, "x")
     assert out == [(0, 2, 7, "x"), (1, 2, 7, "x")]
