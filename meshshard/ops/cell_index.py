@@ -59,8 +59,9 @@ class CellIndex:
         Cell size (a ball query's radius is a good one). Default: from the density, about
         ``per_cell`` points per cell of the bounding box.
     per_cell : float
-        Target points per cell when ``cell`` is not given (a kNN with ``k`` neighbours is
-        fastest around ``k / 4``).
+        Target points per cell of the bounding box when ``cell`` is not given (measured with
+        k=16: 0.5 beat 2 on uniform and on clustered clouds; at most ``max(2 n, 4096)`` cells
+        are made, which caps smaller values).
     bounds : (lo, hi) sequences of d floats, optional
         A box holding every point; saves the read-back of the points' bounds.
     key : Tensor of shape (n,), int64, optional
@@ -77,7 +78,7 @@ class CellIndex:
         x: torch.Tensor,
         *,
         cell: float | None = None,
-        per_cell: float = 2.0,
+        per_cell: float = 0.5,
         bounds: tuple | None = None,
         key: torch.Tensor | None = None,
     ) -> None:
