@@ -2,6 +2,8 @@
 
 One run prints markdown tables:
 
+0. the device spatial index (``backend="grid"``) on the CPU: its time against cKDTree at 1M
+   points and against the tiled brute force at 200k points, as ratios;
 1. single-process baseline: scipy cKDTree (build + query, ``workers=-1``) on all N points;
 2. simulated traffic at P ranks (default 8 and 64): the *same* planning code the distributed
    op runs (local kNN bound -> box pruning -> bounded answers, from ``meshshard.ops``) executed
@@ -14,6 +16,7 @@ Usage::
 
     .venv/bin/python benchmarks/bench_ops.py            # N = 1M (several minutes on 2 cores)
     .venv/bin/python benchmarks/bench_ops.py --n 200000 # quick run
+    .venv/bin/python benchmarks/bench_ops.py --only-index  # the spatial index table only
 
 Shards come from ``meshshard.partition.partition`` when it is available, otherwise from the
 small reference RCB / Morton splitters below (marked ``(bench)`` in the tables).
@@ -119,10 +122,50 @@ def simulate(stored: np.ndarray, sizes: np.ndarray, k: int, nboxes: int) -> dict
     answers = 0
     for q in range(P):
         if inbox[q]:
-            jr, _, _, _ = answer_knn_queries(xs[q], torch.cat(inbox[q]), k, backend="kdtree")
-            answers += int(jr.numel())
+            _, ri = answer_knn_queries(xs[q], torch.cat(inbox[q]), k, backend="kdtree")
+            answers += int((ri >= 0).sum())
     n = int(sizes.sum())
     return {"fwd": fwd / n, "ans": answers / n}
+
+
+# ----------------------------------------------------------------------------- local index
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def bench_index(n_tree: int, n_brute: int, brute_queries: int, k: int, kind: str) -> None:
+    """The device spatial index (``backend="grid"``, the cell list) on the CPU, against
+    cKDTree at ``n_tree`` points and against the tiled brute force at ``n_brute`` points (the
+    brute force on ``brute_queries`` queries, scaled linearly to all: its cost is linear in
+    the queries). Every backend gets the same torch thread budget; answers are compared."""
+    import torch
+
+    from meshshard.ops import kernels
+
+    threads = torch.get_num_threads()
+    print(f"### Local spatial index, one process, {threads} thread(s), k={k} ({kind})\n")
+    print("| N | queries | baseline | baseline s | grid s | grid / baseline | same answers |")
+    print("|---|---|---|---|---|---|---|")
+    x = torch.from_numpy(make_cloud(n_tree, kind, seed=1))
+    out = {}
+    t_tree = _timed(lambda: out.update(t=kernels.knn(x, x, k, backend="kdtree")))
+    t_grid = _timed(lambda: out.update(g=kernels.knn(x, x, k, backend="grid")))
+    same = bool((out["t"][1] == out["g"][1]).all())
+    print(f"| {n_tree:,} | {n_tree:,} | cKDTree (build + query) | {t_tree:.2f} | {t_grid:.2f} "
+          f"| {t_grid / t_tree:.2f} (target <= 3) | {'yes' if same else 'NO'} |", flush=True)
+    x = torch.from_numpy(make_cloud(n_brute, kind, seed=2))
+    q = x[torch.randperm(n_brute, generator=torch.Generator().manual_seed(0))[:brute_queries]]
+    t_b = _timed(lambda: out.update(b=kernels.knn(x, q, k, backend="brute")))
+    t_b_all = t_b * n_brute / brute_queries
+    t_grid = _timed(lambda: out.update(g=kernels.knn(x, x, k, backend="grid")))
+    gq = kernels.knn(x, q, k, backend="grid")[1]
+    same = bool((out["b"][1] == gq).all())
+    print(f"| {n_brute:,} | {n_brute:,} | brute ({t_b:.1f} s on {brute_queries:,} queries, "
+          f"x{n_brute / brute_queries:.0f}) | {t_b_all:.1f} | {t_grid:.2f} "
+          f"| {t_grid / t_b_all:.4f} = {t_b_all / t_grid:.0f}x faster (target >= 20x) "
+          f"| {'yes' if same else 'NO'} |\n", flush=True)
 
 
 # ----------------------------------------------------------------------------- real ranks
@@ -153,7 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sim", default="8,64", help="simulated rank counts ('' to skip)")
     ap.add_argument("--methods", default="rcb,hilbert,morton,metis")
     ap.add_argument("--nboxes", type=int, default=16)
+    ap.add_argument("--index-n", type=int, default=1_000_000,
+                    help="points for the grid-vs-cKDTree comparison (0 to skip the index)")
+    ap.add_argument("--brute-n", type=int, default=200_000)
+    ap.add_argument("--brute-queries", type=int, default=2_000)
+    ap.add_argument("--only-index", action="store_true", help="only the local index table")
     args = ap.parse_args(argv)
+    if args.index_n:
+        bench_index(args.index_n, args.brute_n, args.brute_queries, args.k, args.cloud)
+    if args.only_index:
+        return 0
     from scipy.spatial import cKDTree
 
     from meshshard.testing.distributed import run_ranks
@@ -186,9 +238,10 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 r = simulate(part.apply(pts), part.sizes, args.k, args.nboxes)
                 ratio = (P - 1) / r["fwd"] if r["fwd"] else float("inf")
-                # float64 coordinates; a query row is (x, y, z, bound), an answer row is
-                # (slot, d2, index) + (x, y, z); a ring hop carries (x, y, z, index)
-                ours = r["fwd"] * 4 * 8 + r["ans"] * 6 * 8
+                # float64 coordinates; a query row is (x, y, z, bound), an answer is k rows of
+                # (d2, index) + (x, y, z), padded (no count exchange); a ring hop carries
+                # (x, y, z, index). "answer rows" counts the useful (within-bound) ones
+                ours = r["fwd"] * 4 * 8 + r["fwd"] * args.k * 5 * 8
                 ring = (P - 1) * 4 * 8
                 print(
                     f"| {P} | {label} | {r['fwd']:.3f} | {r['ans']:.3f} | {P - 1} "

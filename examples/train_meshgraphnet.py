@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from meshshard.comm import shutdown
+from meshshard.comm import default_device, init, shutdown
 from meshshard.datasets import load_shard, make_synthetic_run
 from meshshard.datasets.graphstore import load_graph_shard, surface_dual_edges
 from meshshard.graph import GraphPlug, build_graph, refresh_ghosts
@@ -53,6 +53,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--workdir", type=Path, help="where the run and store go (default: temp)")
     ap.add_argument("--compare", action="store_true", help="rank 0 also trains in one process")
+    ap.add_argument("--device", default=None,
+                    help="cpu or cuda (default: cuda when present; each rank its LOCAL_RANK GPU)")
     return ap.parse_args()
 
 
@@ -77,8 +79,10 @@ def train(model, x, edge_attr, target, plug, steps, lr) -> list[float]:
 
 def main() -> int:
     args = parse_args()
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(args.device or default_device())
+    rank, world = init("gloo" if device.type == "cpu" else None)  # cuda: cpu:gloo,cuda:nccl
+    if device.type == "cuda":
+        device = default_device()  # this rank's GPU
     tmp = None
     if args.workdir is None:
         tmp = tempfile.TemporaryDirectory() if rank == 0 else None
@@ -99,7 +103,7 @@ def main() -> int:
     dist.barrier()
 
     # 2. this rank's cells and graph shard only
-    data = load_shard(store, rank, world, keys=KEYS)
+    data = {k: v.to(device) for k, v in load_shard(store, rank, world, keys=KEYS).items()}
     graph = load_graph_shard(store, rank, world)
     if args.strategy == "once":  # L rings, agreed with the owners from the stored owned edges
         ei = graph.edge_index[:, : graph.n_owned_edges].numpy()
@@ -108,8 +112,9 @@ def main() -> int:
                             edge_ids=graph.edge_ids[: graph.n_owned_edges],
                             rings=args.layers)  # fmt: skip
     n_total = int(graph.sizes.sum())
-    mesh = init_device_mesh("cpu", (world,))
-    plug = GraphPlug(graph, mesh, args.strategy, args.layers)
+    graph = graph.to(device)
+    mesh = init_device_mesh(device.type, (world,))
+    plug = GraphPlug(graph, mesh, args.strategy, args.layers, device=device)
     with torch.no_grad():  # input features: plain local data, wrapped once
         pos = refresh_ghosts(data["surface_mesh_centers"] / 4.0, graph)
         x = plug.nodes(torch.cat([data["surface_mesh_centers"] / 4.0, data["surface_normals"]],
@@ -118,7 +123,7 @@ def main() -> int:
         edge_attr = plug.edges(edge_features(pos, graph.edge_index))
     torch.manual_seed(0)
     model = MeshGraphNet(6, 4, target.shape[1], hidden=args.hidden, layers=args.layers,
-                         aggr=args.reduce)  # fmt: skip
+                         aggr=args.reduce).to(device)  # fmt: skip
     t = time.perf_counter()
     cpu = time.process_time()
     losses = train(model, x, edge_attr, target, plug, args.steps, args.lr)

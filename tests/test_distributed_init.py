@@ -59,3 +59,17 @@ def test_torchrun_stall_ends_with_the_timeout_and_the_stuck_rank_stack(tmp_path)
     assert r.returncode != 0, out
     assert "Timed out waiting 2000ms" in out, out
     assert 'stall.py", line 8 in <module>' in out, out  # faulthandler's dump of rank 1
+
+
+def test_default_backend_serves_cpu_tensors_beside_nccl(monkeypatch):
+    """With CUDA the default group is device-mapped (NCCL for CUDA tensors, gloo for the CPU
+    tensors a script still moves): plain "nccl" raises on any CPU tensor in a collective."""
+    import torch
+
+    from meshshard.comm.process import default_backend, default_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_backend() == "gloo"
+    assert default_device() == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_backend() == "cpu:gloo,cuda:nccl"

@@ -24,6 +24,7 @@ from meshshard.ops.domino_ops import allreduce_grads
 from meshshard.ops.gridpoint import GridLayout
 from meshshard.ops.sdf import ShardedSurface, grid_sdf
 from meshshard.shardtensor import Replicate, Shard, from_local
+from meshshard.store.format import StoreError
 
 __all__ = ["domino_sample", "make_domino", "train_domino"]
 
@@ -35,18 +36,30 @@ def _split(n: int, rank: int, world: int) -> slice:
 
 
 def domino_sample(store: str | Path, rank: int, world: int, group, *, grid_shape,
-                  grid_layout: str = "slab") -> dict[str, Any]:
-    """This rank's DoMINO inputs for one run store. Collective over ``group`` (SDF, stats)."""
-    stl = load_shard(store, 0, 1, part="stl", keys=("stl_coordinates", "stl_faces"))
-    verts = stl["stl_coordinates"].double()
-    tri = verts[stl["stl_faces"].long()]
+                  grid_layout: str = "slab", device=None) -> dict[str, Any]:
+    """This rank's DoMINO inputs for one run store, on ``device`` (default: the CPU; with a
+    NCCL group, this rank's GPU). Collective over ``group`` (SDF, stats)."""
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    try:
+        stl = load_shard(store, 0, 1, part="stl", keys=("stl_coordinates", "stl_faces"))
+    except StoreError as exc:
+        if "no array 'stl_" not in str(exc):
+            raise
+        msg = (f"{store}: has no STL (its run had none, or it was preprocessed with --surface "
+               "or --stl none); DoMINO reads the body's triangles: preprocess the run with its "
+               "STL and --stl mesh")  # fmt: skip
+        raise StoreError(msg) from None
+    verts = stl["stl_coordinates"].to(dev, torch.float64)
+    tri = verts[stl["stl_faces"].to(dev).long()]
     surf = load_shard(store, rank, world, part="surface",
                       keys=("surface_mesh_centers", "surface_normals", "surface_fields"))
+    surf = {k: v.to(dev) for k, v in surf.items()}
     lo, hi = verts.amin(0), verts.amax(0)
     pad = 0.1 * (hi - lo)
     lo, hi = lo - pad, hi + pad
     shape = tuple(int(s) for s in grid_shape)
-    spacing = ((hi - lo) / (torch.tensor(shape[::-1], dtype=torch.float64) - 1)).tolist()
+    spacing = ((hi - lo) / (torch.tensor(shape[::-1], dtype=torch.float64, device=dev) - 1)
+               ).tolist()
     D = shape[0]
     sizes = [len(range(D)[_split(D, r, world)]) for r in range(world)]
     layout = GridLayout(shape, lo.tolist(), spacing,
@@ -57,7 +70,8 @@ def domino_sample(store: str | Path, rank: int, world: int, group, *, grid_shape
     sdf = grid_sdf(surface, layout, dtype=torch.float32)
     target = surf["surface_fields"].float()
     t64 = target.double()
-    stats = torch.cat([t64.sum(0), torch.tensor([float(len(t64))], dtype=torch.float64)])
+    stats = torch.cat([t64.sum(0), torch.tensor([float(len(t64))], dtype=torch.float64,
+                                                 device=dev)])
     dist.all_reduce(stats, group=group)  # two passes: no cancellation in E[x^2] - E[x]^2
     n = stats[-1]
     mean = stats[:-1] / n
@@ -70,14 +84,14 @@ def domino_sample(store: str | Path, rank: int, world: int, group, *, grid_shape
             "target": ((t64 - mean) / std).float(), "layout": layout}
 
 
-def make_domino(layout, out_channels: int, ops, *, hidden: int = 32):
-    """A small surface DoMINO sized from the grid's spacing."""
+def make_domino(layout, out_channels: int, ops, *, hidden: int = 32, device=None):
+    """A small surface DoMINO sized from the grid's spacing, on ``device`` (default CPU)."""
     h = max(layout.spacing)
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # initialised on the CPU: the same weights on every device
     return DoMINO(layout.shape, layout.origin, layout.spacing, radii=(1.5 * h, 3.0 * h),
                   neighbors=(16, 32), local_radii=(0.5 * h, 1.0 * h), local_neighbors=(8, 16),
                   n_neighbors=7, point_features=3, out_channels=out_channels,
-                  geo_channels=8, hidden=hidden, blocks=2, ops=ops)
+                  geo_channels=8, hidden=hidden, blocks=2, ops=ops).to(device)
 
 
 def train_domino(samples: list[dict], model, *, steps: int, lr: float, group=None,
@@ -103,7 +117,7 @@ def train_domino(samples: list[dict], model, *, steps: int, lr: float, group=Non
             loss.backward()
             value = loss.detach().full_tensor().double().reshape(1)  # Partial: summed here
         else:
-            n = torch.tensor([float(out.numel())], dtype=torch.float64)
+            n = torch.tensor([float(out.numel())], dtype=torch.float64, device=out.device)
             if sharded:
                 dist.all_reduce(n, group=group)
             loss = ((out - s["target"]) ** 2).sum() / float(n)

@@ -201,9 +201,9 @@ def format_table(result: dict[str, Any]) -> str:
     out = [f"model: {result['model'] or 'none (truth against truth)'}"]
     est = [r["run"] for r in rows if r.get("reference_area_from") == ESTIMATED]
     if est:
-        out.append(f"WARNING: no reference area for {', '.join(est)}: Cd and Cl use an estimated "
-                   "frontal area (give --reference-area, a geo_ref_<i>.csv, or preprocess "
-                   "with one)")
+        out += _wrap(f"WARNING: no reference area for {', '.join(est)}: Cd and Cl use an "
+                     "estimated frontal area", ["(give --reference-area, a geo_ref_<i>.csv, "
+                                               "or preprocess with one)"])
     out += [line, "-" * len(line)]
     out += [" ".join(c.rjust(w) for c, w in zip(b, widths)) for b in body]
     s = result["summary"]

@@ -58,7 +58,7 @@ def _render_panels(mesh, data, panels, lo: float, hi: float) -> np.ndarray:
                         render_points_as_spheres=points, point_size=3,
                         scalar_bar_args=bar)
             pl.add_text(title, font_size=11, position="upper_left")
-            pl.view_isometric()
+            pl.view_vector((-1.0, -0.9, 0.7), viewup=(0.0, 0.0, 1.0))  # the front (flow +x)
         pl.link_views()
         img = pl.screenshot(None, return_img=True)
         pl.close()

@@ -271,10 +271,12 @@ def run_named(source: Any) -> Iterator[None]:
         raise _renamed(exc, f"{source}: {text}") from exc
 
 
-def check_predictions(pred: np.ndarray, group: Any = None) -> None:
-    """The model's (de-standardised) predictions on this rank are finite; else every rank
-    raises (collective when distributed). Finite weights and inputs can still overflow."""
-    bad = ~np.isfinite(pred).all(axis=1) if pred.ndim == 2 else ~np.isfinite(pred)
+def check_predictions(pred: np.ndarray, group: Any = None, limit: float = np.inf) -> None:
+    """The model's (de-standardised) predictions on this rank are finite (and within
+    ``limit``, e.g. float32's range for values about to be written as float32); else every
+    rank raises (collective when distributed). Finite weights and inputs can still overflow."""
+    ok = np.isfinite(pred) & (np.abs(pred) <= limit)
+    bad = ~ok.all(axis=1) if pred.ndim == 2 else ~ok
     problem = ""
     if bad.any():
         problem = (f"the model's predictions are NaN or inf in {int(bad.sum())} row(s) (first "

@@ -34,6 +34,7 @@ from meshshard.apps.figures import pressure_png
 from meshshard.apps.forces import force_coefficients
 from meshshard.apps.input_checks import (
     check_model_for_inference,
+    check_predictions,
     check_reference_area,
     checked_errors,
     run_named,
@@ -53,7 +54,7 @@ from meshshard.apps.rows import (
 )
 from meshshard.apps.train import build_inputs
 from meshshard.apps.volume import predict_volume_run
-from meshshard.apps.writer import write_summary, write_vtk
+from meshshard.apps.writer import fields_raw, write_summary, write_vtk
 from meshshard.comm.process import init
 from meshshard.shardtensor import Shard, from_local
 
@@ -176,6 +177,10 @@ def _predict_run(
     t_read = time.perf_counter() - t0
     t1 = time.perf_counter()
     pred = predict_rows(mf, rows, mesh=mesh, max_points_per_chunk=max_points_per_chunk)
+    # in the run's units (float64), within float32's range: the fields are written as float32
+    raw = fields_raw(mf, rows, pred.astype(np.float64))
+    check_predictions(np.concatenate([v.reshape(len(pred), -1) for v in raw.values()], axis=1)
+                      if raw else pred, group, limit=float(np.finfo(np.float32).max))
     t_model = time.perf_counter() - t1
     summary: dict[str, Any] = {"run": rows.name, "source": str(source), "cells": rows.n_total,
                                "ranks": len(rows.sizes), "rows_per_rank": rows.sizes,

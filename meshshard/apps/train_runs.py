@@ -26,9 +26,9 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from meshshard.apps.domino_train import compare_curves, domino_sample, make_domino, train_domino
 from meshshard.apps.export import export_surface_model
-from meshshard.apps.train import TrainConfig, load_sample, make_model, relative_l2
+from meshshard.apps.train import TrainConfig, load_sample, make_model, relative_l2, split_runs
 from meshshard.apps.volume import export_volume_model, load_volume_sample
-from meshshard.comm import check_collective, init, shutdown
+from meshshard.comm import check_collective, default_device, init, shutdown
 from meshshard.errors import InputError
 from meshshard.models.domino import LocalOps
 from meshshard.ops.domino_ops import ShardedDominoOps
@@ -53,6 +53,16 @@ def _log_on_rank_zero(rank: int) -> None:
         log.setLevel(logging.WARNING)
 
 
+def run_device(args: argparse.Namespace) -> torch.device:
+    """``--device``, else this rank's GPU when CUDA is present, else the CPU."""
+    if args.device is None:
+        return default_device()
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 def train_main(args: argparse.Namespace) -> int:
     """Train as ``meshshard train`` asks (the namespace of
     :func:`meshshard.commands.train.add_args`); returns the exit code.
@@ -60,7 +70,11 @@ def train_main(args: argparse.Namespace) -> int:
     Collective: under torchrun every rank calls this (it joins the group itself); alone, it
     makes a world of one. The groups are torn down before it returns.
     """
-    rank, world = init()
+    split_runs([], args.val_fraction)  # a bad --val-fraction: refused before any group is made
+    # under torchrun: join it; alone: a world of one. Collectives fail after MESHSHARD_TIMEOUT
+    # seconds (default 5 minutes). On CUDA the group is cpu:gloo,cuda:nccl (the CPU tensors a
+    # loader still moves go through gloo)
+    rank, world = init("gloo" if args.device == "cpu" else None)
     _log_on_rank_zero(rank)
     if args.model == "domino":
         return train_domino_main(args, rank, world)
@@ -69,7 +83,7 @@ def train_main(args: argparse.Namespace) -> int:
         msg = f"--data-parallel {dp} x --tensor-parallel {tp} must divide the world size {world}"
         raise InputError(msg)
     domain = world // (dp * tp)
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    device_type = run_device(args).type
     if tp > 1:
         mesh = init_mesh_3d(dp, domain, tp, device_type=device_type)
     else:
@@ -81,8 +95,13 @@ def train_main(args: argparse.Namespace) -> int:
     if not runs:
         msg = f"{args.stores}: no run_<i>.zarr stores (run meshshard preprocess first)"
         raise InputError(msg)
-    n_val = max(1, round(len(runs) * args.val_fraction)) if len(runs) > 1 else 0
-    train_runs, val_runs = runs[n_val:] or runs, runs[:n_val]
+    train_runs, val_runs, note = split_runs(runs, args.val_fraction)
+    if rank == 0:
+        if note:
+            log.warning("WARNING: %s: %s", args.stores, note)
+        else:
+            log.info("%d training run(s), %d held out for validation", len(train_runs),
+                     len(val_runs))
     cfg = TrainConfig(steps=args.steps, lr=args.lr, knn=args.knn, n_hidden=args.hidden,
                       n_layers=args.layers, slices=args.slices)
 
@@ -188,23 +207,26 @@ def train_domino_main(args, rank: int, world: int) -> int:
     if not runs:
         msg = f"{args.stores}: no run_<i>.zarr stores (run meshshard preprocess first)"
         raise InputError(msg)
-    mesh = init_device_mesh("cpu", (world,))
+    device = run_device(args)
+    mesh = init_device_mesh(device.type, (world,))
     group = mesh.get_group(0)
     solo = dist.new_group([0])  # collective: the one-process reference's group
     samples = [domino_sample(r, rank, world, group, grid_shape=args.grid,
-                             grid_layout=args.grid_layout) for r in runs]
+                             grid_layout=args.grid_layout, device=device) for r in runs]
     lay = samples[0]["layout"]
-    ops = ShardedDominoOps(mesh, lay.sizes)
-    model = make_domino(lay, samples[0]["target"].shape[1], ops, hidden=args.hidden)
+    ops = ShardedDominoOps(mesh, lay.sizes, validate=False)  # domino_sample checked the points
+    model = make_domino(lay, samples[0]["target"].shape[1], ops, hidden=args.hidden,
+                        device=device)
     if args.float64:
         model, samples = model.double(), [_double(s) for s in samples]
     # ShardTensor inputs: a plain loss.backward() gives global gradients (no allreduce_grads)
     losses = train_domino(samples, model, steps=args.steps, lr=args.lr, mesh=mesh)
     if args.compare_single:
         if rank == 0:
-            ref = [domino_sample(r, 0, 1, solo, grid_shape=args.grid) for r in runs]
+            ref = [domino_sample(r, 0, 1, solo, grid_shape=args.grid, device=device)
+                   for r in runs]
             single = make_domino(ref[0]["layout"], ref[0]["target"].shape[1], LocalOps(),
-                                 hidden=args.hidden)
+                                 hidden=args.hidden, device=device)
             if args.float64:
                 single, ref = single.double(), [_double(s) for s in ref]
             base = train_domino(ref, single, steps=args.steps, lr=args.lr, sharded=False)

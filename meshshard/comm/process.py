@@ -16,12 +16,14 @@ first (see :mod:`meshshard.comm.check`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import logging
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
@@ -34,6 +36,10 @@ from meshshard.comm.check import (
     set_debug,
 )
 from meshshard.comm.launch import launch
+from meshshard.comm.signals import end_blocked_on_signal
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "DEBUG_ENV",
@@ -44,6 +50,9 @@ __all__ = [
     "check_collective",
     "collective_timeout",
     "debug_enabled",
+    "default_backend",
+    "default_device",
+    "fake_world",
     "init",
     "set_debug",
     "shutdown",
@@ -135,6 +144,13 @@ def _dump_stack_on_sigterm() -> None:
     faulthandler.register(sigterm, file=sys.stderr, all_threads=True, chain=True)
 
 
+def _end_blocked_on_signal() -> None:
+    """SIGINT/SIGTERM end a rank blocked in a collective in seconds, not at the timeout
+    (:mod:`meshshard.comm.signals`); a world of one has no such wait."""
+    if dist.get_world_size() > 1:
+        end_blocked_on_signal()
+
+
 def init(
     backend: str | None = None, *, timeout: float | _dt.timedelta | None = None
 ) -> tuple[int, int]:
@@ -146,7 +162,10 @@ def init(
     Parameters
     ----------
     backend : str, optional
-        ``"gloo"`` or ``"nccl"``; default NCCL when CUDA is available, else gloo.
+        ``"gloo"``, ``"nccl"`` or a device map such as ``"cpu:gloo,cuda:nccl"``; default
+        that map when CUDA is available (NCCL for device tensors, gloo for the few CPU
+        tensors a script still moves, e.g. a loader's counts), else gloo. With NCCL in it,
+        each rank takes GPU ``LOCAL_RANK`` and the group is bound to it (``device_id``).
     timeout : float (seconds) or timedelta, optional
         Collective timeout; default ``MESHSHARD_TIMEOUT``, else 5 minutes
         (:func:`collective_timeout`). Groups created later (a DeviceMesh's) get it too.
@@ -164,7 +183,11 @@ def init(
     -----
     Also prints every thread's Python stack to stderr when the process gets SIGTERM (how
     torchrun stops the other ranks after one failed), so the log shows where a stuck rank
-    was; this is skipped when the script installed its own SIGTERM handler.
+    was; this is skipped when the script installed its own SIGTERM handler. With more than
+    one rank, a SIGINT or SIGTERM whose Python handler cannot run because the main thread is
+    blocked in a collective ends the process within seconds
+    (:func:`meshshard.comm.signals.end_blocked_on_signal`; install the script's own handlers
+    before ``init`` so they are covered too).
     """
     import torch
 
@@ -172,22 +195,69 @@ def init(
     if dist.is_initialized():
         log.debug("meshshard.comm.process.init: already initialised; only the timeout is set")
         _use_timeout_for_new_groups(td)
+        _end_blocked_on_signal()
         return dist.get_rank(), dist.get_world_size()
     if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = default_backend()
     set_debug(None)
     _backend_env(backend)
     _use_timeout_for_new_groups(td)
     job = launch()
+    extra = {}
+    if "nccl" in backend:
+        dev = torch.device("cuda", job.local_rank if job.launched else 0)
+        torch.cuda.set_device(dev)
+        extra["device_id"] = dev
     if job.launched:
-        if "nccl" in backend:
-            torch.cuda.set_device(job.local_rank)
-        dist.init_process_group(backend, timeout=td)
+        dist.init_process_group(backend, timeout=td, **extra)
     else:  # plain `python script.py`: a world of one
         store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=td)
-        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=td)
+        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=td,
+                                **extra)
     _dump_stack_on_sigterm()
+    _end_blocked_on_signal()
     return dist.get_rank(), dist.get_world_size()
+
+
+def default_backend() -> str:
+    """``"cpu:gloo,cuda:nccl"`` when CUDA is available (a group that serves device tensors
+    through NCCL and the CPU tensors a script must still move through gloo), else ``"gloo"``."""
+    import torch
+
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def default_device() -> torch.device:
+    """The device a script runs on when ``--device`` is not given: this rank's GPU
+    (``LOCAL_RANK``) when CUDA is available, else the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", launch().local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int, rank: int = 0) -> Iterator[None]:
+    """This process as ``rank`` of a world of ``world_size`` over torch's fake process group
+    (collectives return at once and move nothing: for placement checks on the meta device,
+    :mod:`meshshard.testing.device_guard`, never for values). Destroyed on exit.
+
+    Raises
+    ------
+    RuntimeError
+        If a process group is initialised already in this process.
+    """
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        msg = "fake_world: a process group is initialised already in this process"
+        raise RuntimeError(msg)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def join_group(backend: str, host: str, port: int, rank: int, world_size: int, *,

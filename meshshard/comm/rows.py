@@ -27,6 +27,7 @@ __all__ = [
     "all_to_all",
     "collective_flag",
     "exchange_counts",
+    "exchange_plan",
     "group_rank",
     "group_size",
 ]
@@ -69,6 +70,42 @@ def exchange_counts(
     check_collective("all_to_all_single", group, send, detail="row counts")
     dist.all_to_all_single(recv, send, group=group)
     return [int(v) for v in recv.tolist()]
+
+
+def exchange_plan(
+    send_counts: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    extra: torch.Tensor | None = None,
+) -> tuple[list[int], list[int], list[list[int]]]:
+    """Every rank's send counts (kept on the device until now) and a few extra numbers, with
+    one collective and one read-back: the only host sync of a row exchange.
+
+    Collective: every rank of ``group`` must call this.
+
+    Parameters
+    ----------
+    send_counts : Tensor of shape (P,), integer, on the device
+        Rows this rank sends to each rank.
+    extra : Tensor of shape (E,), integer, optional
+        Numbers every rank should see (problem flags, sizes); the same E on every rank.
+
+    Returns
+    -------
+    send : list of int, length P
+        ``send_counts`` on the host.
+    recv : list of int, length P
+        Rows this rank receives from each rank.
+    extras : list of P lists of E ints
+        Every rank's ``extra``.
+    """
+    P, rank = group_size(group), group_rank(group)
+    row = send_counts.to(torch.int64).reshape(-1)
+    if extra is not None:
+        row = torch.cat([row, extra.to(device=row.device, dtype=torch.int64).reshape(-1)])
+    table = all_gather_rows(row, group).tolist()  # the one host sync
+    send = table[rank][:P]
+    recv = [table[q][rank] for q in range(P)]
+    return send, recv, [t[P:] for t in table]
 
 
 def a2a_into(out: torch.Tensor, rows: torch.Tensor, send: list[int], recv: list[int],

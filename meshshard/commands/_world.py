@@ -21,8 +21,12 @@ def leave_world(code: int) -> int:
 
 def join_world() -> tuple[int, int, Any]:
     """``(rank, world, mesh)``: under torchrun (``RANK`` set) join the group and build a 1-D
-    CPU/CUDA DeviceMesh over it (collective); alone, a world of one and ``mesh=None``."""
-    import torch
+    DeviceMesh over it (collective); alone, a world of one and ``mesh=None``.
+
+    The mesh is a CPU mesh: predict and evaluate read, compute their inputs and run the model
+    on the CPU (numpy in, numpy out). On a CUDA host the default group is
+    ``cpu:gloo,cuda:nccl`` (:func:`meshshard.comm.process.init`), so the CPU tensors of these
+    commands go through gloo rather than raising in NCCL."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -33,5 +37,8 @@ def join_world() -> tuple[int, int, Any]:
         _OWNED.append(True)
     if world == 1 and not launched:
         return rank, world, None
-    dev = "cuda" if dist.get_backend() == "nccl" and torch.cuda.is_available() else "cpu"
-    return rank, world, init_device_mesh(dev, (world,), mesh_dim_names=("domain",))
+    if dist.get_backend() == "nccl":  # a group without gloo cannot move these CPU tensors
+        msg = ("predict/evaluate run on the CPU: start the group with gloo or "
+               "'cpu:gloo,cuda:nccl' (meshshard.comm.init's default), not plain NCCL")
+        raise ValueError(msg)
+    return rank, world, init_device_mesh("cpu", (world,), mesh_dim_names=("domain",))

@@ -13,6 +13,7 @@ from typing import Any
 
 from meshshard.commands import CLIError
 from meshshard.commands._methods import add_method_arg, is_graph_method
+from meshshard.partition.weld import DEFAULT_WELD
 
 #: ``--metrics auto`` builds the whole dual graph up to this many cells (a few seconds)
 AUTO_FULL_CELLS = 1_000_000
@@ -80,6 +81,32 @@ def add_geometry_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--knn", type=positive_int, default=8, help="neighbours of the kNN graph (8)"
     )
+    parser.add_argument(
+        "--merge-tol", type=float, default=None, metavar="REL",
+        help="dual graph: merge points closer than REL x the shortest edge first, so cells "
+        "that share a face by coordinates are neighbours even where the file stores the "
+        "face's points twice (foamToVTK gives every boundary patch its own copies); reported; "
+        f"0 keeps the points apart (default {DEFAULT_WELD:g})",
+    )  # fmt: skip
+
+
+def merge_tolerance(args: argparse.Namespace, recorded: Any = None) -> float:
+    """``--merge-tol`` (else the one a partition recorded, else the default), checked."""
+    rel = args.merge_tol if args.merge_tol is not None else recorded
+    rel = DEFAULT_WELD if rel is None else rel
+    if not (math.isfinite(rel) and 0 <= rel < 0.5):
+        msg = (
+            f"--merge-tol {rel:g} must be >= 0 and < 0.5 (a fraction of the shortest edge; 0 "
+            f"turns merging off; default {DEFAULT_WELD:g})"
+        )
+        raise CLIError(msg)
+    return float(rel)
+
+
+def merge_points(geom: Any, kind: str, mode: str, need_graph: bool, rel: float) -> None:
+    """Merge coincident points when a dual graph will be built or cut faces counted."""
+    if kind == "dual" and (need_graph or mode == "cut"):
+        geom.merge_points(rel)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:

@@ -39,6 +39,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--graph", choices=["dual"], help="also store the surface dual graph's shards (GNNs)"
     )
+    parser.add_argument(
+        "--stl", choices=("full", "mesh", "none"), default=None,
+        help="what a store keeps of the run's STL: full (coordinates, faces, centres, areas), "
+        "mesh (coordinates and faces: what volume training's SDF and DoMINO read) or none; "
+        "default: full with the volume, none with --surface (DoMINO on the surface: --stl mesh)",
+    )  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="rewrite finished stores")
     parser.add_argument("--drop-nan", action="store_true", help="drop cells with NaN fields")
     parser.add_argument("--u-inf", type=float, default=38.889, help="free-stream speed, m/s")

@@ -36,7 +36,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=4, help="Transolver layers")
     parser.add_argument("--slices", type=int, default=32, help="Transolver slices")
     parser.add_argument("--val-fraction", type=float, default=0.2,
-                        help="fraction of the runs held out for validation (%(default)s)")
+                        help="share of the runs held out for validation (at least one, never "
+                             "all; with one run there is none, and that is said; 0: no "
+                             "validation; default %(default)s)")
     parser.add_argument("--checkpoint-every", type=int, default=50,
                         help="save the training checkpoint every N steps (and at the end)")
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
@@ -63,6 +65,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--float64", action="store_true",
                         help="DoMINO: train in float64 (separates rounding from real "
                              "differences)")
+    parser.add_argument("--device", default=None,
+                        help="cuda or cpu (default: cuda when present; each rank takes its "
+                             "LOCAL_RANK GPU)")
     parser.add_argument("--png", type=Path, default=Path("domino_loss.png"),
                         help="DoMINO: plot of both loss curves (with --compare-single)")
 

@@ -95,8 +95,15 @@ def orientation(path: object, centers: np.ndarray, normals: np.ndarray, areas: n
     ValueError
         ``stated="auto"`` on a surface too open (or flat) to tell; names ``path`` and the fix.
     """
+    a64 = np.asarray(areas, dtype=np.float64)
+    if stated == "auto" and not (np.isfinite(a64).all() and a64.sum() > 0):
+        # no area to judge by (non-finite, or all underflowed to 0 in float32: a mesh in the
+        # wrong units): the geometry checks that follow name the cause
+        return {"file_normals": CANONICAL["normals"], "flip": False,
+                "from": "not checked (bad areas)", "signed_volume": float("nan"),
+                "openness": float("nan")}
     vol, openness = signed_volume(centers, normals, areas)
-    total = float(np.asarray(areas, dtype=np.float64).sum())
+    total = float(a64.sum())
     if stated == "auto":
         if openness > MAX_OPENNESS or abs(vol) < _MIN_VOLUME * max(total, 1e-300) ** 1.5:
             msg = (f"{path}: cannot tell which way the normals point (|sum n A| / sum A = "

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from meshshard.comm.resident import cached_on_device
 from meshshard.comm.rows import a2a_into as _a2a_into
 
 __all__ = ["refresh_owned"]
@@ -54,9 +55,8 @@ def refresh_owned(owned: torch.Tensor, plan: Any, rank: int, group: Any) -> torc
     Collective: every rank of ``group`` must call this (and ``backward`` when gradients flow).
     Differentiable: ghost gradients are summed into the rows that were sent.
     """
-    send_idx = torch.as_tensor(
-        np.asarray(plan.send_idx[rank], dtype=np.int64), device=owned.device
-    )
+    send_idx = cached_on_device(plan, ("send_idx", rank), owned.device,  # once per device
+                                lambda: np.asarray(plan.send_idx[rank], dtype=np.int64))
     send = [int(c) for c in plan.send_counts(rank)]
     recv = [int(c) for c in plan.recv_counts(rank)]
     owned = owned.contiguous()

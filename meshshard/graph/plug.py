@@ -30,19 +30,27 @@ from torch.distributed.tensor import Shard
 
 from meshshard.graph.record import ShardedGraph
 from meshshard.shardtensor._aten import from_local
-from meshshard.shardtensor._aten.rules_graph import ghost_refresh, row_gather, row_scatter
+from meshshard.shardtensor._aten.layout_args import comm_device
+from meshshard.shardtensor._aten.rules_graph import (
+    ghost_refresh,
+    note_index_range,
+    row_gather,
+    row_scatter,
+)
 from meshshard.shardtensor._aten.rules_pyg import note_extended
 
 __all__ = ["GraphPlug"]
 
 
-def _all_sizes(n: int, group: Any, world: int) -> tuple[int, ...]:
+def _all_sizes(counts: list[int], group: Any, world: int, device) -> list[tuple[int, ...]]:
+    """Every rank's ``counts`` (one all-gather on the mesh's device, set-up only)."""
     if world == 1:
-        return (int(n),)
-    t = torch.tensor([int(n)], dtype=torch.int64)
+        return [(int(c),) for c in counts]
+    t = torch.tensor(counts, dtype=torch.int64, device=device)
     out = [torch.zeros_like(t) for _ in range(world)]
     dist.all_gather(out, t, group=group)
-    return tuple(int(v) for v in torch.cat(out).tolist())
+    table = torch.stack(out).tolist()
+    return [tuple(int(row[i]) for row in table) for i in range(len(counts))]
 
 
 class GraphPlug:
@@ -59,15 +67,19 @@ class GraphPlug:
         of ``layers`` rings (needs ``graph.rings >= layers``).
     layers : int
         Message-passing layers of the model (checked for ``"once"``).
+    device : torch.device, optional
+        Where the plug's indices live; default the mesh's device (this rank's GPU on a CUDA
+        mesh). Node and edge tensors must live there too.
 
     Notes
     -----
-    Collective: the constructor (two all-gathers of sizes), ``begin`` and ``before_layer``
-    (and their backward).
+    Collective: the constructor (one all-gather of sizes), ``begin`` and ``before_layer``
+    (and their backward). The indices are checked once, here, on the host arrays they are
+    built from; a step then reads nothing back for them (no host sync).
     """
 
     def __init__(self, graph: ShardedGraph, mesh: Any, strategy: str = "per_layer",
-                 layers: int = 1) -> None:
+                 layers: int = 1, *, device: Any = None) -> None:
         if strategy not in ("per_layer", "once"):
             msg = f"strategy={strategy!r} must be 'per_layer' or 'once'"
             raise ValueError(msg)
@@ -82,22 +94,37 @@ class GraphPlug:
                    f"({graph.nparts}), this rank at its part {graph.rank}")
             raise ValueError(msg)
         self.graph, self.mesh, self.strategy, self.layers = graph, mesh, strategy, int(layers)
+        self.device = comm_device(mesh) if device is None else torch.device(device)
+        dev = self.device
         group, world = mesh.get_group(0), mesh.size(0)
         self.owned = tuple(int(v) for v in graph.sizes)
-        self.extended = _all_sizes(graph.n_local, group, world)
+        self.extended, edges = _all_sizes([graph.n_local, graph.edge_index.shape[1]], group,
+                                          world, comm_device(mesh))
         note_extended(mesh, self.owned, self.extended)  # batch statistics over it: refused
-        edges = _all_sizes(graph.edge_index.shape[1], group, world)
         self.edge_sizes = edges
         ext_off = sum(self.extended[: graph.rank])
         plan, r = graph.plan, graph.rank
-        self._send_idx = torch.as_tensor(np.asarray(plan.send_idx[r], dtype=np.int64))
+        self._send_idx = torch.as_tensor(np.asarray(plan.send_idx[r], dtype=np.int64),
+                                         device=dev)
         self._send = [int(c) for c in plan.send_counts(r)]
         self._recv = [int(c) for c in plan.recv_counts(r)]
-        ei = graph.edge_index.to(torch.int64) + ext_off
+        host_ei = graph.edge_index.detach().to("cpu", torch.int64)
+        if host_ei.numel() and (int(host_ei.min()) < 0 or int(host_ei.max()) >= graph.n_local):
+            msg = (f"GraphPlug: the graph's edge_index names rows {int(host_ei.min())}.."
+                   f"{int(host_ei.max())}, outside this rank's {graph.n_local} local rows; "
+                   "rebuild the ShardedGraph")
+            raise ValueError(msg)
+        ei = (host_ei + ext_off).to(dev)
         self.edge_index = from_local(ei, mesh, [Shard(1)], [edges], validate=False)
-        rows = torch.arange(graph.n_owned, dtype=torch.int64) + ext_off
+        for row in range(2):  # range known here: the layers' gathers read nothing back
+            if host_ei.shape[1]:
+                note_index_range(self.edge_index[row], int(host_ei[row].min()) + ext_off,
+                                 int(host_ei[row].max()) + ext_off)
+        rows = torch.arange(graph.n_owned, dtype=torch.int64, device=dev) + ext_off
         self._owned_rows = from_local(rows, mesh, [Shard(0)], [self.owned], validate=False)
-        self._like = from_local(torch.empty((graph.n_local, 0)), mesh, [Shard(0)],
+        if graph.n_owned:
+            note_index_range(self._owned_rows, ext_off, ext_off + graph.n_owned - 1)
+        self._like = from_local(torch.empty((graph.n_local, 0), device=dev), mesh, [Shard(0)],
                                 [self.extended], validate=False)
         self.refreshes = 0
 

@@ -14,7 +14,9 @@ Structure, for surface (7 neighbours) or volume (10 neighbours) outputs:
    point's features; the per-neighbour predictions are averaged with inverse-distance weights.
 
 Everything that needs the whole domain (ball queries, kNN, neighbour gathers, the conv halo,
-grid sampling) goes through a small pluggable ``ops`` object (:class:`LocalOps` here). The
+grid sampling) goes through a small pluggable ``ops`` object (:class:`LocalOps` here). An ops
+object with ``ball_query_sets`` answers the grid nodes' and the sampled points' ball queries
+(every radius) in one search, and the model gathers their STL points in one call. The
 model imports nothing from meshshard: with ``meshshard.ops.domino_ops.ShardedDominoOps`` the
 same module runs domain-parallel on this rank's rows of every input (points sharded, the grid
 replicated, cut in slabs along ``D``, or in blocks along ``D`` and ``H`` on a 2-D mesh). Given
@@ -41,12 +43,12 @@ class LocalOps:
     at ``origin + (w, h, d) * spacing`` (``F.grid_sample``'s order, ``align_corners=True``).
     """
 
-    def grid_nodes(self, shape, origin, spacing, dtype) -> torch.Tensor:
-        """All nodes (C order) as (G, 3) coordinates."""
-        axes = [torch.arange(s) for s in shape]
+    def grid_nodes(self, shape, origin, spacing, dtype, device=None) -> torch.Tensor:
+        """All nodes (C order) as (G, 3) coordinates, on ``device``."""
+        axes = [torch.arange(s, device=device) for s in shape]
         idx = torch.stack([m.reshape(-1) for m in torch.meshgrid(*axes, indexing="ij")], 1)
-        return torch.tensor(origin, dtype=dtype) + idx.flip(-1).to(dtype) * torch.tensor(
-            spacing, dtype=dtype)
+        return torch.tensor(origin, dtype=dtype, device=device) + idx.flip(-1).to(
+            dtype) * torch.tensor(spacing, dtype=dtype, device=device)
 
     def ball_query(self, points, queries, r: float, k: int) -> torch.Tensor:
         """(m, k) indices of the nearest ``<= k`` points within ``r`` of each query, -1 pad."""
@@ -56,6 +58,28 @@ class LocalOps:
         val, idx = torch.sort(d, dim=1, stable=True)
         idx = torch.where(torch.isfinite(val[:, :kk]), idx[:, :kk], -1)
         return F.pad(idx, (0, k - kk), value=-1)
+
+    def ball_queries(self, points, queries, radii, ks):
+        """:meth:`ball_query` for several ``(r, k)`` over the same points and queries, from
+        one search: ``(union, [index_i])``, where ``union`` (m, max k) holds the nearest
+        ``max k`` within the largest radius and ``index_i`` its first ``k_i`` columns with
+        the points beyond ``r_i`` dropped (-1), so one gather by ``union`` serves all."""
+        d = torch.linalg.vector_norm(queries.detach()[:, None] - points.detach()[None], dim=-1)
+        kmax = max(int(k) for k in ks)
+        kk = min(kmax, points.shape[0])
+        val, idx = torch.sort(d, dim=1, stable=True)
+        val, idx = val[:, :kk], idx[:, :kk]
+        union = F.pad(torch.where(val <= max(radii), idx, -1), (0, kmax - kk), value=-1)
+        each = []
+        for r, k in zip(radii, ks):
+            k = int(k)
+            part = torch.where(val[:, :k] <= r, idx[:, :k], -1)
+            each.append(F.pad(part, (0, k - part.shape[1]), value=-1))
+        return union, each
+
+    def ball_query_sets(self, points, sets):
+        """:meth:`ball_queries` for several ``(queries, radii, ks)`` over the same points."""
+        return [self.ball_queries(points, q, radii, ks) for q, radii, ks in sets]
 
     def knn(self, points, k: int) -> torch.Tensor:
         """(m, k) indices of each point's k nearest points (itself first)."""
@@ -75,13 +99,13 @@ class LocalOps:
     def sample(self, grid, points, origin, spacing, shape) -> torch.Tensor:
         """Trilinear values (m, C) of the grid at physical points (border padding); points
         outside the grid's box raise ``ValueError``."""
-        o = torch.tensor(origin, dtype=points.dtype)
-        s = torch.tensor(spacing, dtype=points.dtype)
-        size = torch.tensor(shape[::-1], dtype=points.dtype)
+        o = torch.tensor(origin, dtype=points.dtype, device=points.device)
+        s = torch.tensor(spacing, dtype=points.dtype, device=points.device)
+        size = torch.tensor(shape[::-1], dtype=points.dtype, device=points.device)
         hi = o + (size - 1) * s
-        tol = 1e-9 * float(s.max())
+        tol = 1e-9 * max(spacing)
         out_of = ((points.detach() < o - tol) | (points.detach() > hi + tol)).any(1)
-        if bool(out_of.any()):
+        if not points.is_meta and bool(out_of.any()):  # host sync (no values on meta)
             msg = (f"DoMINO: the grid (box {o.tolist()} .. {hi.tolist()}) does not cover the "
                    f"sampled points: {int(out_of.sum())} lie outside; enlarge the grid or crop")
             raise ValueError(msg)
@@ -103,6 +127,38 @@ def _pool(mlp: nn.Module, rel: torch.Tensor, valid: torch.Tensor) -> torch.Tenso
     """Masked mean over neighbours of ``mlp(rel)``: rel (m, k, 3), valid (m, k) -> (m, C)."""
     f = mlp(rel) * valid[..., None]
     return f.sum(1) / valid.sum(1, keepdim=True).clamp(min=1)
+
+
+def _encode_balls(ops, mlps, stl_points, queries, radii, ks) -> list[torch.Tensor]:
+    """Per radius, the pooled MLP of the relative positions of the STL points in the ball.
+    With an ops object that answers several radii at once (``ball_queries``), one search and
+    one gather serve them all; otherwise one ball query and one gather per radius."""
+    if hasattr(ops, "ball_queries"):
+        union, idxs = ops.ball_queries(stl_points, queries, radii, ks)
+        rel = ops.gather(stl_points, union) - queries[:, None]
+        return [_pool(mlp, rel[:, : idx.shape[1]] / r, idx >= 0)
+                for mlp, r, idx in zip(mlps, radii, idxs)]
+    out = []
+    for mlp, r, k in zip(mlps, radii, ks):
+        idx = ops.ball_query(stl_points, queries, r, k)
+        rel = ops.gather(stl_points, idx) - queries[:, None]
+        out.append(_pool(mlp, rel / r, idx >= 0))
+    return out
+
+
+def _encode_ball_sets(ops, stl_points, sets) -> list[list[torch.Tensor]]:
+    """:func:`_encode_balls` for several query sets ``(mlps, queries, radii, ks)`` from one
+    ``ops.ball_query_sets`` search and one gather of the STL points."""
+    found = ops.ball_query_sets(stl_points, [(q, radii, ks) for _, q, radii, ks in sets])
+    flat = torch.cat([union.reshape(-1) for union, _ in found])
+    pos = ops.gather(stl_points, flat)
+    out, at = [], 0
+    for (mlps, queries, radii, _), (union, idxs) in zip(sets, found):
+        rel = pos[at : at + union.numel()].reshape(*union.shape, pos.shape[-1]) - queries[:, None]
+        at += union.numel()
+        out.append([_pool(mlp, rel[:, : idx.shape[1]] / r, idx >= 0)
+                    for mlp, r, idx in zip(mlps, radii, idxs)])
+    return out
 
 
 class _ResBlock(nn.Module):
@@ -195,15 +251,15 @@ class DoMINO(nn.Module):
         self.encode = _mlp(c_pt, hidden, hidden)
         self.basis = _mlp(3 + hidden, hidden, out_channels)
 
-    def encode_grid(self, stl_points: torch.Tensor, sdf_grid: torch.Tensor) -> torch.Tensor:
-        """Geometry encoding + processor: (hidden, D_local, H_local, W) for this rank's block."""
+    def encode_grid(self, stl_points: torch.Tensor, sdf_grid: torch.Tensor,
+                    feats: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Geometry encoding + processor: (hidden, D_local, H_local, W) for this rank's block.
+        ``feats``: the per-radius pooled features of the grid nodes, when already computed."""
         ops = self.ops
-        nodes = ops.grid_nodes(self.grid_shape, self.origin, self.spacing, stl_points.dtype)
-        feats = []
-        for mlp, r, k in zip(self.geo, self.radii, self.neighbors):
-            idx = ops.ball_query(stl_points, nodes, r, k)
-            rel = ops.gather(stl_points, idx) - nodes[:, None]
-            feats.append(_pool(mlp, rel / r, idx >= 0))
+        if feats is None:
+            nodes = ops.grid_nodes(self.grid_shape, self.origin, self.spacing, stl_points.dtype,
+                                   device=stl_points.device)
+            feats = _encode_balls(ops, self.geo, stl_points, nodes, self.radii, self.neighbors)
         g = torch.cat([*feats, sdf_grid.reshape(-1, 1).to(stl_points.dtype)], 1)
         x = self.lift(g)
         x = x.T.reshape(x.shape[1], *sdf_grid.shape)
@@ -235,19 +291,25 @@ class DoMINO(nn.Module):
             out = ops.run(self, stl_points, sdf_grid, points, point_features)
             if out is not NotImplemented:
                 return out
-        grid = self.encode_grid(stl_points, sdf_grid)
+        if hasattr(ops, "ball_query_sets"):  # grid nodes and points: one search, one gather
+            nodes = ops.grid_nodes(self.grid_shape, self.origin, self.spacing, stl_points.dtype,
+                                   device=stl_points.device)
+            geo, local = _encode_ball_sets(ops, stl_points, [
+                (self.geo, nodes, self.radii, self.neighbors),
+                (self.local, points, self.local_radii, self.local_neighbors)])
+        else:
+            geo, local = None, _encode_balls(ops, self.local, stl_points, points,
+                                             self.local_radii, self.local_neighbors)
+        grid = self.encode_grid(stl_points, sdf_grid, geo)
         at = ops.sample(grid, points, self.origin, self.spacing, self.grid_shape)
-        feats = [at]
-        for mlp, r, k in zip(self.local, self.local_radii, self.local_neighbors):
-            idx = ops.ball_query(stl_points, points, r, k)
-            rel = ops.gather(stl_points, idx) - points[:, None]
-            feats.append(_pool(mlp, rel / r, idx >= 0))
+        feats = [at, *local]
         if point_features is not None:
             feats.append(point_features.to(points.dtype))
         h = self.encode(torch.cat(feats, 1))
         nb = ops.knn(points, self.n_neighbors)  # (M, K), itself first
-        rel = ops.gather(points, nb) - points[:, None]
-        hn = ops.gather(h, nb)
+        both = ops.gather(torch.cat([points.to(h.dtype), h], 1), nb)  # one gather for both
+        rel = both[..., :3] - points[:, None]
+        hn = both[..., 3:]
         pred = self.basis(torch.cat([rel, hn], -1))  # (M, K, out)
         w = 1.0 / (torch.linalg.vector_norm(rel, dim=-1) + 1e-6 * self.spacing[0])
         w = torch.where(nb >= 0, w, 0)

@@ -140,7 +140,7 @@ class RowBlocks:
         return d2, ii
 
     def answer(self, queries: torch.Tensor, counts: list[int], k: int
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`meshshard.ops._knn_merge.answer_knn_queries` for forwarded queries, each
         source rank's (``counts``, in order) searched among the blocks its bounds reach."""
         d = queries.shape[1] - 1
@@ -158,12 +158,11 @@ class RowBlocks:
                 d2s.append(d2)
                 iis.append(ii)
         if not d2s:
-            e = torch.empty(0, dtype=torch.int64, device=queries.device)
-            return e, e, torch.empty(0, dtype=torch.float64, device=queries.device), e
+            return (torch.empty((0, k), dtype=torch.float64, device=queries.device),
+                    torch.empty((0, k), dtype=torch.int64, device=queries.device))
         rd2, ri = torch.cat(d2s), torch.cat(iis)
         ok = (ri >= 0) & (rd2 <= queries[:, d:])  # <=: a tie with the bound may win by index
-        jr, jc = torch.nonzero(ok, as_tuple=True)
-        return jr, jc, rd2[jr, jc], ri[jr, jc]
+        return torch.where(ok, rd2, float("inf")), torch.where(ok, ri, -1)
 
 
 def _jumps(seg: torch.Tensor) -> list[int]:

@@ -14,13 +14,13 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from meshshard.comm.rows import all_to_all, exchange_counts
+from meshshard.comm.rows import all_to_all, exchange_plan
 from meshshard.ops import kernels
+from meshshard.ops.cell_index import _select
 
-__all__ = ["answer_knn_queries", "forward_and_merge"]
+__all__ = ["answer_knn_queries", "forward_and_merge", "route"]
 
-_Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-Answer = Callable[[torch.Tensor, list[int]], _Rows]
+Answer = Callable[[torch.Tensor, list[int]], tuple[torch.Tensor, torch.Tensor]]
 
 
 def _lexsort3(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -45,7 +45,8 @@ def answer_knn_queries(
     k: int,
     *,
     backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    index: kernels.KnnIndex | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A rank's answer to forwarded kNN queries: its k nearest within each query's bound.
 
     Pure (no communication); also used by ``benchmarks/bench_ops.py`` to count traffic.
@@ -56,20 +57,42 @@ def answer_knn_queries(
         The answering rank's points.
     queries : Tensor of shape (R, d + 1), float64
         Query coordinates followed by the querier's squared bound.
+    index : KnnIndex, optional
+        ``x`` already indexed (reused across calls).
 
     Returns
     -------
-    jr, jc : Tensor of shape (A,), int64
-        Query row and rank of each returned candidate (grouped by query row).
-    d2 : Tensor of shape (A,), float64
-    idx : Tensor of shape (A,), int64
-        Local row in ``x``.
+    d2 : Tensor of shape (R, k), float64
+        Squared distances, ascending; ``inf`` past the bound or the points.
+    idx : Tensor of shape (R, k), int64
+        Local rows in ``x``; ``-1`` where ``d2`` is ``inf``.
     """
     d = queries.shape[1] - 1
-    rd2, ri = kernels.knn(x, queries[:, :d], k, backend=backend)
-    ok = (ri >= 0) & (rd2 <= queries[:, d:])  # <=: a tie with the bound may win by index
-    jr, jc = torch.nonzero(ok, as_tuple=True)
-    return jr, jc, rd2[jr, jc], ri[jr, jc]
+    if index is None:
+        index = kernels.KnnIndex(x, backend=backend)
+    return index.within(queries[:, :d], k, queries[:, d])
+
+
+def route(mask: torch.Tensor, group: dist.ProcessGroup | None, extra: torch.Tensor | None = None
+          ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor, list]:
+    """The (row, destination) pairs of ``mask`` (n, P), grouped by destination, and the counts
+    both ways: one count exchange (:func:`~meshshard.comm.rows.exchange_plan`), one host
+    sync; the pairs are compacted on the device.
+
+    Collective. Returns ``(send, recv, rows, dest, extras)``: ``rows[j]`` goes to rank
+    ``dest[j]`` (``sum(send)`` pairs).
+    """
+    n, P = mask.shape
+    send, recv, extras = exchange_plan(mask.sum(0), group, extra)
+    total = sum(send)
+    flat = mask.t().reshape(-1)  # destination-major
+    at = torch.where(flat, torch.cumsum(flat, 0) - 1, total)
+    buf = torch.zeros(total + 1, dtype=torch.int64, device=mask.device)
+    buf.scatter_(0, at, torch.arange(flat.numel(), device=mask.device))
+    pairs = buf[:total]
+    if n == 0:
+        return send, recv, pairs, pairs, extras
+    return send, recv, pairs % n, pairs // n, extras
 
 
 def forward_and_merge(
@@ -84,8 +107,11 @@ def forward_and_merge(
     offset: int,
     group: dist.ProcessGroup | None,
     answer: Answer,
-) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
     """Phases 2 and 3 of the distributed kNN for the queries ``yq`` of this rank.
+
+    One host sync (the forwarded queries' counts); every answer is ``k`` rows (padded), so the
+    answers need no count exchange, and the merge is one sort with no data-dependent shape.
 
     Parameters
     ----------
@@ -100,79 +126,71 @@ def forward_and_merge(
     offset : int
         Global index of this rank's first point.
     answer : callable
-        ``answer(queries, counts)`` answers forwarded queries from ``x``
-        (:func:`answer_knn_queries`); ``counts[q]`` of them came from rank ``q``, in order.
+        ``answer(queries, counts)`` answers forwarded queries from ``x`` with ``(d2, idx)`` of
+        shape (R, k) (:func:`answer_knn_queries`); ``counts[q]`` came from rank ``q``.
 
     Returns
     -------
     dist, index : Tensor of shape (m, k)
         Distances (differentiable) and global indices.
-    sent, answered : int
-        Queries this rank forwarded and candidate rows it answered.
+    sent : int
+        Queries this rank forwarded.
+    answered : Tensor, 0-dim int64 (on the device)
+        Candidate rows this rank answered (not padding).
     """
-    P = dist.get_world_size(group)
     device = x.device
     m, n, dim = yq.shape[0], x.shape[0], x.shape[1]
     # phase 2: forward queries (with their bound) to the ranks that may hold closer points
-    qrank, qid = torch.nonzero(mask.t(), as_tuple=True)  # grouped by destination rank
-    send_counts = torch.bincount(qrank, minlength=P).tolist()
-    recv_counts = exchange_counts(send_counts, group, device)
+    nfwd = mask.sum(1)
+    most = nfwd.max().reshape(1) if m else torch.zeros(1, dtype=torch.int64, device=device)
+    send, recv, qid, dest, extras = route(mask, group, most)  # the one host sync
+    F = int(extras[dist.get_rank(group)][0])  # most ranks one query went to
+    Q = sum(send)
     qpack = torch.cat([yq.detach().double()[qid], bound2[qid, None]], 1)  # (Q, d + 1)
-    queries = all_to_all(qpack, send_counts, recv_counts, group)
-    # answers: only candidates within the querier's bound (all it can use), as flat rows
-    jr, _, rd2, ri = answer(queries, recv_counts)
-    src = torch.repeat_interleave(
-        torch.arange(P, device=device), torch.tensor(recv_counts, device=device)
-    )
-    recv_off = torch.cumsum(torch.tensor(recv_counts, device=device), 0)
-    recv_off = recv_off - torch.tensor(recv_counts, device=device)
-    ans_counts = torch.bincount(src[jr], minlength=P).tolist()
-    back_counts = exchange_counts(ans_counts, group, device)
-    slot = (jr - recv_off[src[jr]]).double()
-    meta_rows = torch.stack([slot, rd2, (ri + offset).double()], 1)  # index < 2**53: exact
-    ans = all_to_all(meta_rows, ans_counts, back_counts, group)
-    ans_xyz = all_to_all(x[ri], ans_counts, back_counts, group)  # differentiable
+    queries = all_to_all(qpack, send, recv, group)
+    rd2, ri = answer(queries, recv)  # (R, k) each, padded
+    R = ri.shape[0]
+    answered = (ri >= 0).sum()
+    g = torch.where(ri >= 0, ri + offset, -1).double()  # index < 2**53: exact
+    ans = all_to_all(torch.cat([rd2, g], 1), recv, send, group)  # (Q, 2k)
+    if n:
+        xyz = x[ri.clamp_min(0)].reshape(R, k * dim)  # padding rows carry x[0], never chosen
+    else:  # nothing to answer from, but the all-to-all below stays in the graph
+        xyz = x.new_zeros((R, k * dim)) + x.sum()
+    ans_xyz = all_to_all(xyz, recv, send, group).reshape(Q * k, dim)  # differentiable
 
-    # phase 3: merge local and remote candidates, keep the k best by (distance, index)
-    t_send = torch.tensor(send_counts, device=device)
-    send_off = torch.cumsum(t_send, 0) - t_send
-    a_src = torch.repeat_interleave(
-        torch.arange(P, device=device), torch.tensor(back_counts, device=device)
-    )
-    ans_q = qid[send_off[a_src] + ans[:, 0].long()]
-    index = torch.where(i_loc >= 0, i_loc + offset, -1)  # local answers, already sorted
-    rows = i_loc.clone()
-    hq = torch.unique(ans_q)  # only queries that got remote candidates need a merge
-    if hq.numel():
-        pos = torch.full((m,), -1, dtype=torch.int64, device=device)
-        pos[hq] = torch.arange(hq.numel(), device=device)
-        cand_q = torch.cat(
-            [torch.arange(hq.numel(), device=device).repeat_interleave(k), pos[ans_q]]
-        )
-        cand_d2 = torch.cat([d2_loc[hq].reshape(-1), ans[:, 1]])
-        cand_g = torch.cat([index[hq].reshape(-1), ans[:, 2].long()])
-        cand_row = torch.cat([i_loc[hq].reshape(-1), n + torch.arange(ans.shape[0], device=device)])
-        valid = cand_g >= 0
-        cand_q, cand_d2 = cand_q[valid], cand_d2[valid]
-        cand_g, cand_row = cand_g[valid], cand_row[valid]
-        o = _lexsort3(cand_q, cand_d2, cand_g)
-        cand_q, cand_g, cand_row = cand_q[o], cand_g[o], cand_row[o]
-        counts = torch.bincount(cand_q, minlength=hq.numel())
-        if int(counts.min()) < k:  # pragma: no cover - guarded by validation and bounds
-            msg = "knn: internal error, a query collected fewer than k candidates"
-            raise RuntimeError(msg)
-        start = torch.cumsum(counts, 0) - counts
-        take = (start[:, None] + torch.arange(k, device=device)[None, :]).reshape(-1)
-        index[hq] = cand_g[take].reshape(-1, k)
-        rows[hq] = cand_row[take].reshape(-1, k)
-    if m and bool((index < 0).any()):  # pragma: no cover - guarded by validation and bounds
-        msg = "knn: internal error, a query collected fewer than k candidates"
-        raise RuntimeError(msg)
+    # phase 3: merge local and remote candidates, keep the k best by (distance, index): one
+    # row of k * (1 + F) candidates per query (its local k, then k per rank it went to)
+    big = torch.iinfo(torch.int64).max
+    index = torch.where(i_loc >= 0, i_loc + offset, -1)
+    rows = i_loc
+    if F:
+        W = k * (1 + F)
+        cd2 = d2_loc.new_full((m, W), float("inf"))
+        cg = torch.full((m, W), big, dtype=torch.int64, device=device)
+        crow = torch.full((m, W), -1, dtype=torch.int64, device=device)
+        cd2[:, :k], cg[:, :k], crow[:, :k] = d2_loc, torch.where(i_loc >= 0, index, big), i_loc
+        slot = (torch.cumsum(mask, 1) - 1)[qid, dest]  # the j-th rank this query went to
+        cols = k + slot[:, None] * k + torch.arange(k, device=device)[None, :]  # (Q, k)
+        at = (qid[:, None].expand(Q, k), cols)
+        rem_g = ans[:, k:].long()
+        cd2 = cd2.index_put(at, ans[:, :k])
+        cg = cg.index_put(at, torch.where(rem_g >= 0, rem_g, big))
+        crow = crow.index_put(at, n + torch.arange(Q * k, device=device).reshape(Q, k))
+        cols_all = torch.arange(W, device=device).expand(m, W)
+        _, take = _select(cd2, cg, cols_all, k)
+        take = take.clamp_min(0)
+        index = cg.gather(1, take)
+        index = torch.where(index == big, -1, index)
+        rows = crow.gather(1, take)
     # the selected coordinates, from x or from the answers (no copy of x: it may be large)
-    flat = rows.reshape(-1)
-    mine = flat < n
-    nbr = x.new_zeros((flat.numel(), dim))
-    nbr[mine] = x[flat[mine]]
-    nbr[~mine] = ans_xyz.reshape(-1, dim)[flat[~mine] - n]
+    flat = rows.reshape(-1, 1)
+    nbr = x.new_zeros((m * k, dim))
+    if n:
+        nbr = torch.where(flat < n, x[flat[:, 0].clamp(0, n - 1)], nbr)
+    if Q:
+        nbr = torch.where(flat >= n, ans_xyz[(flat[:, 0] - n).clamp(0, Q * k - 1)], nbr)
+    else:  # keep the answers in the graph: their backward all-to-all is collective
+        nbr = nbr + ans_xyz[:0].sum()
     dist_out = torch.linalg.vector_norm(yq[:, None, :] - nbr.reshape(m, k, dim), dim=-1)
-    return dist_out, index, int(qid.numel()), int(ri.numel())
+    return dist_out, index, Q, answered

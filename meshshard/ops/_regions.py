@@ -21,6 +21,7 @@ import torch
 
 __all__ = [
     "box_maxdist2",
+    "near_ranks_dense",
     "box_mindist2",
     "knn_bound_from_boxes",
     "knn_forward_mask",
@@ -52,7 +53,8 @@ def shard_boxes(x: torch.Tensor, nboxes: int) -> torch.Tensor:
     Half the cuts (rounded down) fall at the largest jumps between consecutive rows, the rest
     split the rows evenly. A space-filling curve leaves a patch and comes back elsewhere: a
     run across such a jump would span the gap, one box reaching far into other ranks'
-    regions. Cutting at the jumps keeps every box around one patch.
+    regions. Cutting at the jumps keeps every box around one patch. All on the device, no
+    host sync (cuts that coincide leave empty runs).
 
     Parameters
     ----------
@@ -66,26 +68,33 @@ def shard_boxes(x: torch.Tensor, nboxes: int) -> torch.Tensor:
         ``[lo (d), hi (d), count]`` per box; an empty box has ``lo = +inf, hi = -inf, count = 0``.
     """
     n, d = x.shape
+    dev = x.device
     xd = x.detach()  # min / max are exact in x's dtype: no float64 copy of a large shard
-    out = torch.empty((nboxes, 2 * d + 1), dtype=torch.float64, device=x.device)
-    out[:, :d] = float("inf")
-    out[:, d : 2 * d] = float("-inf")
-    out[:, 2 * d] = 0
-    for b, (lo, hi) in enumerate(_runs(xd, nboxes)):
-        if hi > lo:
-            seg = xd[lo:hi]
-            out[b, :d] = seg.amin(0).double()
-            out[b, d : 2 * d] = seg.amax(0).double()
-            out[b, 2 * d] = hi - lo
+    out = torch.empty((nboxes, 2 * d + 1), dtype=torch.float64, device=dev)
+    out[:, :d].fill_(float("inf"))
+    out[:, d : 2 * d].fill_(float("-inf"))
+    out[:, 2 * d].fill_(0)
+    if n == 0:
+        return out
+    cuts = _cuts(xd, nboxes)  # (nboxes - 1,) sorted row offsets in [0, n]
+    run = torch.searchsorted(cuts, torch.arange(n, device=dev), right=True)
+    idx = run[:, None].expand(n, d)
+    lo = torch.full((nboxes, d), float("inf"), dtype=xd.dtype, device=dev)
+    hi = torch.full((nboxes, d), float("-inf"), dtype=xd.dtype, device=dev)
+    out[:, :d] = lo.scatter_reduce(0, idx, xd, "amin").double()
+    out[:, d : 2 * d] = hi.scatter_reduce(0, idx, xd, "amax").double()
+    out[:, 2 * d] = torch.zeros(nboxes, dtype=torch.float64, device=dev).index_add_(
+        0, run, torch.ones(n, dtype=torch.float64, device=dev))
     return out
 
 
-def _runs(x: torch.Tensor, nboxes: int) -> list[tuple[int, int]]:
-    """``nboxes`` (start, stop) row runs covering ``x``: cuts at the ``nboxes // 2`` largest
-    steps between consecutive rows, the other cuts even."""
+def _cuts(x: torch.Tensor, nboxes: int) -> torch.Tensor:
+    """The ``nboxes - 1`` inner cuts (sorted, on the device): after the ``nboxes // 2``
+    longest steps between consecutive rows, and ``nboxes - njump`` even runs."""
     n = x.shape[0]
+    dev = x.device
     njump = min(nboxes // 2, max(0, n - 1))
-    cuts: set[int] = set()
+    parts = []
     if njump:  # the longest steps, found in slices of rows (no temporaries of the shard's size)
         vals, rows = [], []
         for a in range(0, n - 1, _STEP_ROWS):
@@ -95,13 +104,10 @@ def _runs(x: torch.Tensor, nboxes: int) -> list[tuple[int, int]]:
             vals.append(v)
             rows.append(i + a)
         v, i = torch.cat(vals), torch.cat(rows)
-        cuts.update((i[torch.topk(v, njump).indices] + 1).tolist())
-    even = nboxes - len(cuts)
-    cuts.update((i * n) // even for i in range(1, even))
-    bounds = sorted(cuts | {0, n})
-    pairs = list(zip(bounds[:-1], bounds[1:], strict=True))
-    pairs += [(n, n)] * (nboxes - len(pairs))  # coinciding cuts: the rest stay empty
-    return pairs
+        parts.append(i[torch.topk(v, njump).indices] + 1)
+    even = nboxes - njump
+    parts.append(torch.arange(1, even, device=dev) * n // even)
+    return torch.sort(torch.cat(parts)).values
 
 
 def _split(boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -277,6 +283,29 @@ def near_ranks(y: torch.Tensor, reach2: torch.Tensor, boxes: torch.Tensor, rank:
             got = torch.zeros((b - a, P), dtype=torch.float64, device=y.device)
             got.index_add_(1, owner[cand], hit.double())
             mask[a:b] = got > 0
+    return mask
+
+
+def near_ranks_dense(y: torch.Tensor, reach2: torch.Tensor, boxes: torch.Tensor, rank: int
+                     ) -> torch.Tensor:
+    """:func:`near_ranks` (the same mask) as one row-by-box test over all boxes, in chunks of
+    rows: more arithmetic, no host sync and no Python loop over the data (the device path).
+    """
+    P, B, _ = boxes.shape
+    m = y.shape[0]
+    dev = y.device
+    keep_rank = torch.arange(P, device=dev) != rank
+    mask = torch.zeros((m, P), dtype=torch.bool, device=dev)
+    if m == 0 or P == 1:
+        return mask
+    flat = boxes.reshape(P * B, -1)
+    yd = y.detach().double()
+    r2 = reach2.detach().double().expand(m)
+    step = _chunk(flat)
+    for s in range(0, m, step):
+        hit = box_mindist2(yd[s : s + step], flat) <= r2[s : s + step, None]  # (rows, P*B)
+        hit &= flat[None, :, -1] > 0  # empty boxes reach nothing
+        mask[s : s + step] = hit.reshape(-1, P, B).any(2) & keep_rank
     return mask
 
 

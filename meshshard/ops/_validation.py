@@ -14,24 +14,32 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from meshshard.comm.resident import device_ints
 from meshshard.comm.rows import all_gather_rows, collective_flag
 
 __all__ = ["PointsMeta", "check_points", "check_reduce", "collective_flag"]
 
 _DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 _NCOL = 17
+#: coordinates whose bounds travel with the facts (the cell list indexes at most 4)
+_BDIM = 4
 
 
 @dataclass(frozen=True)
 class PointsMeta:
-    """What :func:`check_points` learned: per-rank row counts and the coordinate dim."""
+    """What :func:`check_points` learned: per-rank row counts, the coordinate dim and every
+    rank's bounding box of ``x`` and of the queries (host floats, first 4 coordinates;
+    ``inf`` / ``-inf`` for an empty shard)."""
 
     x_sizes: tuple[int, ...]
     y_sizes: tuple[int, ...]
     dim: int
+    x_bounds: tuple = ()
+    y_bounds: tuple = ()
 
     @property
     def x_offsets(self) -> list[int]:
@@ -49,20 +57,36 @@ def _kind(t: torch.Tensor) -> int:
     return 0
 
 
-def _row(t: torch.Tensor) -> list[int]:
+def _row(t: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """Host facts of ``t`` and its count of non-finite values (a device scalar: no read-back)."""
     ndim = t.dim()
     rows = int(t.shape[0]) if ndim >= 1 else -1
     dim = int(t.shape[-1]) if ndim >= 1 else -1
     kind = _kind(t)
+    nonfinite = torch.zeros((), dtype=torch.int64, device=t.device)
     if kind == 0 and t.numel():
         flat = t.detach().reshape(t.shape[0], -1) if ndim >= 1 else t.detach().reshape(1, 1)
         step = 1 << 20  # rows at a time: no full-size temporaries on large shards
-        nonfinite = sum(int((~torch.isfinite(flat[s : s + step])).sum())
-                        for s in range(0, flat.shape[0], step))
-    else:
-        nonfinite = 0
+        for s in range(0, flat.shape[0], step):
+            nonfinite = nonfinite + (~torch.isfinite(flat[s : s + step])).sum()
     code = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1
-    return [ndim, rows, dim, kind, nonfinite, code]
+    return [ndim, rows, dim, kind, code], nonfinite
+
+
+def _bounds(t: torch.Tensor, device) -> torch.Tensor:
+    """(2, _BDIM) float64 box of the rows of ``t`` in its first coordinates (``inf`` /
+    ``-inf`` when empty or not points; zero-padded past ``d``): the same size on every rank
+    whatever the shapes, so the facts gather cannot mismatch."""
+    out = torch.stack([torch.full((_BDIM,), float("inf"), dtype=torch.float64, device=device),
+                       torch.full((_BDIM,), float("-inf"), dtype=torch.float64, device=device)])
+    if t.dim() != 2 or not t.shape[0] or not t.is_floating_point() or t.device != device:
+        return out
+    d = min(t.shape[1], _BDIM)
+    td = t.detach()[:, :d]
+    lo = torch.nn.functional.pad(td.amin(0).double(), [0, _BDIM - d])
+    hi = torch.nn.functional.pad(td.amax(0).double(), [0, _BDIM - d])
+    ok = torch.isfinite(lo) & torch.isfinite(hi)  # NaN rows raise anyway; keep the box finite
+    return torch.stack([torch.where(ok, lo, out[0]), torch.where(ok, hi, out[1])])
 
 
 def _float_bits(v: float) -> int:
@@ -73,8 +97,8 @@ def _bits_float(b: int) -> float:
     return struct.unpack("<d", struct.pack("<q", int(b)))[0]
 
 
-def _ranks(col: torch.Tensor) -> str:
-    return ", ".join(str(i) for i in torch.nonzero(col).flatten().tolist())
+def _ranks(col: np.ndarray) -> str:
+    return ", ".join(str(i) for i in np.nonzero(col)[0].tolist())
 
 
 def check_points(
@@ -91,6 +115,8 @@ def check_points(
     """Validate point tensors on every rank at once and return the sharding sizes.
 
     Collective: every rank of ``group`` must call this; all ranks raise the same error.
+    One ``all_gather`` and one host read-back (the table of facts), which also brings every
+    rank's bounding boxes: the checks cost no host sync of their own.
 
     Parameters
     ----------
@@ -122,18 +148,30 @@ def check_points(
     if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float))):
         msg = f"{op}: r must be a number, got {type(r).__name__} ({r!r})"
         raise TypeError(msg)
-    row = _row(x)
-    row += _row(y) if y is not None else [-9] * 6
-    row += [
+    device = x.device
+    hx, nfx = _row(x)
+    if y is not None:
+        hy, nfy = _row(y)
+    else:
+        hy, nfy = [-9] * 5, torch.zeros((), dtype=torch.int64, device=device)
+    host = hx + hy + [
         -1 if k is None else int(k),
         0 if r is None else _float_bits(r),
         int(y is not None and (y.device != x.device)),
         int(y is not None),
         int(x.requires_grad) + 2 * int(y is not None and y.requires_grad),
     ]
-    assert len(row) == _NCOL
-    local = torch.tensor(row, dtype=torch.int64, device=x.device)
-    t = all_gather_rows(local, group).cpu()
+    assert len(host) == _NCOL - 2
+    box = torch.cat([_bounds(x, device).reshape(-1),
+                     _bounds(y if y is not None else x, device).reshape(-1)])
+    parts = [device_ints(host, device), nfx.reshape(1), nfy.reshape(1).to(device),
+             box.view(torch.int64)]
+    table = np.asarray(all_gather_rows(torch.cat(parts), group).tolist(), dtype=np.int64)
+    t = table[:, :_NCOL]
+    # the facts in the checks' column order: x (ndim, rows, dim, kind, non-finite, dtype),
+    # y (the same), k, r, device mismatch, has y, requires_grad
+    t = np.concatenate([t[:, 0:4], t[:, 15:16], t[:, 4:5], t[:, 5:9], t[:, 16:17], t[:, 9:10],
+                        t[:, 10:15]], axis=1)
     _raise_from_table(t, op=op, k=k, r=r, loop=loop)
     xs = tuple(int(v) for v in t[:, 1].tolist())
     ys = tuple(int(v) for v in t[:, 7].tolist()) if y is not None else xs
@@ -143,15 +181,19 @@ def check_points(
             "pass the sharding sizes of x or None to infer them"
         )
         raise ValueError(msg)
-    return PointsMeta(xs, ys, int(t[0, 2]))
+    d = min(int(t[0, 2]), _BDIM)
+    fb = table[:, _NCOL:].copy().view(np.float64).reshape(-1, 2, 2, _BDIM)[..., :d]
+    xb = tuple((tuple(b[0, 0].tolist()), tuple(b[0, 1].tolist())) for b in fb)
+    yb = tuple((tuple(b[1, 0].tolist()), tuple(b[1, 1].tolist())) for b in fb)
+    return PointsMeta(xs, ys, int(t[0, 2]), xb, yb)
 
 
-def _raise_from_table(t: torch.Tensor, *, op: str, k, r, loop: bool) -> None:
+def _raise_from_table(t: np.ndarray, *, op: str, k, r, loop: bool) -> None:
     has_y = bool(t[0, 15])
     for name, c in (("x", 0), ("y", 6)) if has_y else (("x", 0),):
         ndim = t[:, c]
         if (ndim != 2).any():
-            bad = torch.nonzero(ndim != 2).flatten().tolist()
+            bad = np.nonzero(ndim != 2)[0].tolist()
             msg = (
                 f"{op}: {name} must have shape (n, d) on every rank; rank(s) {bad} hold "
                 f"{[int(ndim[b]) for b in bad]}-D tensors. Reshape to (n, d), "

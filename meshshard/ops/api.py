@@ -170,7 +170,7 @@ def knn(
         Queries on the same mesh; default ``x``.
     loop : bool
         With ``y=None``: ``False`` excludes each point itself.
-    backend : {"auto", "kdtree", "brute", "cluster"}
+    backend : {"auto", "kdtree", "grid", "brute", "cluster"}
 
     Returns
     -------

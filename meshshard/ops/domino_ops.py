@@ -1,12 +1,14 @@
 """The domain-parallel ops behind :class:`meshshard.models.DoMINO` (its ``ops=`` hook).
 
-The model is plain torch and calls six ops (``grid_nodes``, ``ball_query``, ``knn``,
-``gather``, ``halo``, ``sample``); :class:`ShardedDominoOps` answers them on this rank's rows
-with meshshard's exact distributed kernels: the STL points and the sampled points are sharded
-(uneven, empty shards allowed), the latent grid is either replicated, cut in slabs along ``D``
-on a 1-D mesh, or cut in blocks along ``D`` (mesh dim 0) and ``H`` (mesh dim 1) on a 2-D mesh
-(uneven, one-row and empty slabs allowed; halos reach across several ranks when a slab is
-thinner than the conv). On a 2-D mesh the points are cut over all its ranks (rank order).
+The model is plain torch and calls six ops (``grid_nodes``, ``ball_query``, ``knn``, ``gather``,
+``halo``, ``sample``; ``ball_query_sets`` when the ops have it: the ball queries of the grid
+nodes and of the sampled points, every radius, from one kNN and one gather);
+:class:`ShardedDominoOps` answers them on this rank's rows with meshshard's exact distributed
+kernels: the STL points and the sampled points are sharded (uneven, empty shards allowed), the
+latent grid is either replicated, cut in slabs along ``D`` on a 1-D mesh, or cut in blocks along
+``D`` (mesh dim 0) and ``H`` (mesh dim 1) on a 2-D mesh (uneven, one-row and empty slabs
+allowed; halos reach across several ranks when a slab is thinner than the conv). On a 2-D mesh
+the points are cut over all its ranks (rank order).
 
 Gradients. With ShardTensor inputs (:meth:`ShardedDominoOps.run`) the loss is global (a
 ShardTensor reduction) and the parameters' gradients after a plain ``loss.backward()`` are one
@@ -20,8 +22,6 @@ Every method is collective over the group (forward and backward).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as tF
@@ -33,6 +33,8 @@ from meshshard.ops.api import _is_st, _layout, _one_class, _wrap
 from meshshard.ops.gridpoint import GridLayout
 from meshshard.ops.gridsample import grid_sample
 from meshshard.shardtensor import Replicate, Shard, from_local
+from meshshard.shardtensor._aten.grid_halo import exchange_plan, fetch, fetch_transpose
+from meshshard.shardtensor._aten.layout_args import comm_device
 
 __all__ = ["ShardedDominoOps", "allreduce_grads"]
 
@@ -55,11 +57,18 @@ class ShardedDominoOps:
         ``d_sizes[a]`` x ``h_sizes[b]`` x all of ``W``.
     backend : str
         Local neighbour kernel (see :mod:`meshshard.ops.kernels`).
+    validate : bool
+        Check in every forward that the grid covers the sampled points (one all-gather and
+        one host sync). Default on; a training loop whose loader checked its samples once
+        (``apps.domino_train.domino_sample`` does) turns it off for a step with fewer syncs.
     """
 
-    def __init__(self, mesh, grid_sizes=None, *, backend: str = "auto"):
+    def __init__(self, mesh, grid_sizes=None, *, backend: str = "auto", validate: bool = True):
         self.mesh = mesh
         self.backend = backend
+        self.validate = bool(validate)
+        self._ranks = tuple(mesh.mesh.reshape(-1).tolist())
+        self._known: dict[int, tuple] = {}  # id(local piece) -> (piece, every rank's rows)
         if mesh.ndim == 1:
             self.group = mesh.get_group(0)
             self.grid_sizes = None if grid_sizes is None else tuple(int(s) for s in grid_sizes)
@@ -132,9 +141,25 @@ class ShardedDominoOps:
             aliases = (aliases,)
         local = tuple(None if x is None else self.enter(x, n, grid=n == "sdf_grid")
                       for n, x in zip(_ROLES, inputs))
-        out = functional_call(module, dict(zip(names, aliases)), local)
+        # every rank's rows of the point inputs are known from their layouts: the forward
+        # needs no count exchange for them
+        for name, x, piece in zip(_ROLES, inputs, local):
+            if x is not None and name != "sdf_grid":
+                self._known[id(piece)] = (piece, tuple(int(v) for v in x.sharding_sizes(0)))
+        try:
+            out = functional_call(module, dict(zip(names, aliases)), local)
+        finally:
+            self._known.clear()
         self.grads_summed = True  # after the inner forward (local inputs) reset it
         return self.leave(out, points)
+
+    def _sizes(self, piece) -> tuple | None:
+        """Every rank's rows of ``piece`` when a ShardTensor input's layout gave them."""
+        hit = self._known.get(id(piece))
+        return hit[1] if hit is not None and hit[0] is piece else None
+
+    def _same_mesh(self, got) -> bool:
+        return got is self.mesh or tuple(got.mesh.reshape(-1).tolist()) == self._ranks
 
     def enter(self, x, name: str, grid: bool = False):
         """This rank's piece of a model input: ``x`` itself, or a ShardTensor's local piece
@@ -149,12 +174,12 @@ class ShardedDominoOps:
             return self._enter_grid(x, name)
         got = x.device_mesh
         if self.mesh.ndim == 1:
-            if got.mesh.tolist() != self.mesh.mesh.tolist():
+            if not self._same_mesh(got):
                 msg = f"DoMINO: {name} lives on mesh {got}, the ops on {self.mesh}"
                 raise ValueError(msg)
         else:
             ranks = list(range(dist.get_world_size()))
-            if got.ndim != 1 or got.mesh.tolist() != ranks:
+            if got.ndim != 1 or tuple(got.mesh.tolist()) != tuple(ranks):
                 msg = (f"DoMINO: {name} lives on mesh {got}; on the ops' 2-D mesh the points "
                        f"are cut over all ranks: put them on a 1-D mesh of ranks {ranks} "
                        f"(e.g. init_device_mesh({self.mesh.device_type!r}, ({len(ranks)},)))")
@@ -162,7 +187,7 @@ class ShardedDominoOps:
         return _layout(x, name, "DoMINO")[0]
 
     def _enter_grid(self, x, name: str) -> torch.Tensor:
-        if x.device_mesh.mesh.tolist() != self.mesh.mesh.tolist():
+        if not self._same_mesh(x.device_mesh):
             msg = f"DoMINO: {name} lives on mesh {x.device_mesh}, the ops on {self.mesh}"
             raise ValueError(msg)
         pl = tuple(x.placements)
@@ -222,9 +247,11 @@ class ShardedDominoOps:
             raise ValueError(msg)
         return GridLayout(shape, origin, spacing, sizes=self.grid_sizes, axis=(0, 1))
 
-    def grid_nodes(self, shape, origin, spacing, dtype) -> torch.Tensor:
-        """This rank's nodes (C order of its block) as (n, 3) coordinates."""
-        axes = [torch.arange(r0, r0 + n) for r0, n in self._block(shape)]
+    def grid_nodes(self, shape, origin, spacing, dtype, device=None) -> torch.Tensor:
+        """This rank's nodes (C order of its block) as (n, 3) coordinates on ``device``
+        (default: the mesh's)."""
+        device = comm_device(self.mesh) if device is None else device
+        axes = [torch.arange(r0, r0 + n, device=device) for r0, n in self._block(shape)]
         idx = torch.stack([m.reshape(-1) for m in torch.meshgrid(*axes, indexing="ij")], 1)
         return GridLayout(shape, origin, spacing).coords(idx, dtype)
 
@@ -232,18 +259,59 @@ class ShardedDominoOps:
         """The nearest ``<= k`` points within ``r``: the ``k`` nearest, those beyond ``r``
         dropped. Equal to a capped radius query (ties by index alike), but the pruned kNN
         never enumerates every point in the ball (DoMINO's balls hold thousands)."""
-        if not r > 0:
-            msg = f"ball_query: r={r} must be > 0"
-            raise ValueError(msg)
-        n = torch.tensor([points.shape[0]], dtype=torch.int64)
+        return self.ball_queries(points, queries, [r], [k])[1][0]
+
+    def _global_rows(self, points) -> int:
+        """Rows of ``points`` over the group: from the ShardTensor input's layout, else one
+        all-reduce and one host sync (the kNN's cap is a shape). Collective."""
+        known = self._sizes(points)
+        if known is not None:
+            return sum(known)
+        n = torch.tensor([points.shape[0]], dtype=torch.int64, device=points.device)
         dist.all_reduce(n, group=self.group)
-        kk = min(int(k), int(n))
-        if kk == 0:
-            return torch.full((queries.shape[0], k), -1, dtype=torch.int64)
-        d, idx = Fn.knn(points.detach(), kk, queries.detach(), group=self.group,
-                        backend=self.backend)
-        idx = torch.where(d <= r, idx, -1)
-        return tF.pad(idx, (0, k - kk), value=-1)
+        return int(n)
+
+    def ball_queries(self, points, queries, radii, ks):
+        """:meth:`ball_query` for several ``(r, k)`` pairs over the same points and queries,
+        from one kNN with the largest ``k`` (the nearest ``<= k_i`` within ``r_i`` are the
+        first ``k_i`` of the nearest ``max k``, those beyond ``r_i`` dropped): one neighbour
+        search and one count instead of one each per radius.
+
+        Returns ``(union, [index_i])``: ``union`` (m, max k) holds the nearest ``max k``
+        within the largest radius (-1 pad), and every ``index_i`` (m, k_i) is its first
+        ``k_i`` columns with the points beyond ``r_i`` dropped, so one gather by ``union``
+        serves every radius. Collective.
+        """
+        return self.ball_query_sets(points, [(queries, radii, ks)])[0]
+
+    def ball_query_sets(self, points, sets):
+        """:meth:`ball_queries` for several query sets ``(queries, radii, ks)`` over the same
+        points (DoMINO's grid nodes and sampled points against the STL points), from one kNN
+        of all the queries with the largest ``k`` of any set: one search and one count for
+        the whole forward. Returns ``[(union, [index_i])]`` per set. Collective."""
+        for _, radii, _ in sets:
+            for r in radii:
+                if not r > 0:
+                    msg = f"ball_query: r={r} must be > 0"
+                    raise ValueError(msg)
+        kmax = max(int(k) for _, _, ks in sets for k in ks)
+        kk = min(kmax, self._global_rows(points))
+        if kk:
+            queries = torch.cat([q.detach() for q, _, _ in sets])
+            d, idx = Fn.knn(points.detach(), kk, queries, group=self.group,
+                            backend=self.backend)
+        out, at = [], 0
+        for q, radii, ks in sets:
+            ks = [int(k) for k in ks]
+            m = q.shape[0]
+            if kk == 0:
+                none = torch.full((m, max(ks)), -1, dtype=torch.int64, device=q.device)
+                out.append((none, [none[:, :k] for k in ks]))
+                continue
+            out.append(_split_radii(d[at : at + m, : max(ks)], idx[at : at + m, : max(ks)],
+                                    radii, ks))
+            at += m
+        return out
 
     def knn(self, points, k: int) -> torch.Tensor:
         _, idx = Fn.knn(points.detach(), k, group=self.group, backend=self.backend)
@@ -258,19 +326,18 @@ class ShardedDominoOps:
         if self.grid_sizes is None:
             return tF.pad(grid, (width,) * 6)
         if self.mesh.ndim == 1:
-            out = _halo_rows(grid, 1, width, self.grid_sizes, self.coord[0], self.group)
+            out = _halo_rows(grid, 1, width, self.grid_sizes, self.coord[0], self.mesh, 0)
             return tF.pad(out, (width, width, width, width))
-        out = _halo_rows(grid, 1, width, self.grid_sizes[0], self.coord[0],
-                         self.mesh.get_group(0))
-        out = _halo_rows(out, 2, width, self.grid_sizes[1], self.coord[1],
-                         self.mesh.get_group(1))
+        out = _halo_rows(grid, 1, width, self.grid_sizes[0], self.coord[0], self.mesh, 0)
+        out = _halo_rows(out, 2, width, self.grid_sizes[1], self.coord[1], self.mesh, 1)
         return tF.pad(out, (width, width))
 
     def sample(self, grid, points, origin, spacing, shape) -> torch.Tensor:
         """Trilinear values of the sharded grid at this rank's points (border padding).
         Raises ``ValueError`` on every rank when any rank's point lies outside the grid."""
         lay = GridLayout(shape, origin, spacing)
-        lay.check_covers(points, self.group, what="sampled points")
+        if self.validate:
+            lay.check_covers(points, self.group, what="sampled points")
         c = lay.normalize(points, align_corners=True)
         if self.grid_sizes is None:  # whole grid here: purely local (partial gradients)
             return grid_sample(grid[None], c[None], align_corners=True,
@@ -279,7 +346,9 @@ class ShardedDominoOps:
             return self._sample_blocks(grid, c, shape)
         G = from_local(grid[None], self.mesh, [Shard(2)], [list(self.grid_sizes)],
                        validate=False)
-        Cc = from_local(c[None], self.mesh, [Shard(1)], None)
+        sizes = self._sizes(points)  # known from the input layout, else one all-gather
+        Cc = from_local(c[None], self.mesh, [Shard(1)], None if sizes is None else [list(sizes)],
+                        validate=sizes is None)
         out = grid_sample(G, Cc, align_corners=True, padding_mode="border")
         return out.to_local()[0]
 
@@ -288,18 +357,22 @@ class ShardedDominoOps:
         each point fetches its cell's 8 corner nodes from their owners (one gather)."""
         ds, hs = self.grid_sizes
         W = int(shape[2])
-        size = torch.tensor([W, shape[1], shape[0]], dtype=c.dtype)
+        dev = c.device
+        size = torch.tensor([W, shape[1], shape[0]], dtype=c.dtype, device=dev)
         u = ((c + 1) / 2 * (size - 1)).clamp(min=0)
         u = torch.minimum(u, size - 1)  # (x, y, z) = (w, h, d) node coordinates
         i0 = torch.minimum(u.detach().floor(), (size - 2).clamp(min=0)).long()
         frac = u - i0.to(u.dtype)
         i1 = torch.minimum(i0 + 1, (size - 1).long())
-        dcut = torch.tensor(ds).cumsum(0)
-        hcut = torch.tensor(hs).cumsum(0)
-        ranks = self.mesh.mesh  # (len(ds), len(hs)) global ranks
-        counts = torch.zeros(self.world, dtype=torch.int64)
-        counts[ranks.reshape(-1)] = (torch.tensor(ds)[:, None] * torch.tensor(hs)[None]
-                                     * W).reshape(-1)
+        ds_t = torch.tensor(ds, device=dev)
+        hs_t = torch.tensor(hs, device=dev)
+        dcut = ds_t.cumsum(0)
+        hcut = hs_t.cumsum(0)
+        ranks = self.mesh.mesh.to(dev)  # (len(ds), len(hs)) global ranks
+        counts_host = torch.zeros(self.world, dtype=torch.int64)
+        counts_host[self.mesh.mesh.reshape(-1)] = (torch.tensor(ds)[:, None]
+                                                   * torch.tensor(hs)[None] * W).reshape(-1)
+        counts = counts_host.to(dev)
         offset = counts.cumsum(0) - counts
         rows, wts = [], []
         for corner in range(8):
@@ -311,35 +384,67 @@ class ShardedDominoOps:
             w_, h_, d_ = (i.contiguous() for i in idx)
             a_ = torch.bucketize(d_, dcut, right=True)
             b_ = torch.bucketize(h_, hcut, right=True)
-            local = ((d_ - (dcut - torch.tensor(ds))[a_]) * torch.tensor(hs)[b_]
-                     + (h_ - (hcut - torch.tensor(hs))[b_])) * W + w_
+            local = ((d_ - (dcut - ds_t)[a_]) * hs_t[b_]
+                     + (h_ - (hcut - hs_t)[b_])) * W + w_
             rows.append(offset[ranks[a_, b_]] + local)
             wts.append(wgt)
         C = grid.shape[0]
         flat = grid.permute(1, 2, 3, 0).reshape(-1, C)
         vals = H.gather_neighbors(flat, torch.stack(rows, 1), group=self.group,
-                                  sizes=counts.tolist())  # (m, 8, C)
+                                  sizes=counts_host.tolist())  # (m, 8, C)
         return (vals * torch.stack(wts, 1)[..., None]).sum(1)
 
     def reduce_mean_count(self, n: int) -> int:
-        t = torch.tensor([n], dtype=torch.int64)
+        """The global number of rows (one all-reduce and one host sync). Collective."""
+        t = torch.tensor([n], dtype=torch.int64, device=comm_device(self.mesh))
         dist.all_reduce(t, group=self.group)
         return int(t)
 
 
-def _halo_rows(grid: torch.Tensor, dim: int, width: int, sizes, coord: int,
-               group) -> torch.Tensor:
+def _split_radii(d: torch.Tensor, idx: torch.Tensor, radii, ks):
+    """(union, [index_i]) of :meth:`ShardedDominoOps.ball_queries` from the nearest
+    ``kk <= max k`` (distances ``d``, indices ``idx``, sorted by distance, ties by index)."""
+    kmax = max(ks)
+    pad = kmax - idx.shape[1]
+    union = tF.pad(torch.where(d <= max(radii), idx, -1), (0, pad), value=-1)
+    each = []
+    for r, k in zip(radii, ks):
+        part = torch.where(d[:, :k] <= r, idx[:, :k], -1)
+        each.append(tF.pad(part, (0, k - part.shape[1]), value=-1))
+    return union, each
+
+
+def _halo_rows(grid: torch.Tensor, dim: int, width: int, sizes, coord: int, mesh,
+               mesh_dim: int) -> torch.Tensor:
     """``grid`` with ``width`` rows of spatial ``dim`` (1 = D, 2 = H) added on both sides from
-    the ranks of ``group`` (which hold ``sizes`` rows each); -1 rows beyond the domain: zeros."""
-    x = grid.movedim(dim, 0)
-    n = x.shape[0]
-    rest = x.shape[1:]
-    row0 = sum(sizes[:coord])
-    rows = torch.arange(row0 - width, row0 + n + width, device=grid.device)
-    rows = torch.where((rows >= 0) & (rows < sum(sizes)), rows, -1)
-    width_of_row = math.prod(rest)
-    out = H.gather_neighbors(x.reshape(n, width_of_row), rows, group=group, sizes=list(sizes))
-    return out.reshape(n + 2 * width, *rest).movedim(0, dim)
+    the ranks along ``mesh_dim`` (which hold ``sizes`` rows each; several ranks deep when they
+    are thin); rows beyond the domain: zeros. The plan (who sends which rows) is a pure
+    function of the sizes, so nothing is read back: one all-to-all forward, one backward."""
+    sizes = tuple(int(v) for v in sizes)
+    total = sum(sizes)
+    needs = []
+    for r in range(len(sizes)):
+        row0 = sum(sizes[:r])
+        needs.append(tuple(i if 0 <= i < total else -1
+                           for i in range(row0 - width, row0 + sizes[r] + width)))
+    ex = exchange_plan(dim, mesh_dim, sizes, tuple(needs), int(coord))
+    return _Halo.apply(grid, ex, mesh)
+
+
+class _Halo(torch.autograd.Function):
+    """The window of a halo plan (:func:`~meshshard.shardtensor._aten.grid_halo.fetch`);
+    backward: its adjoint (gradients of received rows summed into their owners). Collective
+    forward and backward (when any rank needs another's rows)."""
+
+    @staticmethod
+    def forward(ctx, x, ex, mesh):
+        ctx.ex, ctx.mesh, ctx.shape = ex, mesh, tuple(x.shape)
+        return fetch(x.contiguous(), ex, mesh, 0.0, detail="DoMINO halo")
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        return fetch_transpose(g.contiguous(), ctx.ex, ctx.shape, ctx.mesh), None, None
 
 
 class _SumGrads(torch.autograd.Function):

@@ -27,16 +27,28 @@ Every function here is collective (forward, and backward when gradients are used
 from __future__ import annotations
 
 import logging
+import math
 from typing import Literal
 
 import torch
 import torch.distributed as dist
 
 from meshshard.comm.check import check_collective
-from meshshard.comm.rows import all_gather_rows, all_to_all, exchange_counts
+from meshshard.comm.rows import all_gather_rows, all_to_all
 from meshshard.ops import kernels
-from meshshard.ops._knn_merge import _drop_self, _lexsort3, answer_knn_queries, forward_and_merge
-from meshshard.ops._regions import knn_forward_mask, radius_send_mask, shard_boxes
+from meshshard.ops._knn_merge import (
+    _drop_self,
+    _lexsort3,
+    answer_knn_queries,
+    forward_and_merge,
+    route,
+)
+from meshshard.ops._regions import (
+    knn_bound_from_boxes,
+    near_ranks,
+    near_ranks_dense,
+    shard_boxes,
+)
 from meshshard.ops._validation import check_points
 
 __all__ = ["knn", "knn_graph", "radius", "radius_graph"]
@@ -74,6 +86,10 @@ def knn(
 
     Collective: every rank of ``group`` must call this (and ``backward`` when gradients flow).
 
+    Host syncs (the device path, ``backend="grid"``): 5 per call, none in the backward -- the
+    input check's one read-back (which also brings every shard's bounds), the local search's
+    two passes, the forwarded queries' counts and the answers' one pass. ``stats`` adds one.
+
     Parameters
     ----------
     x : Tensor of shape (n_local, d)
@@ -89,7 +105,7 @@ def knn(
         Default: the default group.
     x_sizes : sequence of int, optional
         Every rank's row count of ``x``; checked when given (they are learnt anyway).
-    backend : {"auto", "kdtree", "brute", "cluster"}
+    backend : {"auto", "kdtree", "grid", "brute", "cluster"}
         Local kernel (:mod:`meshshard.ops.kernels`).
     nboxes : int
         Boxes per rank describing its region (more boxes prune better on non-compact shards).
@@ -126,35 +142,91 @@ def knn(
     return d, i
 
 
+def _grid_bounds(be: str, b) -> tuple | None:
+    """A box for the cell list from the bounds the input check brought (no read-back)."""
+    if be != "grid" or not b or not all(map(math.isfinite, (*b[0], *b[1]))):
+        return None
+    return b
+
+
+def _near(be: str):
+    # the CPU tree path keeps the run-pruned test (fewer flops, a few syncs); the device
+    # backends the dense one (no sync)
+    return near_ranks if be == "kdtree" else near_ranks_dense
+
+
 def _knn(x, k, y, *, loop, group, x_sizes, backend, nboxes, stats):
     _check_nboxes(nboxes)
     meta = check_points(x, y, group=group, op="knn", k=k, loop=loop, x_sizes=x_sizes)
     rank = dist.get_rank(group)
     offset = meta.x_offsets[rank]
     yq = x if y is None else y
-    m, device = yq.shape[0], x.device
+    m, n, device = yq.shape[0], x.shape[0], x.device
     be = kernels.resolve_backend(backend, device)
 
     # phase 1: local answer and bound
     exclude_self = y is None and not loop
     kk = k + 1 if exclude_self else k
-    d2_loc, i_loc = kernels.knn(x, yq, kk, backend=be)
+    index = kernels.KnnIndex(x, backend=be, bounds=_grid_bounds(be, meta.x_bounds[rank]))
+    d2_loc, i_loc = index.query(yq, kk)
     if exclude_self:
         d2_loc, i_loc = _drop_self(d2_loc, i_loc, k, torch.arange(m, device=device))
     bound2 = d2_loc[:, k - 1] if m else torch.empty(0, dtype=torch.float64, device=device)
 
-    boxes = all_gather_rows(shard_boxes(x, nboxes), group)  # (P, B, 2d+1)
-    # a box bound must count k points besides the query itself when loop=False (kk = k + 1)
-    mask, bound2 = knn_forward_mask(yq, bound2, boxes, rank, kk)  # (m, P), (m,)
+    boxes = all_gather_rows(shard_boxes(x, nboxes), group)  # (P, B, 2d+1), stays on device
+    if n < kk and m:  # the local shard cannot bound every query: a bound from all boxes
+        # (a box bound must count k points besides the query itself when loop=False)
+        far = knn_bound_from_boxes(yq, boxes.reshape(-1, boxes.shape[-1]), kk)
+        bound2 = torch.where(torch.isinf(bound2), far, bound2)
+    mask = _near(be)(yq, bound2, boxes, rank)  # (m, P)
 
-    dist_out, index, sent, answered = forward_and_merge(
+    dist_out, index_out, sent, answered = forward_and_merge(
         x, yq, d2_loc, i_loc, bound2, mask, k=k, offset=offset, group=group,
-        answer=lambda q, _: answer_knn_queries(x, q, k, backend=be),
+        answer=lambda q, _: answer_knn_queries(x, q, k, index=index),
     )
-    if stats is not None:
-        stats.update(queries=m, queries_sent=sent, answer_rows=answered)
+    if stats is not None:  # reading the count back is a host sync: only when asked
+        stats.update(queries=m, queries_sent=sent, answer_rows=int(answered))
     log.debug("knn rank %d: %d queries, %d forwarded", rank, m, sent)
-    return dist_out, index, offset
+    return dist_out, index_out, offset
+
+
+def _check_cap(max_num_neighbors, op: str) -> None:
+    if max_num_neighbors is not None and (
+        isinstance(max_num_neighbors, bool)
+        or not isinstance(max_num_neighbors, int)
+        or max_num_neighbors < 1
+    ):
+        msg = f"{op}: max_num_neighbors={max_num_neighbors!r} must be None or an int >= 1"
+        raise ValueError(msg)
+
+
+def _radius_pool(x, r, y, *, group, backend, nboxes, op):
+    """This rank's points plus the other ranks' points within ``r`` of its query boxes.
+    Returns ``(yq, pool, pool_g, offset, be, bounds, stats)``; two host syncs (the input
+    check and the import counts)."""
+    _check_nboxes(nboxes)
+    meta = check_points(x, y, group=group, op=op, r=r)
+    rank = dist.get_rank(group)
+    offset = meta.x_offsets[rank]
+    yq = x if y is None else y
+    n, device = x.shape[0], x.device
+    be = kernels.resolve_backend(backend, device)
+
+    boxes = all_gather_rows(shard_boxes(yq, nboxes), group)  # stays on the device
+    lim = (float(r) * (1 + 1e-9)) ** 2
+    reach2 = torch.full((1,), lim, dtype=torch.float64, device=device)
+    smask = _near(be)(x, reach2.expand(n), boxes, rank)  # (n, P)
+    send, recv, rows, _, _ = route(smask, group)
+    imp_xyz = all_to_all(x[rows], send, recv, group)  # differentiable
+    imp_g = all_to_all(rows + offset, send, recv, group)
+    pool = torch.cat([x, imp_xyz])
+    pool_g = torch.cat([torch.arange(n, device=device) + offset, imp_g])
+    # the pool lies in this rank's points' box and its queries' box grown by r
+    (xlo, xhi), (ylo, yhi) = meta.x_bounds[rank], meta.y_bounds[rank]
+    pad = float(r) * (1 + 1e-6)
+    box = ([min(a, b - pad) for a, b in zip(xlo, ylo)], [max(a, b + pad) for a, b in zip(xhi, yhi)])
+    stats = {"points_sent": sum(send), "points_received": sum(recv)}
+    return yq, pool, pool_g, offset, be, _grid_bounds(be, box), stats
 
 
 def _radius_csr(
@@ -169,55 +241,66 @@ def _radius_csr(
     nboxes: int,
     stats: dict | None,
     op: str,
+    compact: bool = True,
 ):
-    _check_nboxes(nboxes)
-    if max_num_neighbors is not None and (
-        isinstance(max_num_neighbors, bool)
-        or not isinstance(max_num_neighbors, int)
-        or max_num_neighbors < 1
-    ):
-        msg = f"{op}: max_num_neighbors={max_num_neighbors!r} must be None or an int >= 1"
-        raise ValueError(msg)
-    meta = check_points(x, y, group=group, op=op, r=r)
-    P, rank = dist.get_world_size(group), dist.get_rank(group)
-    offset = meta.x_offsets[rank]
-    yq = x if y is None else y
-    m, n = yq.shape[0], x.shape[0]
-    device = x.device
-    be = kernels.resolve_backend(backend, device)
-
-    # import the points of other ranks that lie within r of this rank's query boxes
-    boxes = all_gather_rows(shard_boxes(yq, nboxes), group)
-    smask = radius_send_mask(x, r, boxes, rank)  # (n, P)
-    dest, rows = torch.nonzero(smask.t(), as_tuple=True)
-    send_counts = torch.bincount(dest, minlength=P).tolist()
-    recv_counts = exchange_counts(send_counts, group, device)
-    imp_xyz = all_to_all(x[rows], send_counts, recv_counts, group)  # differentiable
-    imp_g = all_to_all(rows + offset, send_counts, recv_counts, group)
-    pool = torch.cat([x, imp_xyz])
-    pool_g = torch.cat([torch.arange(n, device=device) + offset, imp_g])
-
-    ptr, col, d2 = kernels.radius(pool, yq, r, backend=be)
-    row = torch.repeat_interleave(torch.arange(m, device=device), torch.diff(ptr))
+    """CSR neighbour lists ``(ptr, g, dist, row, pos, offset, valid)``; with ``compact=False``
+    the excluded entries (self, past the cap) stay, marked by ``valid`` (no host sync)."""
+    _check_cap(max_num_neighbors, op)
+    yq, pool, pool_g, offset, be, bounds, st = _radius_pool(
+        x, r, y, group=group, backend=backend, nboxes=nboxes, op=op)
+    m, device = yq.shape[0], x.device
+    ptr, col, d2 = kernels.radius(pool, yq, r, backend=be, key=pool_g, bounds=bounds)
+    E = col.numel()
+    row = torch.repeat_interleave(torch.arange(m, device=device), torch.diff(ptr), output_size=E)
     g = pool_g[col]
-    o = _lexsort3(row, d2, g)  # ties by global index, not by pool position
-    row, col, g = row[o], col[o], g[o]
-    if y is None and not loop:
-        keep = g != row + offset
-        row, col, g = row[keep], col[keep], g[keep]
-    counts = torch.bincount(row, minlength=m)
-    start = torch.cumsum(counts, 0) - counts
-    pos = torch.arange(row.numel(), device=device) - start[row]
+    if be != "grid":  # the grid orders ties by global index already
+        o = _lexsort3(row, d2, g)  # ties by global index, not by pool position
+        row, col, g = row[o], col[o], g[o]
+    pos = torch.arange(E, device=device) - ptr[row]
+    valid = torch.ones(E, dtype=torch.bool, device=device)
+    if y is None and not loop:  # drop the point itself: at most one entry per row
+        is_self = g == row + offset
+        big = torch.iinfo(torch.int64).max
+        self_pos = torch.full((m,), big, dtype=torch.int64, device=device)
+        self_pos = self_pos.scatter_reduce(0, row, torch.where(is_self, pos, big), "amin")
+        pos = pos - (pos > self_pos[row]).long()
+        valid = ~is_self
     if max_num_neighbors is not None:  # keep the closest ones
-        keep = pos < max_num_neighbors
+        valid = valid & (pos < max_num_neighbors)
+    if compact and ((y is None and not loop) or max_num_neighbors is not None):
+        keep = torch.nonzero(valid).flatten()  # host sync: the lists' length
         row, col, g, pos = row[keep], col[keep], g[keep], pos[keep]
-        counts = counts.clamp(max=max_num_neighbors)
+        valid = valid[keep]
+    counts = torch.zeros(m, dtype=torch.int64, device=device).index_add_(0, row, valid.long())
     out_ptr = torch.zeros(m + 1, dtype=torch.int64, device=device)
     out_ptr[1:] = torch.cumsum(counts, 0)
     dist_out = torch.linalg.vector_norm(yq[row] - pool[col], dim=-1)
     if stats is not None:
-        stats.update(queries=m, points_sent=int(rows.numel()), points_received=imp_g.numel())
-    return out_ptr, g, dist_out, row, pos, offset
+        stats.update(queries=m, **st)
+    return out_ptr, g, dist_out, row, pos, offset, valid
+
+
+def _radius_capped(x, r, y, *, width, loop, group, backend, nboxes, stats, op):
+    """Static shape: the closest ``width`` of every query, ``(dist, index)`` (m, width)."""
+    yq, pool, pool_g, offset, be, bounds, st = _radius_pool(
+        x, r, y, group=group, backend=backend, nboxes=nboxes, op=op)
+    m, device = yq.shape[0], x.device
+    exclude_self = y is None and not loop
+    w = width + 1 if exclude_self else width
+    _, pos = kernels.radius_padded(pool, yq, r, w, backend=be, key=pool_g, bounds=bounds)
+    g = torch.where(pos >= 0, pool_g[pos.clamp_min(0)], -1)
+    if exclude_self:
+        is_self = g == (torch.arange(m, device=device) + offset)[:, None]
+        o = torch.argsort(is_self.to(torch.int8), dim=1, stable=True)[:, :width]
+        pos, g = pos.gather(1, o), g.gather(1, o)
+    if pool.shape[0]:
+        nbr = pool[pos.clamp_min(0)]
+    else:  # keep the imports in the graph: their backward all-to-all is collective
+        nbr = yq.new_zeros((m, width, yq.shape[1])) + pool.sum()
+    d = torch.linalg.vector_norm(yq[:, None, :] - nbr, dim=-1)
+    if stats is not None:
+        stats.update(queries=m, **st)
+    return torch.where(pos >= 0, d, float("inf")), g
 
 
 def radius(
@@ -236,6 +319,11 @@ def radius(
     """Exact ball query over all ranks: every point within ``r`` (``<= r``), nearest first.
 
     Collective: every rank of ``group`` must call this (and ``backward`` when gradients flow).
+
+    Host syncs (the device path, ``backend="grid"``): ``format="padded"`` with
+    ``max_num_neighbors`` is static-shaped, 3 per call (the input check, the imported points'
+    counts, the search's width); without the cap 5 (also the compaction and the padded width);
+    ``"csr"`` 4, or 5 when entries are dropped (``loop=False``, a cap). None in the backward.
 
     Parameters
     ----------
@@ -265,7 +353,11 @@ def radius(
     if format not in ("padded", "csr"):
         msg = f"radius: format={format!r} must be 'padded' or 'csr'"
         raise ValueError(msg)
-    ptr, g, d, row, pos, _ = _radius_csr(
+    _check_cap(max_num_neighbors, "radius")
+    if format == "padded" and max_num_neighbors is not None:
+        return _radius_capped(x, r, y, width=max_num_neighbors, loop=loop, group=group,
+                              backend=backend, nboxes=nboxes, stats=stats, op="radius")
+    ptr, g, d, row, pos, _, valid = _radius_csr(
         x,
         r,
         y,
@@ -276,22 +368,22 @@ def radius(
         nboxes=nboxes,
         stats=stats,
         op="radius",
+        compact=format == "csr",
     )
     if format == "csr":
         return ptr, g, d
     m = ptr.numel() - 1
-    if max_num_neighbors is not None:
-        width = max_num_neighbors
-    else:
-        w = torch.tensor([int(torch.diff(ptr).max()) if m else 0], device=ptr.device)
-        check_collective("all_reduce", group, w, detail="max: radius width")
-        dist.all_reduce(w, op=dist.ReduceOp.MAX, group=group)
-        width = int(w)
-    idx = torch.full((m, width), -1, dtype=torch.int64, device=ptr.device)
-    idx[row, pos] = g
-    dd = torch.full((m, width), float("inf"), dtype=d.dtype, device=ptr.device)
-    dd = dd.index_put((row, pos), d)
-    return dd, idx
+    w = torch.diff(ptr).max().reshape(1) if m else torch.zeros(1, dtype=torch.int64,
+                                                                device=ptr.device)
+    check_collective("all_reduce", group, w, detail="max: radius width")
+    dist.all_reduce(w, op=dist.ReduceOp.MAX, group=group)
+    width = int(w)  # host sync: the padded width
+    at = torch.where(valid, pos, width)  # excluded entries go to a dropped column
+    idx = torch.full((m, width + 1), -1, dtype=torch.int64, device=ptr.device)
+    idx[row, at] = g
+    dd = torch.full((m, width + 1), float("inf"), dtype=d.dtype, device=ptr.device)
+    dd = dd.index_put((row, at), d)
+    return dd[:, :width], idx[:, :width]
 
 
 def knn_graph(
@@ -365,7 +457,7 @@ def radius_graph(
         centre, nearest first.
     """
     _check_flow(flow)
-    _, g, _, row, _, offset = _radius_csr(
+    _, g, _, row, _, offset, _ = _radius_csr(
         x,
         r,
         None,

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from meshshard.comm.rows import all_gather_rows
 from meshshard.ops import functional as F
+from meshshard.ops._consts import device_const
 from meshshard.ops.api import _is_st, _layout, _wrap, _wrap_inferred
 from meshshard.shardtensor import Replicate
 
@@ -169,8 +170,8 @@ class GridLayout:
 
     def coords(self, index: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
         """Physical ``(x, y, z)`` coordinates of integer ``(d, h, w)`` node indices."""
-        o = torch.tensor(self.origin, dtype=dtype, device=index.device)
-        s = torch.tensor(self.spacing, dtype=dtype, device=index.device)
+        o = device_const(self.origin, dtype, index.device)
+        s = device_const(self.spacing, dtype, index.device)
         return o + index.flip(-1).to(dtype) * s
 
     def local_nodes(self, rank: int, dtype=torch.float32, device=None) -> torch.Tensor:
@@ -190,9 +191,9 @@ class GridLayout:
         With ``align_corners=True`` the outer nodes map to -1 and 1; with ``False`` the outer
         cell faces (half a spacing beyond the outer nodes) do.
         """
-        o = torch.tensor(self.origin, dtype=points.dtype, device=points.device)
-        s = torch.tensor(self.spacing, dtype=points.dtype, device=points.device)
-        size = torch.tensor(self.shape[::-1], dtype=points.dtype, device=points.device)
+        o = device_const(self.origin, points.dtype, points.device)
+        s = device_const(self.spacing, points.dtype, points.device)
+        size = device_const(self.shape[::-1], points.dtype, points.device)
         u = (points - o) / s
         if align_corners:
             return u / torch.clamp(size - 1, min=1) * 2 - 1
@@ -202,21 +203,27 @@ class GridLayout:
                      *, what: str = "points") -> None:
         """Raise on every rank when any rank's points lie outside the grid's box.
 
+        Counts on the points' device (nothing copied to the host but one count per rank):
+        one small all-gather and one host sync (the counts read back).
+
         Collective: every rank of ``group`` must call this.
         """
-        o = torch.tensor(self.origin, dtype=torch.float64)
-        hi = o + torch.tensor(self.shape[::-1], dtype=torch.float64).sub(1) * torch.tensor(
-            self.spacing, dtype=torch.float64)
-        p = points.detach().double().cpu()
-        tol = 1e-9 * float(torch.tensor(self.spacing).max())
-        bad = ((p < o - tol) | (p > hi + tol)).any(1) if p.numel() else torch.zeros(0, dtype=bool)
-        row = torch.tensor([float(bad.sum())], dtype=torch.float64)
+        dev = points.device
+        o = [float(v) for v in self.origin]
+        hi = [a + (n - 1) * b for a, n, b in zip(o, self.shape[::-1], self.spacing)]
+        tol = 1e-9 * max(self.spacing)
+        p = points.detach().double()
+        lo_t = device_const([v - tol for v in o], torch.float64, dev)
+        hi_t = device_const([v + tol for v in hi], torch.float64, dev)
+        bad = ((p < lo_t) | (p > hi_t)).any(-1).sum() if p.numel() else p.new_zeros(())
+        row = bad.to(torch.float64).reshape(1)
         if group is not None or (dist.is_available() and dist.is_initialized()):
             row = all_gather_rows(row, group).reshape(-1)
-        if float(row.sum()) > 0:
-            ranks = [i for i, v in enumerate(row.tolist()) if v > 0]
-            msg = (f"the grid (box {o.tolist()} .. {hi.tolist()}) does not cover the {what}: "
-                   f"{int(row.sum())} lie outside (on ranks {ranks}); enlarge the grid's origin/"
+        counts = [int(v) for v in row.tolist()]  # host sync: the verdict
+        if sum(counts) > 0:
+            ranks = [i for i, v in enumerate(counts) if v > 0]
+            msg = (f"the grid (box {o} .. {hi}) does not cover the {what}: "
+                   f"{sum(counts)} lie outside (on ranks {ranks}); enlarge the grid's origin/"
                    f"shape or crop the {what}")
             raise ValueError(msg)
 
@@ -284,7 +291,7 @@ def _query(points, layout: GridLayout, direction: str, group, op: str, call):
         nodes = nodes[:0]
     counts = [0] * world
     if layout.sizes is None:
-        counts[0] = int(torch.tensor(layout.shape).prod())
+        counts[0] = math.prod(layout.shape)
     else:
         counts = layout.node_counts(world)
     d, i = call(nodes, pl, g)

@@ -14,7 +14,8 @@ there and back). On a mesh dim where the grid is cut but the points are replicat
 adds the corners it owns and one all-reduce sums them. Nothing else moves. Differentiable with
 respect to the grid and the coordinates, like ``F.grid_sample``.
 
-Collective over the mesh (forward and backward) for ShardTensor inputs.
+Collective over the mesh (forward and backward) for ShardTensor inputs. Host syncs: one per
+call where points travel (the all-to-all's counts), plus the count exchange's own.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch.nn.functional as tF
 
 from meshshard.comm.check import check_collective
 from meshshard.comm.rows import all_to_all, exchange_counts
+from meshshard.ops._consts import device_const
 from meshshard.ops.api import _is_st
 from meshshard.shardtensor import Replicate, Shard, from_local
 
@@ -72,7 +74,7 @@ def _unnormalize(c: torch.Tensor, size: torch.Tensor, align_corners: bool) -> to
 
 def _index_coords(c, shape, align_corners, padding_mode):
     """(n, k) normalised (x, y, z) -> (n, k) index coordinates in (d, h, w) order."""
-    size = torch.tensor(shape, dtype=c.dtype, device=c.device)
+    size = device_const(shape, c.dtype, c.device)
     u = _unnormalize(c.flip(-1), size, align_corners)
     if padding_mode == "border":
         u = torch.minimum(torch.clamp(u, min=0), size - 1)
@@ -210,20 +212,28 @@ def _sharded(grid, coords, k, align_corners, padding_mode):
         group = mesh.get_group(route)
         sizes = grid.sharding_sizes(route)
         P = len(sizes)
-        bounds = torch.tensor([0, *sizes], device=u.device).cumsum(0)
+        cuts = [sum(sizes[: i + 1]) for i in range(P)]
+        bounds = device_const([0, *cuts], torch.int64, u.device)
         lo = torch.floor(u[:, a].detach()).long()
-        pids, dests = [], []
+        # each point goes to the owners of its rows lo and lo + 1 (one copy when they are the
+        # same rank); P marks "nowhere". Sorting the (owner, point) keys routes them with no
+        # size read back but the counts (one host sync)
+        owners, valids = [], []
         for off in (0, 1):
             row = lo + off
-            valid = (row >= 0) & (row < shape[a])
+            valids.append((row >= 0) & (row < shape[a]))
             owner = torch.searchsorted(bounds, row.clamp(0, shape[a] - 1), right=True) - 1
-            owner = owner.clamp(0, P - 1)
-            pids.append(torch.nonzero(valid).squeeze(1))
-            dests.append(owner[valid])
-        pid, dest = torch.cat(pids), torch.cat(dests)
-        key = torch.unique(dest * max(u.shape[0], 1) + pid)  # one copy per (dest, point), sorted
-        dest, pid = key // max(u.shape[0], 1), key % max(u.shape[0], 1)
-        send = torch.bincount(dest, minlength=P).tolist()
+            owners.append(owner.clamp(0, P - 1))
+        valids[1] = valids[1] & ~(valids[0] & (owners[1] == owners[0]))
+        npts = u.shape[0]
+        dest = torch.cat([torch.where(v, o, P) for o, v in zip(owners, valids)])
+        pid = torch.arange(npts, device=u.device).repeat(2)
+        order = torch.argsort(dest * max(npts, 1) + pid)  # by owner, then point
+        counts = torch.zeros(P + 1, dtype=torch.int64, device=u.device).index_add_(
+            0, dest, torch.ones_like(dest))
+        send = counts[:P].tolist()  # host sync: the all-to-all's counts
+        order = order[: sum(send)]
+        dest, pid = dest.index_select(0, order), pid.index_select(0, order)
         recv = exchange_counts(send, group, u.device)
         ru = all_to_all(u.index_select(0, pid), send, recv, group)
         rb = all_to_all(b.index_select(0, pid), send, recv, group)

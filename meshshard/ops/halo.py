@@ -13,7 +13,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from meshshard.comm.rows import all_gather_rows, all_to_all, exchange_counts
+from meshshard.comm.resident import cached_on_device, device_ints
+from meshshard.comm.rows import all_gather_rows, all_to_all, exchange_plan
 from meshshard.ops._validation import check_reduce, collective_flag
 from meshshard.partition.record import HaloPlan
 
@@ -75,7 +76,8 @@ def halo_exchange(
     elif problem is not None:
         raise ValueError(problem)
     dev = features.device
-    send_idx = torch.as_tensor(np.asarray(plan.send_idx[rank]), dtype=torch.int64, device=dev)
+    send_idx = cached_on_device(plan, ("send_idx", rank), dev,
+                                lambda: np.asarray(plan.send_idx[rank], dtype=np.int64))
     send = plan.send_counts(rank).tolist()
     recv = plan.recv_counts(rank).tolist()
     ghosts = all_to_all(features[send_idx], send, recv, group)
@@ -87,7 +89,7 @@ def _sizes(
 ) -> list[int]:
     if sizes is not None:
         return [int(s) for s in sizes]
-    n = torch.tensor([features.shape[0]], dtype=torch.int64, device=features.device)
+    n = torch.full((1,), features.shape[0], dtype=torch.int64, device=features.device)
     return [int(v) for v in all_gather_rows(n, group).flatten().tolist()]
 
 
@@ -95,24 +97,45 @@ def _owners(flat: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(offsets[1:], flat, right=True)
 
 
-def _index_problem(index: torch.Tensor, total: int, op: str, rank: int) -> str | None:
-    if not isinstance(index, torch.Tensor) or index.dtype not in (
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-    ):
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _dtype_problem(index, op: str, rank: int) -> str | None:
+    if not isinstance(index, torch.Tensor) or index.dtype not in _INT_DTYPES:
         what = index.dtype if isinstance(index, torch.Tensor) else type(index).__name__
         return f"{op}: index must be an integer tensor, got {what} on rank {rank}; use .long()"
-    if index.numel():
-        lo, hi = int(index.min()), int(index.max())
-        if lo < -1 or hi >= total:
-            return (
-                f"{op}: rank {rank} has index values in [{lo}, {hi}] but valid global indices "
-                f"are -1 (padding) and 0..{total - 1}"
-            )
     return None
+
+
+def _extra(problem: str | None, bad: torch.Tensor | None, device) -> torch.Tensor:
+    """[host problem flag, out-of-range count]: checked by every rank after the one count
+    exchange (no read-back of its own)."""
+    flag = torch.full((1,), int(problem is not None), dtype=torch.int64, device=device)
+    if bad is None:
+        bad = torch.zeros(1, dtype=torch.int64, device=device)
+    return torch.cat([flag, bad.reshape(1).to(torch.int64)])
+
+
+def _raise_from_extras(extras, problem: str | None, index, total: int, op: str, rank: int):
+    """Raise on every rank when any rank flagged a problem or held an index out of range."""
+    if not any(f or b for f, b in extras):
+        return
+    if problem is not None:
+        raise ValueError(problem)
+    if extras[rank][1]:  # the error path may read the values back
+        lo, hi = int(index.min()), int(index.max())
+        msg = (
+            f"{op}: rank {rank} has index values in [{lo}, {hi}] but valid global indices "
+            f"are -1 (padding) and 0..{total - 1}"
+        )
+        raise ValueError(msg)
+    bad = [q for q, (f, b) in enumerate(extras) if f or b]
+    msg = f"{op}: invalid input on rank(s) {bad} (see the error raised there)"
+    raise ValueError(msg)
+
+
+def _offsets(sz: list[int], device) -> torch.Tensor:
+    return device_ints([0, *np.cumsum(sz).tolist()], device)
 
 
 def gather_neighbors(
@@ -127,6 +150,10 @@ def gather_neighbors(
     Only remote rows that ``index`` references are fetched, each once (deduplicated).
 
     Collective: every rank of ``group`` must call this (and ``backward`` when gradients flow).
+
+    Host syncs: one (the read-back of every rank's request counts, which also carries the
+    index check), plus one gather of the row counts when ``sizes`` is omitted. Counts, the
+    distinct indices and the row offsets stay on the device.
 
     Parameters
     ----------
@@ -145,6 +172,7 @@ def gather_neighbors(
     P, rank = dist.get_world_size(group), dist.get_rank(group)
     sz = _sizes(features, sizes, group)
     dev = features.device
+    feat = tuple(features.shape[1:])
     problem = None
     if len(sz) != P or sz[rank] != features.shape[0]:
         problem = (
@@ -152,25 +180,42 @@ def gather_neighbors(
             f"{features.shape[0]} rows in a group of {P}; pass every rank's row count"
         )
     else:
-        problem = _index_problem(index, sum(sz), "gather_neighbors", rank)
-    collective_flag(problem, group=group, device=dev, op="gather_neighbors")
-    offsets = torch.tensor([0, *np.cumsum(sz).tolist()], dtype=torch.int64, device=dev)
+        problem = _dtype_problem(index, "gather_neighbors", rank)
+    total = sum(sz)
+    if problem is not None:
+        _, _, extras = exchange_plan(torch.zeros(P, dtype=torch.int64, device=dev), group,
+                                     _extra(problem, None, dev))
+        _raise_from_extras(extras, problem, index, total, "gather_neighbors", rank)
+    offsets = _offsets(sz, dev)
     flat = index.reshape(-1).to(device=dev, dtype=torch.int64)
-    valid = flat >= 0
-    owner = _owners(flat.clamp_min(0), offsets)
-    remote = valid & (owner != rank)
-    uniq = torch.unique(flat[remote])  # sorted, hence grouped by owner
-    u_owner = _owners(uniq, offsets)
-    send_counts = torch.bincount(u_owner, minlength=P).tolist()
-    recv_counts = exchange_counts(send_counts, group, dev)
-    requests = all_to_all(uniq - offsets[u_owner], send_counts, recv_counts, group)
-    reply = all_to_all(features[requests], recv_counts, send_counts, group)
-    # rows picked from features and reply directly: no copy of the (maybe large) features
-    out = features.new_zeros((flat.numel(), *features.shape[1:]))  # padding stays zero
-    local = valid & ~remote
-    out[local] = features[flat[local] - offsets[rank]]
-    out[remote] = reply[torch.searchsorted(uniq, flat[remote])]
-    return out.reshape(*index.shape, *features.shape[1:])
+    inside = (flat >= 0) & (flat < total)
+    bad = ((flat < -1) | (flat >= total)).sum()
+    owner = _owners(flat.clamp(0, max(total - 1, 0)), offsets)
+    remote = inside & (owner != rank)
+    local = inside & (owner == rank)
+    # the distinct remote indices, sorted (hence grouped by owner), found without a read-back:
+    # non-remote entries sort last as ``total``; the first of each run of equals is kept
+    skey = torch.sort(torch.where(remote, flat, total)).values
+    first = torch.ones_like(skey, dtype=torch.bool)
+    first[1:] = skey[1:] != skey[:-1]
+    first &= skey < total
+    s_owner = _owners(skey.clamp(max=max(total - 1, 0)), offsets)
+    counts = torch.zeros(P, dtype=torch.int64, device=dev).index_add_(0, s_owner, first.long())
+    send, recv, extras = exchange_plan(counts, group, _extra(None, bad, dev))
+    _raise_from_extras(extras, None, index, total, "gather_neighbors", rank)
+    U = sum(send)
+    buf = skey.new_empty(U + 1)
+    buf.scatter_(0, torch.where(first, torch.cumsum(first, 0) - 1, U), skey)
+    uniq = buf[:U]
+    requests = all_to_all(uniq - offsets[_owners(uniq, offsets)], send, recv, group)
+    reply = all_to_all(features[requests], recv, send, group)
+    # one pool: this rank's rows, the fetched rows, a zero row for padding
+    n = features.shape[0]
+    pool = torch.cat([features, reply, features.new_zeros((1, *feat))])
+    at_remote = n + torch.searchsorted(uniq, flat).clamp(max=max(U - 1, 0))
+    pos = torch.where(local, flat - offsets[rank], torch.where(remote, at_remote, n + U))
+    out = pool[pos]
+    return out.reshape(*index.shape, *feat)
 
 
 def scatter_to_owners(
@@ -184,6 +229,9 @@ def scatter_to_owners(
     """Send values to the owner rows of their global indices and reduce them there.
 
     Collective: every rank of ``group`` must call this (and ``backward`` when gradients flow).
+
+    Host syncs: one (the read-back of every rank's send counts, which also carries the index
+    check); the routing stays on the device.
 
     Parameters
     ----------
@@ -208,26 +256,35 @@ def scatter_to_owners(
     if len(sz) != P:
         problem = f"scatter_to_owners: sizes has {len(sz)} entries for a group of {P} ranks"
     else:
-        problem = _index_problem(index, sum(sz), "scatter_to_owners", rank)
+        problem = _dtype_problem(index, "scatter_to_owners", rank)
         if problem is None and tuple(values.shape[: index.dim()]) != tuple(index.shape):
             problem = (
                 f"scatter_to_owners: values {tuple(values.shape)} must start with "
                 f"index's shape {tuple(index.shape)} on rank {rank}"
             )
-    collective_flag(problem, group=group, device=dev, op="scatter_to_owners")
+    total = sum(sz)
+    if problem is not None:
+        _, _, extras = exchange_plan(torch.zeros(P, dtype=torch.int64, device=dev), group,
+                                     _extra(problem, None, dev))
+        _raise_from_extras(extras, problem, index, total, "scatter_to_owners", rank)
     feat = values.shape[index.dim() :]
-    offsets = torch.tensor([0, *np.cumsum(sz).tolist()], dtype=torch.int64, device=dev)
+    offsets = _offsets(sz, dev)
     flat = index.reshape(-1).to(device=dev, dtype=torch.int64)
     vals = values.reshape(-1, *feat)
-    keep = torch.nonzero(flat >= 0).flatten()
-    flat, vals = flat[keep], vals[keep]
-    owner = _owners(flat, offsets)
+    bad = ((flat < -1) | (flat >= total)).sum()
+    inside = (flat >= 0) & (flat < total)
+    # entries to drop get owner P and sort last: the first sum(send) rows are the ones sent
+    owner = torch.where(inside, _owners(flat.clamp(0, max(total - 1, 0)), offsets), P)
     o = torch.argsort(owner, stable=True)
     flat, vals, owner = flat[o], vals[o], owner[o]
-    send_counts = torch.bincount(owner, minlength=P).tolist()
-    recv_counts = exchange_counts(send_counts, group, dev)
-    rows = all_to_all(flat - offsets[owner], send_counts, recv_counts, group)
-    got = all_to_all(vals, send_counts, recv_counts, group)
+    counts = torch.zeros(P + 1, dtype=torch.int64, device=dev)
+    counts.index_add_(0, owner, torch.ones_like(owner))
+    send, recv, extras = exchange_plan(counts[:P], group, _extra(None, bad, dev))
+    _raise_from_extras(extras, None, index, total, "scatter_to_owners", rank)
+    S = sum(send)
+    dest = flat[:S] - offsets[owner[:S]]
+    rows = all_to_all(dest, send, recv, group)
+    got = all_to_all(vals[:S], send, recv, group)
     return scatter_rows(got, rows, sz[rank], reduce)
 
 
@@ -240,6 +297,7 @@ def scatter_rows(values: torch.Tensor, index: torch.Tensor, rows: int, reduce: s
         return out.scatter_reduce(0, idx, values, reduce="amax", include_self=False)
     out = out.index_add(0, index, values)
     if reduce == "mean":
-        cnt = torch.bincount(index, minlength=rows).clamp_min(1).to(out.dtype)
+        cnt = torch.zeros(rows, dtype=out.dtype, device=out.device)
+        cnt = cnt.index_add_(0, index, torch.ones_like(index, dtype=out.dtype)).clamp_min(1)
         out = out / cnt.reshape(-1, *([1] * len(feat)))
     return out

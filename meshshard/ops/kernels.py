@@ -19,9 +19,12 @@ Backends
               ``torch.get_num_threads()`` workers: the process's thread budget, so that P ranks
               on one node (torchrun sets ``OMP_NUM_THREADS``) do not each start one thread per
               core.
+``"grid"``    a uniform-grid cell list in torch on the tensors' device
+              (:class:`meshshard.ops.cell_index.CellIndex`): no O(n * m) scan, no loop per
+              tile; a few host syncs per query (its docstring counts them).
 ``"brute"``   tiled torch brute force on the tensors' device (CPU or GPU).
 ``"cluster"`` ``torch_cluster`` when installed (``pip install -e '.[cluster]'``).
-``"auto"``    ``"kdtree"`` on CPU; on GPU ``"cluster"`` when installed, else ``"brute"``.
+``"auto"``    ``"kdtree"`` on CPU, ``"grid"`` on any other device.
 """
 
 from __future__ import annotations
@@ -30,14 +33,15 @@ import numpy as np
 import torch
 
 from meshshard.ops._backends import WITH_CLUSTER, require_cluster
+from meshshard.ops.cell_index import CellIndex
 
 __all__ = [
     "BACKENDS",
     "KnnIndex",
     "available_backends",
-    "knn", "radius", "resolve_backend", "sqdist"]
+    "knn", "radius", "radius_padded", "resolve_backend", "sqdist"]
 
-BACKENDS = ("auto", "kdtree", "brute", "cluster")
+BACKENDS = ("auto", "kdtree", "grid", "brute", "cluster")
 
 # brute force works on tiles of at most this many (query, point) pairs
 _TILE_PAIRS = 1 << 20
@@ -45,7 +49,7 @@ _TILE_PAIRS = 1 << 20
 
 def available_backends() -> list[str]:
     """Concrete backends usable in this environment."""
-    return ["kdtree", "brute"] + (["cluster"] if WITH_CLUSTER else [])
+    return ["kdtree", "grid", "brute"] + (["cluster"] if WITH_CLUSTER else [])
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -54,9 +58,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         msg = f"backend={backend!r} is not one of {BACKENDS}"
         raise ValueError(msg)
     if backend == "auto":
-        if device.type == "cpu":
-            return "kdtree"
-        return "cluster" if WITH_CLUSTER else "brute"
+        return "kdtree" if device.type == "cpu" else "grid"
     if backend == "cluster":
         require_cluster()
     return backend
@@ -97,7 +99,7 @@ def knn(
         Queries.
     k : int
         Neighbours per query (>= 1).
-    backend : {"auto", "kdtree", "brute", "cluster"}
+    backend : {"auto", "kdtree", "grid", "brute", "cluster"}
 
     Returns
     -------
@@ -117,20 +119,39 @@ class KnnIndex:
     """The points ``x`` prepared once for many :func:`knn`-style queries.
 
     With the ``"kdtree"`` backend the cKDTree (and its float64 copy of ``x``, shared when ``x``
-    is already float64 on the CPU) is built once here; ``"brute"`` and ``"cluster"`` keep ``x``
-    and search it per query. ``index.query(y, k)`` equals ``knn(x, y, k, backend=...)``.
+    is already float64 on the CPU) is built once here, with ``"grid"`` the cell list (on
+    ``x``'s device); ``"brute"`` and ``"cluster"`` keep ``x`` and search it per query.
+    ``index.query(y, k)`` equals ``knn(x, y, k, backend=...)``.
 
     Memory: ``"kdtree"`` holds about 40 bytes per point (the float64 copy, the tree's int64
     permutation and its nodes).
     """
 
-    def __init__(self, x: torch.Tensor, *, backend: str = "auto") -> None:
+    def __init__(self, x: torch.Tensor, *, backend: str = "auto", bounds=None) -> None:
         self.x = x
         self.backend = resolve_backend(backend, x.device)
-        self._xn = self._tree = None
+        self._xn = self._tree = self._grid = None
         if self.backend == "kdtree" and x.shape[0]:
             self._xn = x.detach().double().cpu().numpy()
             self._tree = _tree(self._xn)
+        elif self.backend == "grid" and x.shape[0]:
+            self._grid = _cell_index(x, bounds=bounds)
+
+    def within(self, y: torch.Tensor, k: int, bound2: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`query`, keeping only neighbours with ``d2 <= bound2`` (m,) (``inf`` / ``-1``
+        for the others): the answer to forwarded kNN queries. The grid searches only the
+        cells within each bound (one pass)."""
+        if self.backend == "grid" and self._grid is not None and y.shape[0]:
+            d2, idx = self._grid.knn_within(y, min(k, self.x.shape[0]), bound2.sqrt())
+            if idx.shape[1] < k:
+                m = y.shape[0]
+                d2 = torch.cat([d2, d2.new_full((m, k - idx.shape[1]), float("inf"))], 1)
+                idx = torch.cat([idx, idx.new_full((m, k - idx.shape[1]), -1)], 1)
+        else:
+            d2, idx = self.query(y, k)
+        ok = (idx >= 0) & (d2 <= bound2[:, None])  # <=: a tie with the bound may win by index
+        return torch.where(ok, d2, float("inf")), torch.where(ok, idx, -1)
 
     def query(self, y: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(d2, idx)`` of shape (m, k) as :func:`knn` returns them."""
@@ -142,6 +163,8 @@ class KnnIndex:
         kk = min(k, n)
         if self.backend == "kdtree":
             d2, idx = _query_tree(self._tree, self._xn, y, kk, device)
+        elif self.backend == "grid":
+            d2, idx = self._grid.knn(y, kk)
         elif self.backend == "brute":
             d2, idx = _knn_brute(x, y, kk)
         else:
@@ -150,6 +173,14 @@ class KnnIndex:
             pad_d, pad_i = _empty_knn(m, k - kk, device)
             d2, idx = torch.cat([d2, pad_d], 1), torch.cat([idx, pad_i], 1)
         return d2, idx
+
+
+def _cell_index(x: torch.Tensor, **kw):
+    if x.shape[1] > 4:
+        msg = (f"backend='grid' indexes points of 1 to 4 coordinates, got {x.shape[1]}; "
+               "use backend='kdtree' or 'brute'")
+        raise ValueError(msg)
+    return CellIndex(x, **kw)
 
 
 def _tree(points: np.ndarray):
@@ -253,7 +284,8 @@ def _knn_cluster(x: torch.Tensor, y: torch.Tensor, k: int) -> tuple[torch.Tensor
 
 
 def radius(
-    x: torch.Tensor, y: torch.Tensor, r: float, *, backend: str = "auto"
+    x: torch.Tensor, y: torch.Tensor, r: float, *, backend: str = "auto",
+    key: torch.Tensor | None = None, bounds=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """All rows of ``x`` within distance ``r`` (``<= r``) of every row of ``y``.
 
@@ -263,7 +295,7 @@ def radius(
     y : Tensor of shape (m, d)
     r : float
         Radius (> 0).
-    backend : {"auto", "kdtree", "brute", "cluster"}
+    backend : {"auto", "kdtree", "grid", "brute", "cluster"}
 
     Returns
     -------
@@ -273,6 +305,9 @@ def radius(
         Row indices into ``x``, per query sorted by (distance, index).
     d2 : Tensor of shape (E,), float64
         Squared distances.
+
+    With ``backend="grid"``, ``key`` (n,) orders ties instead of the row index and
+    ``bounds`` (a box holding the points, host floats) saves a read-back.
     """
     device = x.device
     be = resolve_backend(backend, device)
@@ -283,6 +318,8 @@ def radius(
             torch.empty(0, dtype=torch.int64, device=device),
             torch.empty(0, dtype=torch.float64, device=device),
         )
+    if be == "grid":
+        return _cell_index(x, cell=r, key=key, bounds=bounds).radius(y, r)
     if be == "kdtree":
         row, col = _radius_kdtree(x, y, r)
     elif be == "brute":
@@ -305,6 +342,52 @@ def radius(
     ptr = torch.zeros(m + 1, dtype=torch.int64, device=device)
     ptr[1:] = torch.cumsum(torch.bincount(row, minlength=m), 0)
     return ptr, col, d2
+
+
+def radius_padded(
+    x: torch.Tensor, y: torch.Tensor, r: float, width: int, *, backend: str = "auto",
+    key: torch.Tensor | None = None, bounds=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The closest ``width`` rows of ``x`` within ``r`` (``<= r``) of every row of ``y``.
+
+    A static shape: with ``backend="grid"`` no size is read back besides the cell list's
+    chunk widths (one host sync).
+
+    Parameters
+    ----------
+    key : Tensor of shape (n,), int64, optional
+        Tie-break order of ``x``'s rows (default: the row index), e.g. global indices.
+    bounds : (lo, hi), optional
+        A box holding ``x`` (host floats): the grid then needs no read-back of it.
+
+    Returns
+    -------
+    d2 : Tensor of shape (m, width), float64
+        Squared distances, ascending (ties by ``key``), ``inf`` padding.
+    idx : Tensor of shape (m, width), int64
+        Rows of ``x``, ``-1`` padding.
+    """
+    device = x.device
+    be = resolve_backend(backend, device)
+    m, n = y.shape[0], x.shape[0]
+    if be == "grid" and n:
+        return _cell_index(x, cell=r, key=key, bounds=bounds).radius_padded(y, r, width)
+    d2 = torch.full((m, width), float("inf"), dtype=torch.float64, device=device)
+    idx = torch.full((m, width), -1, dtype=torch.int64, device=device)
+    if m == 0 or n == 0:
+        return d2, idx
+    ptr, col, cd2 = radius(x, y, r, backend=be)
+    row = torch.repeat_interleave(torch.arange(m, device=device), torch.diff(ptr))
+    kk = torch.arange(n, device=device) if key is None else key.to(device)
+    o = torch.argsort(kk[col], stable=True)
+    o = o[torch.argsort(cd2[o], stable=True)]
+    o = o[torch.argsort(row[o], stable=True)]
+    row, col, cd2 = row[o], col[o], cd2[o]
+    pos = torch.arange(row.numel(), device=device) - ptr[row]
+    keep = pos < width
+    d2[row[keep], pos[keep]] = cd2[keep]
+    idx[row[keep], pos[keep]] = col[keep]
+    return d2, idx
 
 
 def _radius_kdtree(x: torch.Tensor, y: torch.Tensor, r: float) -> tuple[torch.Tensor, torch.Tensor]:

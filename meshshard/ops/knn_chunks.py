@@ -85,7 +85,7 @@ def knn_chunks(
         For local Tensors (a ShardTensor brings its own).
     x_sizes : sequence of int, optional
         Every rank's row count of ``x``; checked when given.
-    backend : {"auto", "kdtree", "brute", "cluster"}
+    backend : {"auto", "kdtree", "grid", "brute", "cluster"}
         Local kernel (the per-round trees on the CPU default ``"kdtree"``).
     nboxes : int
         Boxes per rank describing its region.
@@ -152,6 +152,6 @@ def knn_chunks(
         del d2_loc, i_loc, bound2, mask
         yield a, b, d, i
     if stats is not None:
-        stats.update(queries=m, queries_sent=sent, answer_rows=answered, rounds=rounds,
+        stats.update(queries=m, queries_sent=sent, answer_rows=int(answered), rounds=rounds,
                      rows_searched=blocks.searched)
     log.debug("knn_chunks rank %d: %d queries in %d rounds, %d forwarded", rank, m, rounds, sent)

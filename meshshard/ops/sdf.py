@@ -164,7 +164,8 @@ class ShardedSurface:
         collective_flag(f"ShardedSurface: {bad} triangles have NaN or inf corners" if bad
                         else None, group=group, device=tri.device, op="ShardedSurface")
         self.dtype = triangles.dtype
-        counts = all_gather_rows(torch.tensor([tri.shape[0]], dtype=torch.float64), group)
+        counts = all_gather_rows(torch.tensor([tri.shape[0]], dtype=torch.float64,
+                                              device=tri.device), group)
         self.sizes = [int(c) for c in counts.reshape(-1).tolist()]
         if sum(self.sizes) == 0:
             msg = "ShardedSurface: no rank holds a triangle"
@@ -183,14 +184,15 @@ class ShardedSurface:
             lo = torch.where(fwd[:, None], ki, kj)
             hi = torch.where(fwd[:, None], kj, ki)
             ekeys.append(torch.cat([lo, hi], 1))
-            evals.append(torch.cat([normal, torch.ones(t, 1, dtype=tri.dtype),
+            evals.append(torch.cat([normal, torch.ones(t, 1, dtype=tri.dtype, device=tri.device),
                                     torch.where(fwd, 1.0, -1.0)[:, None].to(tri.dtype)], 1))
         ekeys, evals = torch.cat(ekeys), torch.cat(evals)
         vsum = _keyed_sum(vkeys, vvals, group).reshape(t, 3, 3)
         esum = _keyed_sum(ekeys, evals, group).reshape(3, t, 5).transpose(0, 1)
-        bad = ((esum[..., 3] != 2) | (esum[..., 4] != 0)).sum() if t else torch.tensor(0)
-        vol = (tri[:, 0] * torch.linalg.cross(tri[:, 1], tri[:, 2])).sum() / 6 if t else 0.0
-        flags = torch.tensor([float(bad), float(vol)], dtype=torch.float64)
+        zero = tri.new_zeros(())
+        bad = ((esum[..., 3] != 2) | (esum[..., 4] != 0)).sum() if t else zero
+        vol = (tri[:, 0] * torch.linalg.cross(tri[:, 1], tri[:, 2])).sum() / 6 if t else zero
+        flags = torch.stack([bad.to(torch.float64), vol.to(torch.float64)])
         check_collective("all_reduce", group, flags, detail="sdf: open edges, volume")
         dist.all_reduce(flags, group=group)
         self.open_edges = int(flags[0])
@@ -318,5 +320,5 @@ def grid_sdf(surface: ShardedSurface, layout, *, dtype=torch.float32,
     if layout.parts is not None and layout.parts != P:
         msg = f"grid_sdf: the layout cuts the grid into {layout.parts} parts for {P} ranks"
         raise ValueError(msg)
-    nodes = layout.local_nodes(rank, dtype)
+    nodes = layout.local_nodes(rank, dtype, device=surface.tri.device)
     return surface.signed_distance(nodes, signed=signed).reshape(layout.local_shape(rank))

@@ -1,16 +1,17 @@
 """Run a function on real ``torch.distributed`` ranks spawned on this machine.
 
 Every distributed test (and a few benchmarks) uses :func:`run_ranks`. It starts ``world_size``
-processes, joins them into one gloo (CPU) or NCCL (GPU) process group through a TCP store on a
-free port (port 0, chosen by the OS), runs ``fn(rank, world_size, *args)`` on each, and returns
-the per-rank results in rank order. When any rank raises, the others are stopped after a short
-grace period and :class:`RankError` carries every rank's traceback; a rank that hangs is killed
-at ``timeout`` seconds. Before a rank that is still running is killed, its Python stack is
-dumped (``faulthandler``), so the report says per rank: finished, raised, died, or still running
-and where -- and names a rank that never arrived at the collective the others waited in.
-Collectives fail after the collective timeout (``MESHSHARD_TIMEOUT``, at most ``timeout``), so a
-diverging rank ends the run with errors rather than a hang. Nothing here mocks the
-communication layer.
+processes, joins them into one process group (gloo unless the caller names another backend: it
+never switches on its own, so the CPU suite tests the same thing on a host with GPUs) through a
+TCP store on a free port (port 0, chosen by the OS), runs ``fn(rank, world_size, *args)`` on
+each, and returns the per-rank results in rank order. When any rank raises, the others are
+stopped after a short grace period and :class:`RankError` carries every rank's traceback; a rank
+that hangs is killed at ``timeout`` seconds. Before a rank that is still running is killed, its
+Python stack is dumped (``faulthandler``), so the report says per rank: finished, raised, died,
+or still running and where -- and names a rank that never arrived at the collective the others
+waited in. Collectives fail after the collective timeout (``MESHSHARD_TIMEOUT``, at most
+``timeout``), so a diverging rank ends the run with errors rather than a hang. Nothing here
+mocks the communication layer.
 
 Example
 -------
@@ -25,7 +26,6 @@ Example
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import logging
 import multiprocessing as _mp
@@ -36,7 +36,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +44,7 @@ from typing import Any
 from meshshard.comm.check import set_debug
 from meshshard.comm.process import collective_timeout as _resolve_timeout
 from meshshard.comm.process import join_group
+from meshshard.comm.signals import sigint_deferred
 from meshshard.errors import DistributedError
 
 __all__ = ["RankError", "run_ranks"]
@@ -145,7 +145,7 @@ def _worker(
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     try:
-        if backend == "nccl":
+        if "nccl" in backend:
             torch.cuda.set_device(rank % torch.cuda.device_count())
         join_group(backend, "127.0.0.1", port, rank, world_size,
                    join_timeout=_dt.timedelta(seconds=timeout_s),
@@ -190,7 +190,7 @@ def run_ranks(
     fn: Callable[..., Any],
     world_size: int,
     *args: Any,
-    backend: str | None = None,
+    backend: str = "gloo",
     timeout: float = 120.0,
     threads: int = 1,
     collective_timeout: float | None = None,
@@ -209,8 +209,10 @@ def run_ranks(
         Number of ranks (>= 1).
     *args
         Extra picklable arguments passed to every rank.
-    backend : str, optional
-        ``"gloo"`` (default on CPU) or ``"nccl"`` (default when CUDA has >= world_size devices).
+    backend : str
+        ``"gloo"`` (default, whatever devices the host has) or ``"nccl"`` (each rank then
+        takes GPU ``rank % device_count``; tests that ask for it carry the ``gpu`` marker),
+        or a device-mapped string such as ``"cpu:gloo,cuda:nccl"``.
     timeout : float
         Seconds before a silent rank is declared hung and every rank is killed.
     threads : int
@@ -240,7 +242,6 @@ def run_ranks(
     if world_size < 1:
         msg = f"world_size={world_size} must be >= 1"
         raise ValueError(msg)
-    import torch
     import torch.distributed as dist
 
     env = {str(k): str(v) for k, v in (env or {}).items()}
@@ -249,9 +250,6 @@ def run_ranks(
         float(timeout),
     )
 
-    if backend is None:
-        use_nccl = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
-        backend = "nccl" if use_nccl else "gloo"
     ctx = _mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
     # The parent hosts the rendezvous store on a port the OS chooses (port 0).
@@ -278,7 +276,7 @@ def run_ranks(
         # torch) and the ranks would each print a KeyboardInterrupt traceback. They start with
         # SIGINT blocked; a Ctrl-C during the start is kept and raised here right after it,
         # and the parent, which gets the KeyboardInterrupt, stops them below.
-        with _sigint_deferred():
+        with sigint_deferred():
             for rank in range(world_size):
                 p = ctx.Process(
                     target=_worker,
@@ -354,31 +352,6 @@ def run_ranks(
     if failures:
         raise RankError(failures, status, stuck)
     return [outputs[r] for r in range(world_size)]
-
-
-@contextlib.contextmanager
-def _sigint_deferred():
-    """Start child processes with SIGINT blocked (main thread only), so that the forkserver
-    (whose first start imports torch, ~1-2 s) and the ranks, which inherit the mask, never
-    print a KeyboardInterrupt traceback; the parent's own Ctrl-C in that window is not lost:
-    it is raised as KeyboardInterrupt when the window closes. (Ignoring SIGINT instead dropped
-    it, and a run whose ranks started fast then missed a Ctrl-C.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    seen: list[int] = []
-    # another thread of this process may take the signal: record it there
-    saved = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a pending one runs the recorder
-        signal.signal(signal.SIGINT, saved)
-    if seen and callable(saved):  # Python's default handler raises KeyboardInterrupt
-        saved(signal.SIGINT, None)
-    elif seen and saved == signal.SIG_DFL:
-        os.kill(os.getpid(), signal.SIGINT)
 
 
 def _dump_stacks(

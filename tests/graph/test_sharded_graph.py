@@ -128,6 +128,8 @@ def test_refresh_and_aggregate(P: int, ci: int) -> None:
         for r in per:
             np.testing.assert_allclose(r["agg"][reduce], want[r["nodes"][: r["n_owned"]]],
                                        rtol=1e-5, atol=1e-6)  # fmt: skip
+    for r in per:  # GhostExchange's per-layer refresh: the plan's rows cached on the device
+        assert r["layer_syncs"] == 0, r["layer_syncs"]
 
 
 MODEL_IDS = [
@@ -243,6 +245,19 @@ def test_dual_graph_from_each_ranks_cells(P: int) -> None:
         np.testing.assert_array_equal(a["depth"], b["depth"])
         assert a["n_owned_edges"] == b["n_owned_edges"] > 0
         assert a["owned"] == b["owned"] and a["all"] == b["all"]
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_dual_graph_of_polyhedra_from_each_ranks_cells(P: int) -> None:
+    """The same with OpenFOAM's polyhedra: faces of up to 6 points matched across ranks."""
+    res = _results(P)
+    assert sum(r["dual_poly"]["my_polyhedra"] for r in res) == 18
+    for r in res:
+        a, b = r["dual_poly"]["cells"], r["dual_poly"]["whole"]
+        np.testing.assert_array_equal(a["nodes"], b["nodes"])
+        np.testing.assert_array_equal(a["depth"], b["depth"])
+        assert a["n_owned_edges"] == b["n_owned_edges"] > 0
+        assert a["all"] == b["all"]
 
 
 def test_edge_attr_dtype_is_kept_or_refused() -> None:

@@ -79,7 +79,16 @@ def radius_cases(rank: int, P: int, cases: list[dict]) -> list[dict]:
         )
         ptr, idx, d = radius(x, case["r"], y, format="csr", **kw)
         (d * _weights(d.shape, rank)).sum().backward()
-        pd, pi = radius(x.detach(), case["r"], None if y is None else y.detach(), **kw)
+        # the padded result (capped: the static path) and its gradient, with unit weights,
+        # against the CSR's with unit weights (the same pairs)
+        x2 = x.detach().clone().requires_grad_()
+        y2 = None if y is None else y.detach().clone().requires_grad_()
+        pd, pi = radius(x2, case["r"], y2, **kw)
+        torch.where(pi >= 0, pd, 0.0).sum().backward()
+        x3 = x.detach().clone().requires_grad_()
+        y3 = None if y is None else y.detach().clone().requires_grad_()
+        radius(x3, case["r"], y3, format="csr", **kw)[2].sum().backward()
+        pd = pd.detach()
         out.append(
             {
                 "ptr": ptr.numpy(),
@@ -89,6 +98,10 @@ def radius_cases(rank: int, P: int, cases: list[dict]) -> list[dict]:
                 "gy": None if y is None else y.grad.numpy(),
                 "pad_dist": pd.numpy(),
                 "pad_index": pi.numpy(),
+                "pad_gx": x2.grad.numpy(),
+                "unit_gx": x3.grad.numpy(),
+                "pad_gy": None if y is None else y2.grad.numpy(),
+                "unit_gy": None if y is None else y3.grad.numpy(),
             }
         )
     return out

@@ -22,6 +22,18 @@ CASES = {
         {"x_sizes": [30, 50], "y_sizes": [20, 0], "k": 5},
         {"x_sizes": [2, 60], "y_sizes": [25, 15], "k": 5, "method": "random", "nboxes": 1},
         {"x_sizes": [30, 50], "k": 5, "backend": "brute", "kind": "dupes"},
+        # the device cell list (backend="grid"), on uneven layouts, ties and clusters
+        {"x_sizes": [3, 5], "k": 8, "backend": "grid"},
+        {"x_sizes": [0, 8], "k": 4, "loop": False, "backend": "grid"},
+        {"x_sizes": [35, 45], "k": 7, "loop": False, "kind": "clustered", "method": "random",
+         "backend": "grid"},
+        {"x_sizes": [30, 50], "k": 6, "loop": False, "kind": "dupes", "backend": "grid"},
+        {"x_sizes": [30, 50], "y_sizes": [20, 0], "k": 5, "backend": "grid"},
+    ],
+    3: [
+        {"x_sizes": [1, 1, 6], "k": 5, "backend": "grid"},
+        {"x_sizes": [1, 1, 6], "k": 7, "loop": False, "backend": "grid"},
+        {"x_sizes": [300], "k": 8, "method": "rcb", "kind": "clustered", "backend": "grid"},
     ],
     4: [
         {"x_sizes": [1, 1, 6, 72], "k": 6, "loop": False},

@@ -20,6 +20,18 @@ CASES = {
         {"x_sizes": [30, 50], "r": 1.0, "kind": "dupes", "cap": 4},  # ties + closest kept
         {"x_sizes": [30, 50], "y_sizes": [0, 20], "r": 0.3, "cap": 3},
         {"x_sizes": [30, 50], "r": 0.25, "backend": "brute", "loop": False},
+        # the device cell list (backend="grid"), on uneven layouts, ties and clusters
+        {"x_sizes": [3, 5], "r": 0.6, "backend": "grid"},
+        {"x_sizes": [0, 8], "r": 0.5, "loop": False, "backend": "grid", "cap": 3},
+        {"x_sizes": [35, 45], "r": 0.05, "kind": "clustered", "method": "random", "loop": False,
+         "backend": "grid"},
+        {"x_sizes": [30, 50], "r": 1.0, "kind": "dupes", "cap": 4, "backend": "grid"},
+        {"x_sizes": [30, 50], "y_sizes": [0, 20], "r": 0.3, "cap": 3, "backend": "grid"},
+    ],
+    3: [
+        {"x_sizes": [1, 1, 6], "r": 0.7, "backend": "grid"},
+        {"x_sizes": [1, 1, 6], "r": 0.7, "loop": False, "cap": 2, "backend": "grid"},
+        {"x_sizes": [300], "r": 0.05, "method": "rcb", "kind": "clustered", "backend": "grid"},
     ],
     4: [
         {"x_sizes": [1, 1, 6, 72], "r": 0.3, "loop": False},
@@ -82,6 +94,11 @@ def test_radius_matches_oracle(P: int, ci: int) -> None:
     np.testing.assert_allclose(np.concatenate([r["gx"] for r in per_rank]), xt.grad, atol=1e-10)
     if y is not None:
         np.testing.assert_allclose(np.concatenate([r["gy"] for r in per_rank]), yt.grad, atol=1e-10)
+    # the padded path's gradient (capped: the static-shape path) equals the CSR's, same pairs
+    for r in per_rank:
+        np.testing.assert_allclose(r["pad_gx"], r["unit_gx"], atol=1e-12)
+        if y is not None:
+            np.testing.assert_allclose(r["pad_gy"], r["unit_gy"], atol=1e-12)
 
 
 def test_graphs_follow_torch_cluster_convention() -> None:

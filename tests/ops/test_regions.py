@@ -10,6 +10,7 @@ from meshshard.ops._regions import (
     box_mindist2,
     knn_forward_mask,
     near_ranks,
+    near_ranks_dense,
     radius_send_mask,
     shard_boxes,
 )
@@ -76,6 +77,7 @@ def test_near_ranks_equals_row_by_box_test(order, rank):
     want = _brute_near(y, reach2, boxes, rank)
     assert torch.equal(got, want)
     assert got.any() and not got.all()
+    assert torch.equal(near_ranks_dense(y, reach2, boxes, rank), want)  # the device path
 
 
 def test_masks_of_the_ops_equal_brute_force():

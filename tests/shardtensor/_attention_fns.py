@@ -137,17 +137,22 @@ def _check_case(c, rank, mesh):
 
 
 def attention_cases(rank, world_size, cases, bad_cases):
-    """Rank function: {case index: None | traceback} and {bad index: (type name, message)}."""
+    """Rank function: {case index: None | traceback}, {bad index: (type name, message)}, the
+    all-reduced check value, and the p2p census of the good cases ((grouped, ungrouped,
+    batches): every ring shift must go through ``batch_isend_irecv``)."""
     from torch.distributed.device_mesh import init_device_mesh
+
+    from meshshard.testing.p2p_census import P2PCensus
 
     mesh = init_device_mesh("cpu", (world_size,))
     results = {}
-    for i, c in enumerate(cases):
-        try:
-            _run_case(c, rank, mesh)
-            results[i] = None
-        except Exception:
-            results[i] = traceback.format_exc()
+    with P2PCensus() as census:
+        for i, c in enumerate(cases):
+            try:
+                _run_case(c, rank, mesh)
+                results[i] = None
+            except Exception:
+                results[i] = traceback.format_exc()
     bad = {}
     for i, name in enumerate(bad_cases):
         try:
@@ -158,7 +163,7 @@ def attention_cases(rank, world_size, cases, bad_cases):
     # the group still works after every refusal (no rank is stuck in a collective)
     t = torch.ones(1)
     torch.distributed.all_reduce(t)
-    return results, bad, float(t)
+    return results, bad, float(t), (census.grouped, census.ungrouped, census.batches)
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -91,7 +91,7 @@ def _results(P: int):
 
 @pytest.mark.parametrize(("P", "ci"), [(P, i) for P, cs in CASES.items() for i in range(len(cs))])
 def test_attention_matches_one_process(P: int, ci: int) -> None:
-    for rank, (res, _, _) in enumerate(_results(P)):
+    for rank, (res, _, _, _) in enumerate(_results(P)):
         assert res[ci] is None, f"case {CASES[P][ci]} rank {rank}:\n{res[ci]}"
 
 
@@ -100,10 +100,19 @@ def test_attention_matches_one_process(P: int, ci: int) -> None:
 def test_bad_input_raises_on_every_rank(P: int, bi: int) -> None:
     name = list(BAD)[bi]
     kind, text = BAD[name]
-    for rank, (_, bad, ok) in enumerate(_results(P)):
+    for rank, (_, bad, ok, _) in enumerate(_results(P)):
         got_kind, got_msg = bad[bi]
         assert got_kind == kind and text in got_msg, f"{name} rank {rank}: {got_kind} {got_msg}"
         assert ok == P  # the group still works afterwards: nobody hung
+
+
+@pytest.mark.parametrize("P", sorted(CASES))
+def test_ring_shifts_are_batched_p2p(P: int) -> None:
+    """NCCL needs a shift's send and receive posted together (at P=2 the ring's predecessor and
+    successor are one peer) and matches by post order: no isend/irecv outside a batch."""
+    for rank, (*_, (grouped, ungrouped, batches)) in enumerate(_results(P)):
+        assert ungrouped == 0, f"rank {rank}: {ungrouped} ungrouped isend/irecv"
+        assert grouped > 0 and batches > 0, f"rank {rank}: no ring shift ran ({grouped})"
 
 
 def test_attention_on_2d_mesh():

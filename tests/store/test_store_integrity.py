@@ -138,7 +138,7 @@ def test_inspect_verify_says_its_verdict_first_and_last(good, capsys):
     buried in the store's tree."""
     assert main(["inspect", str(good), "--verify", "--no-progress"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].startswith(f"VERIFIED OK: {good}: ") and "checksum" in lines[1]
+    assert lines[1].startswith(f"VERIFIED OK ({good.name}): ") and "checksum" in lines[1]
     assert lines[-1] == lines[1] and len(lines) > 20
     assert not any(line.strip() == "verified:" for line in lines)
 

@@ -15,6 +15,12 @@ def allreduce_rank(rank: int, world_size: int) -> float:
     return t.item()
 
 
+def backend_name(rank: int, world_size: int) -> str:
+    import torch.distributed as dist
+
+    return str(dist.get_backend())
+
+
 def uneven_all_to_all(rank: int, world_size: int) -> list[float]:
     import torch
     import torch.distributed as dist

@@ -11,6 +11,11 @@ def test_allreduce_real_ranks(world_size):
     assert out == [expected] * world_size
 
 
+def test_backend_is_gloo_unless_named():
+    """The CPU suite must test gloo on a host with GPUs too: no silent switch to NCCL."""
+    assert run_ranks(_fns.backend_name, 2) == ["gloo", "gloo"]
+
+
 def test_args_and_rank_order():
     out = run_ranks(_fns.echo_args, 2, 7, "x")
     assert out == [(0, 2, 7, "x"), (1, 2, 7, "x")]
@@ -172,14 +177,14 @@ def test_ctrl_c_while_ranks_start_is_kept_not_dropped():
 
     import pytest
 
-    from meshshard.testing.distributed import _sigint_deferred
+    from meshshard.comm.signals import sigint_deferred
 
     reached = []
     # as at a terminal (a CI job may inherit SIGINT ignored)
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
-            with _sigint_deferred():
+            with sigint_deferred():
                 os.kill(os.getpid(), signal.SIGINT)
                 reached.append("still starting")  # not interrupted inside the window
         assert reached == ["still starting"]

@@ -15,6 +15,8 @@ from meshshard.commands._progress import Stages, progress_enabled
 from meshshard.commands.partition import (
     EXTRA_PACKAGES,
     check_parts,
+    merge_points,
+    merge_tolerance,
     metrics_mode,
     missing_extra,
     parse_targets,
@@ -80,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
                    f"got --method {args.method}")
             raise CLIError(msg)
     graph_opts = graph_method_options(args)
+    rel = merge_tolerance(args)
     if args.tries < 1:
         msg = f"--tries {args.tries} must be >= 1 (METIS runs, one seed each)"
         raise CLIError(msg)
@@ -97,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         mode = metrics_mode(mode, kind, args.method, geom.points.shape[0])
         need_graph = is_graph_method(args.method) or mode == "full"
         st.set_total(3 + need_graph + (mode != "none") + bool(args.png))
+        merge_points(geom, kind, mode, need_graph, rel)
         graph = None
         if need_graph and kind == "knn":  # a kd-tree on extreme coordinates: refuse, naming it
             check_distance_range(geom.points, name=str(args.input))
@@ -115,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         params = dict(part.params)
         params.update(
             input=str(Path(args.input).resolve()), on=geom.on, graph=kind, knn=args.knn,
-            weights_field=args.weights,
+            weights_field=args.weights, merge_tol=rel,
         )  # fmt: skip
         part = Partition(part.assignment, part.order, part.sizes, method=part.method,
                          params=params)  # fmt: skip
@@ -154,18 +158,22 @@ def run_partitioner(partition: Any, *args: Any, **kwargs: Any) -> Any:
 def build_report(
     part: Any, geom: Any, graph: Any, weights: Any, mode: str, st: Any, *, auto: bool
 ) -> dict:
-    """The report dict for ``--metrics`` ``mode`` (full / cut / none)."""
+    """The report dict for ``--metrics`` ``mode`` (full / cut / none), with the merged
+    points (:meth:`~meshshard.partition.io.Geometry.merge_points`) when there were any."""
     if mode == "full":
         with st.stage("metrics"):
-            return report(part, graph=graph, points=geom.points, weights=weights,
-                          timings=st.timings, source=geom.source)  # fmt: skip
+            rep = report(part, graph=graph, points=geom.points, weights=weights,
+                         timings=st.timings, source=geom.source)  # fmt: skip
+        rep.update(geom.merge_report())
+        return rep
     rep = report(part, points=geom.points, weights=weights, timings=st.timings,
                  source=geom.source)  # fmt: skip
     if mode == "none":
         rep["graph_metrics"] = "skipped (--no-metrics)"
         return rep
     with st.stage("metrics", "cut faces only"):
-        rep.update(dual_cut_metrics(geom.mesh, part))
+        rep.update(dual_cut_metrics(geom.mesh, part, geom.weld))
+    rep.update(geom.merge_report())
     why = f"above {options.AUTO_FULL_CELLS:,} cells the default" if auto else "--metrics cut"
     rep["graph_metrics"] = f"not computed ({why} counts cut faces only; --metrics full adds them)"
     return rep

@@ -43,6 +43,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         reference_area=args.reference_area,
         compressor=None if args.compressor == "none" else args.compressor,
         graph=args.graph,
+        stl=args.stl,
     )
 
 
@@ -56,6 +57,7 @@ def _distributed(args: argparse.Namespace) -> int:
         ("--max-volume-cells", args.max_volume_cells is not None),
         ("--drop-nan", args.drop_nan),
         ("--workers", args.workers != 1),
+        ("--stl", args.stl is not None),  # a repartitioned store keeps its source's STL
     ) if on]  # fmt: skip
     if unsupported:
         msg = f"{', '.join(unsupported)} cannot be combined with --distributed (yet)"

@@ -9,7 +9,8 @@ K/V at full size or a score matrix larger than (local queries) x (one block); wi
 flash kernel the block itself is tiled, so not even that.
 
 Memory: besides its results (``out``; ``dq``, ``dk``, ``dv``) a rank holds only transients that
-do not grow with the local queries or keys: a ring pass carries ``KV_CHUNK_ROWS`` key rows of
+do not grow with the local queries or keys: a ring pass carries ``KV_CHUNK_ROWS`` key rows
+(``GPU_BLOCK_SCALE`` times more on a GPU, where launches, not memory, bound the block size) of
 one head, in two flat buffers allocated once per call and reused by every shift (the block in
 hand and the one arriving; backward adds two for the dK/dV partial sums), and each block is
 computed in tiles of ``Q_TILE_ROWS`` query rows, so a block's output and ``dq`` are tile-sized.
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from meshshard.comm.ring import DoubleBuffer, Ring
+from meshshard.comm.ring import DoubleBuffer, Ring, Shift
 from meshshard.shardtensor._aten.attention_block import (
     _acc_dtype,
     _block_bwd,
@@ -49,9 +50,16 @@ from meshshard.shardtensor._aten.attention_block import (
 
 __all__ = ["KV_CHUNK_ROWS", "Q_TILE_ROWS", "AttnPlan", "backward", "forward"]
 
-_TAG_KV, _TAG_ACC = 11, 12
 KV_CHUNK_ROWS = 1024  # key rows per rank per ring pass (bounds the transient buffers)
 Q_TILE_ROWS = 2048  # query rows per block call (bounds the block's output and dq)
+# on a GPU each kernel launch costs about as much as a small block: blocks 16x larger (the fused
+# kernels hold no score matrix, so memory still grows with the rows only)
+GPU_BLOCK_SCALE = 16
+
+
+def _block_rows(rows: int, device: torch.device) -> int:
+    """``rows`` (a CPU block size) sized for ``device``."""
+    return rows * GPU_BLOCK_SCALE if device.type == "cuda" else rows
 
 
 @dataclass(frozen=True)
@@ -96,10 +104,11 @@ class AttnPlan:
 
 
 # ---------------------------------------------------------------------------- block tiles
-def _q_tiles(q_len: int):
-    """Slices of at most ``Q_TILE_ROWS`` local query rows: a block's output, ``dq`` and kernel
-    buffers are computed one tile at a time, so they stay a fraction of the local queries."""
-    step = max(1, Q_TILE_ROWS)
+def _q_tiles(q_len: int, device: torch.device):
+    """Slices of at most ``Q_TILE_ROWS`` local query rows (x ``GPU_BLOCK_SCALE`` on a GPU): a
+    block's output, ``dq`` and kernel buffers are computed one tile at a time, so they stay a
+    fraction of the local queries."""
+    step = max(1, _block_rows(Q_TILE_ROWS, device))
     return [slice(r, min(r + step, q_len)) for r in range(0, q_len, step)]
 
 
@@ -174,7 +183,7 @@ def _passes(plan: AttnPlan, k: torch.Tensor):
     local K/V. Yields (query head slice, kv head, key chunk slice of the local rows, per-owner
     chunk sizes, per-owner global chunk starts)."""
     sizes = (k.shape[-2],) if plan.mode == "local" else tuple(plan.kv_sizes)
-    chunks = max(1, -(-max(sizes, default=0) // KV_CHUNK_ROWS))
+    chunks = max(1, -(-max(sizes, default=0) // _block_rows(KV_CHUNK_ROWS, k.device)))
     split = [_split_sizes(n, chunks) for n in sizes]
     me = 0 if plan.mode == "local" else plan.ring.rank
     g = plan.gqa_groups
@@ -222,12 +231,12 @@ def forward(q, k, v, plan: AttnPlan):
             if ring_mode and s < len(owners) - 1:
                 n_next = sub[owners[s + 1]]
                 pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                       dtype=k.dtype, device=k.device, tag=_TAG_KV,
+                                       dtype=k.dtype, device=k.device,
                                        into=bufs.other())
             if n:
                 kb, vb = _unpack(cur, _kv_shapes(k, v, n)) if bufs is not None else kv
                 kb, vb = _expand(kb, plan.gqa_groups), _expand(vb, plan.gqa_groups)
-                for rs in _q_tiles(lq):
+                for rs in _q_tiles(lq, q.device):
                     m, kc, skip = _block_mask(plan, mask, rs.start, rs.stop - rs.start,
                                               starts[o], n, q)
                     if skip:
@@ -281,21 +290,26 @@ def backward(do, q, k, v, out, lse, plan: AttnPlan):
         mask = _head_mask(plan, hs)
         kv = (k[:, hk : hk + 1, rows], v[:, hk : hk + 1, rows])
         cur = _pack_into(bufs.this(), *kv) if bufs is not None else None
-        acc_pend = None
+        last = None  # (partial sums of the previous block, its rows): sent with the next batch
         for s, o in enumerate(owners):
             n = sub[o]
             shapes = _kv_shapes(k, v, n)
             n_next = sub[owners[(s + 1) % len(owners)]]
-            kv_pend = None
+            # one batch per step: the next key/value block, and (from the third step) the
+            # previous block's dk/dv partial sums out and this block's in
+            items = []
             if bufs is not None and s < len(owners) - 1:
-                kv_pend = plan.ring.shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                          dtype=k.dtype, device=k.device, tag=_TAG_KV,
-                                          into=bufs.other())
+                items.append(Shift(cur if n else None, _numel(_kv_shapes(k, v, n_next)),
+                                   k.dtype, k.device, bufs.other()))
+            if sums is not None and s >= 2:
+                items.append(Shift(last[0] if last[1] else None, _numel(shapes), acc,
+                                   q.device, sums.other()))
+            batch = plan.ring.shifts(items) if items else None
             dk_b = dv_b = None  # this block's dk/dv share, summed over the query tiles
             if n:
                 kb, vb = _unpack(cur, shapes) if bufs is not None else kv
                 kb, vb = _expand(kb, g), _expand(vb, g)
-                for rs in _q_tiles(lq):
+                for rs in _q_tiles(lq, q.device):
                     m, kc, skip = _block_mask(plan, mask, rs.start, rs.stop - rs.start,
                                               starts[o], n, q)
                     if skip:
@@ -315,31 +329,33 @@ def backward(do, q, k, v, out, lse, plan: AttnPlan):
                         dk_b += dk_t
                         dv_b += dv_t
                     del dk_t, dv_t
+            got = batch.wait() if batch is not None else []
+            del batch
+            if bufs is not None and s < len(owners) - 1:
+                cur = got[0]
+                bufs.swap()
             if s > 0 and sums is not None:  # the partial sums start at the next rank and
                 if s == 1:  # end at the owner
                     buf = sums.this()[: _numel(shapes)].zero_()
                 else:
-                    buf = acc_pend.wait()
+                    buf = got[-1]
                     sums.swap()
                 if dk_b is not None:
                     ak, av = _unpack(buf, shapes)
                     ak += dk_b
                     av += dv_b
-                acc_pend = plan.ring.shift(buf if n else None, _numel(_kv_shapes(k, v, n_next)),
-                                           dtype=acc, device=q.device, tag=_TAG_ACC,
-                                           into=sums.other())
+                last = (buf, n)
                 del buf
-            del dk_b, dv_b
-            if kv_pend is not None:
-                cur = kv_pend.wait()
-                bufs.swap()
-                del kv_pend
-        if acc_pend is not None:
-            rk, rv = _unpack(acc_pend.wait(), _kv_shapes(k, v, rows.stop - rows.start))
+            del dk_b, dv_b, got
+        if last is not None:  # the last block's sums go on; this rank's own come in
+            fin = plan.ring.shifts([Shift(last[0] if last[1] else None,
+                                          _numel(_kv_shapes(k, v, rows.stop - rows.start)),
+                                          acc, q.device, sums.other())])
+            rk, rv = _unpack(fin.wait()[0], _kv_shapes(k, v, rows.stop - rows.start))
             sums.swap()
             dkh += rk
             dvh += rv
-            acc_pend = None
+            del fin, last
     if plan.mode == "merge" and plan.ring.size > 1:
         dq = _reduce(dq, dist.ReduceOp.SUM, plan.ring.group)
     return dq, dk, dv

@@ -173,11 +173,19 @@ for _op, _fn in ((torch.ops.meshshard.linear.default, _linear_rule),
     register_rule(_op, direct=True)(_fn)
 
 
+def _autocast_on(device_type: str) -> bool:
+    """Autocast enabled for ``device_type``; ``False`` for devices autocast does not know
+    (``meta``, where ``torch.is_autocast_enabled`` raises)."""
+    if not torch.amp.is_autocast_available(device_type):
+        return False
+    return torch.is_autocast_enabled(device_type)
+
+
 def linear_function(input, weight, bias=None):
     """``F.linear`` on a ShardTensor input with plain weights: the fused op; anything else
     (weights that are ShardTensors, a plain input) keeps the generic path."""
     if type(input) is not ShardTensor or isinstance(weight, ShardTensor) or \
-            isinstance(bias, ShardTensor) or torch.is_autocast_enabled(input.device.type):
+            isinstance(bias, ShardTensor) or _autocast_on(input.device.type):
         return NotImplemented  # (autocast casts at the aten level: the generic path keeps it)
     return torch.ops.meshshard.linear(input, weight, bias)
 

@@ -42,14 +42,60 @@ def _offset(spec) -> int:
     return sum(spec.sizes[0][: _coord(spec.mesh)[1][0]])
 
 
+# (id of the index ShardTensor's view base, its version, local data pointer, shape, stride) ->
+# (weakref to that base, lowest value, highest value): a row index is range-checked once, not
+# on every layer (``edge_index[0]`` is a new view of the same base every time)
+_RANGES: dict[tuple, tuple] = {}
+_RANGES_MAX = 256
+
+
+def _range_key(idx: ShardTensor) -> tuple:
+    base = idx._base if idx._base is not None else idx
+    local = idx._local
+    return base, (id(base), base._version, local.data_ptr(), tuple(local.shape), local.stride())
+
+
+def note_index_range(idx: ShardTensor, lo: int, hi: int) -> None:
+    """Record that every value of this rank's piece of the row index ``idx`` lies in
+    ``[lo, hi]``, known without reading it back (e.g. from the host arrays it was built from),
+    so that its row gather/scatter range check needs no host sync. The record covers ``idx``
+    and equal views of the same base (``edge_index[0]`` taken again), while that base lives
+    and is not changed in place through the ShardTensor."""
+    import weakref
+
+    base, key = _range_key(idx)
+    if len(_RANGES) >= _RANGES_MAX:
+        for k in [k for k, (ref, *_) in _RANGES.items() if ref() is None]:
+            del _RANGES[k]
+        if len(_RANGES) >= _RANGES_MAX:
+            _RANGES.clear()
+    _RANGES[key] = (weakref.ref(base), int(lo), int(hi))
+
+
+def _index_range(idx: ShardTensor) -> tuple[int, int]:
+    """(min, max) of a non-empty local index: from the record when there is one, else read
+    back in one host sync (and recorded: the same index in the next layer is free)."""
+    base, key = _range_key(idx)
+    hit = _RANGES.get(key)
+    if hit is not None and hit[0]() is base:
+        return hit[1], hit[2]
+    lo, hi = torch.stack(torch.aminmax(idx._local)).tolist()  # host sync: once per index
+    note_index_range(idx, lo, hi)
+    return int(lo), int(hi)
+
+
 def _local_ids(x_spec, idx: ShardTensor, what: str) -> torch.Tensor:
     """This rank's indices as rows of its local piece of ``x``; checked eagerly (a row-local
-    gather is exact only if every index names a row of the same rank)."""
+    gather is exact only if every index names a row of the same rank). The check reads the
+    index's range back once per index tensor (one host sync; none when its range was noted,
+    see :func:`note_index_range`), then reuses it while the index is unchanged; on the meta
+    device (no values) it is skipped."""
     off = _offset(x_spec)
-    ids = idx._local - off
-    if type(ids) is torch.Tensor and ids.numel():
+    local = idx._local
+    if type(local) is torch.Tensor and local.numel() and local.device.type != "meta":
         n = x_spec.sizes[0][_coord(x_spec.mesh)[1][0]]
-        lo, hi = int(ids.min()), int(ids.max())
+        lo, hi = _index_range(idx)
+        lo, hi = lo - off, hi - off
         if lo < 0 or hi >= n:
             msg = (
                 f"{what}: rank {_coord(x_spec.mesh)[1][0]} indexes rows {lo + off}..{hi + off}, "
@@ -58,7 +104,7 @@ def _local_ids(x_spec, idx: ShardTensor, what: str) -> torch.Tensor:
                 "builds such indices, or redistribute)"
             )
             raise ValueError(msg)
-    return ids
+    return local - off
 
 
 # ------------------------------------------------------------------ row gather / scatter
