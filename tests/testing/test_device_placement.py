@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CLEAN = ["transolver", "ring_attention", "grid_unet", "meshgraphnet_plug", "domino_local"]
+CLEAN = ["transolver", "ring_attention", "grid_unet", "meshgraphnet_plug", "meshgraphnet_ghost",
+         "domino_local"]
 # paths whose neighbour ops still read sizes back (no meta run possible yet): the kNN, gather
 # and ghost-refresh plans, and GhostExchange's per-call input check and host send index
 BLOCKED = {
-    "meshgraphnet_ghost": "GhostExchange reads its input check back and copies send_idx "
-                          "from the host on every refresh",
     "domino": "the distributed kNN/gather read counts back (no static-shape mode yet)",
 }
 _OUT: dict = {}
