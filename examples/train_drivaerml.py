@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from meshshard.apps.train import TrainConfig, load_sample, make_model, relative_l2
+from meshshard.apps.train import TrainConfig, load_sample, make_model, relative_l2, split_runs
 from meshshard.comm import check_collective, init, shutdown
 from meshshard.parallel import data_parallel, load_checkpoint, save_checkpoint
 from meshshard.parallel.plans import transolver_plan
@@ -80,7 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--slices", type=int, default=32)
-    ap.add_argument("--val-fraction", type=float, default=0.2, help="runs held out")
+    ap.add_argument("--val-fraction", type=float, default=0.2,
+                    help="share of the runs held out for validation (at least one, never all; "
+                         "with one run there is none, and that is said; 0: no validation)")
     ap.add_argument("--checkpoint", type=Path, default=Path("checkpoints/transolver"),
                     help="checkpoint directory (torch.distributed.checkpoint)")
     ap.add_argument("--checkpoint-every", type=int, default=50)
@@ -112,6 +114,7 @@ def run_device(args) -> torch.device:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    split_runs([], args.val_fraction)  # a bad --val-fraction: refused before any group is made
     rank, world = setup(args.device)
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="%(asctime)s %(message)s")
@@ -134,8 +137,13 @@ def main(argv=None) -> int:
     if not runs:
         msg = f"{args.stores}: no run_<i>.zarr stores (run meshshard preprocess first)"
         raise SystemExit(msg)
-    n_val = max(1, round(len(runs) * args.val_fraction)) if len(runs) > 1 else 0
-    train_runs, val_runs = runs[n_val:] or runs, runs[:n_val]
+    train_runs, val_runs, note = split_runs(runs, args.val_fraction)
+    if rank == 0:
+        if note:
+            log.warning("WARNING: %s: %s", args.stores, note)
+        else:
+            log.info("%d training run(s), %d held out for validation", len(train_runs),
+                     len(val_runs))
     cfg = TrainConfig(steps=args.steps, lr=args.lr, knn=args.knn, n_hidden=args.hidden,
                       n_layers=args.layers, slices=args.slices)
 

@@ -147,3 +147,34 @@ def test_world_size_that_does_not_fit_the_store(stores):
         run_ranks(_load_with_world, 3, str(stores / "run_1.zarr"), timeout=60)
     assert len(info.value.failures) == 3
     assert all("world_size must divide nparts" in t for t in info.value.failures.values())
+
+
+def test_split_runs_holds_out_at_least_one_never_all():
+    from meshshard.apps.train import split_runs
+
+    runs = [f"r{i}" for i in range(5)]
+    assert split_runs(runs, 0.2)[:2] == (runs[1:], runs[:1])
+    assert split_runs(runs, 0.01)[:2] == (runs[1:], runs[:1])  # at least one
+    assert split_runs(runs, 0.99)[:2] == (runs[4:], runs[:4])  # never all: one trains
+    assert split_runs(runs, 0.0) == (runs, [], None)  # asked for none: nothing to say
+    train, val, note = split_runs(runs[:1], 0.2)
+    assert train == runs[:1] and val == [] and "no validation set" in note
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="--val-fraction .* must be >= 0 and < 1"):
+            split_runs(runs, bad)
+
+
+def test_example_on_one_run_says_there_is_no_validation_set(stores, tmp_path):
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "run_1.zarr").symlink_to(stores / "run_1.zarr", target_is_directory=True)
+    common = ["--hidden", "8", "--layers", "1", "--slices", "4", "--steps", "1",
+              "--checkpoint", tmp_path / "ck"]  # fmt: skip
+    r = _example(one, *common, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "WARNING" in r.stderr and "only 1 run: no validation set" in r.stderr
+    assert "validation (" not in r.stderr  # no validation line pretending otherwise
+    r = _example(one, *common, "--val-fraction", "1.5", cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "--val-fraction 1.5 must be >= 0 and < 1" in lines[0]

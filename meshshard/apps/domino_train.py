@@ -24,6 +24,7 @@ from meshshard.ops.domino_ops import allreduce_grads
 from meshshard.ops.gridpoint import GridLayout
 from meshshard.ops.sdf import ShardedSurface, grid_sdf
 from meshshard.shardtensor import Replicate, Shard, from_local
+from meshshard.store.format import StoreError
 
 __all__ = ["domino_sample", "make_domino", "train_domino"]
 
@@ -39,7 +40,15 @@ def domino_sample(store: str | Path, rank: int, world: int, group, *, grid_shape
     """This rank's DoMINO inputs for one run store, on ``device`` (default: the CPU; with a
     NCCL group, this rank's GPU). Collective over ``group`` (SDF, stats)."""
     dev = torch.device("cpu") if device is None else torch.device(device)
-    stl = load_shard(store, 0, 1, part="stl", keys=("stl_coordinates", "stl_faces"))
+    try:
+        stl = load_shard(store, 0, 1, part="stl", keys=("stl_coordinates", "stl_faces"))
+    except StoreError as exc:
+        if "no array 'stl_" not in str(exc):
+            raise
+        msg = (f"{store}: has no STL (its run had none, or it was preprocessed with --surface "
+               "or --stl none); DoMINO reads the body's triangles: preprocess the run with its "
+               "STL and --stl mesh")  # fmt: skip
+        raise StoreError(msg) from None
     verts = stl["stl_coordinates"].to(dev, torch.float64)
     tri = verts[stl["stl_faces"].to(dev).long()]
     surf = load_shard(store, rank, world, part="surface",

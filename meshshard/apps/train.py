@@ -37,8 +37,46 @@ __all__ = [
     "relative_l2",
     "save_checkpoint",
     "load_checkpoint",
+    "split_runs",
     "train_steps",
 ]
+
+
+def split_runs(runs: list[Any], val_fraction: float) -> tuple[list[Any], list[Any], str | None]:
+    """Hold out the first ``round(len(runs) * val_fraction)`` runs (at least one, never all)
+    for validation: ``(train, val, note)``.
+
+    ``note`` is what a user must be told (None when the split is what was asked): one run
+    cannot be split, so it trains with no validation set, and saying nothing would leave the
+    user believing a held-out error was reported. ``val_fraction=0`` asks for no validation.
+
+    Raises
+    ------
+    ValueError
+        ``val_fraction`` outside [0, 1).
+
+    Examples
+    --------
+    >>> split_runs(["a", "b", "c", "d", "e"], 0.2)[:2]
+    (['b', 'c', 'd', 'e'], ['a'])
+    >>> train, val, note = split_runs(["a"], 0.2)
+    >>> train, val, note.split(":")[0]
+    (['a'], [], 'only 1 run')
+    """
+    if not (math.isfinite(val_fraction) and 0 <= val_fraction < 1):
+        msg = f"--val-fraction {val_fraction:g} must be >= 0 and < 1 (the share of runs held out)"
+        raise ValueError(msg)
+    if val_fraction == 0:
+        return list(runs), [], None
+    if len(runs) < 2:
+        note = (
+            f"only {len(runs)} run: no validation set (nothing is held out; the model is trained "
+            "on that run and no held-out error is reported); add runs, or pass --val-fraction 0 "
+            "to say so"
+        )
+        return list(runs), [], note
+    n_val = min(len(runs) - 1, max(1, round(len(runs) * val_fraction)))
+    return list(runs[n_val:]), list(runs[:n_val]), None
 
 
 @dataclass

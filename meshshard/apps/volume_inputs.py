@@ -107,7 +107,7 @@ def _triangles(coords: np.ndarray, faces: np.ndarray) -> np.ndarray:
 
 def _no_stl(source: Any) -> StoreError:
     return StoreError(f"{source}: has no body (STL) to measure the volume cells' distance to; "
-                      "a volume model's inputs need it")
+                      "a volume model's inputs need it (preprocess with --stl mesh or full)")
 
 
 def _from_run(path: Path, group: Any, rank: int, world: int,

@@ -5,6 +5,8 @@ groups or calls the raw uneven all-to-all. Every other room communicates through
 - :mod:`~meshshard.comm.process`: :func:`init` (meshshard's collective timeout on every
   group), :func:`shutdown`, :func:`~meshshard.comm.process.join_group` (the test ranks).
 - :mod:`~meshshard.comm.check`: the collective checker (``MESHSHARD_DEBUG_COLLECTIVES``).
+- :mod:`~meshshard.comm.signals`: SIGINT/SIGTERM end a rank blocked in a collective within
+  seconds; child processes start with SIGINT deferred.
 - :mod:`~meshshard.comm.rows`: rows between ranks, plain and differentiable; counts; small
   gathers; the agreement flag that raises on every rank.
 - :mod:`~meshshard.comm.ring`: point-to-point ring shifts (the transport of ring attention).
@@ -29,6 +31,7 @@ __all__ = [
     "collective_timeout",
     "default_backend",
     "default_device",
+    "end_blocked_on_signal",
     "init",
     "launch",
     "set_debug",
@@ -43,6 +46,7 @@ _WHERE = {
     "collective_timeout": "process",
     "default_backend": "process",
     "default_device": "process",
+    "end_blocked_on_signal": "signals",
     "init": "process",
     "shutdown": "process",
     "launch": "launch",

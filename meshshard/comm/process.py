@@ -36,6 +36,7 @@ from meshshard.comm.check import (
     set_debug,
 )
 from meshshard.comm.launch import launch
+from meshshard.comm.signals import end_blocked_on_signal
 
 if TYPE_CHECKING:
     import torch
@@ -143,6 +144,13 @@ def _dump_stack_on_sigterm() -> None:
     faulthandler.register(sigterm, file=sys.stderr, all_threads=True, chain=True)
 
 
+def _end_blocked_on_signal() -> None:
+    """SIGINT/SIGTERM end a rank blocked in a collective in seconds, not at the timeout
+    (:mod:`meshshard.comm.signals`); a world of one has no such wait."""
+    if dist.get_world_size() > 1:
+        end_blocked_on_signal()
+
+
 def init(
     backend: str | None = None, *, timeout: float | _dt.timedelta | None = None
 ) -> tuple[int, int]:
@@ -175,7 +183,11 @@ def init(
     -----
     Also prints every thread's Python stack to stderr when the process gets SIGTERM (how
     torchrun stops the other ranks after one failed), so the log shows where a stuck rank
-    was; this is skipped when the script installed its own SIGTERM handler.
+    was; this is skipped when the script installed its own SIGTERM handler. With more than
+    one rank, a SIGINT or SIGTERM whose Python handler cannot run because the main thread is
+    blocked in a collective ends the process within seconds
+    (:func:`meshshard.comm.signals.end_blocked_on_signal`; install the script's own handlers
+    before ``init`` so they are covered too).
     """
     import torch
 
@@ -183,6 +195,7 @@ def init(
     if dist.is_initialized():
         log.debug("meshshard.comm.process.init: already initialised; only the timeout is set")
         _use_timeout_for_new_groups(td)
+        _end_blocked_on_signal()
         return dist.get_rank(), dist.get_world_size()
     if backend is None:
         backend = default_backend()
@@ -202,6 +215,7 @@ def init(
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=td,
                                 **extra)
     _dump_stack_on_sigterm()
+    _end_blocked_on_signal()
     return dist.get_rank(), dist.get_world_size()
 
 

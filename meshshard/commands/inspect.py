@@ -17,6 +17,8 @@ from meshshard.commands.partition import (
     build_report,
     check_parts,
     graph_method_options,
+    merge_points,
+    merge_tolerance,
     metrics_mode,
     parse_targets,
     run_partitioner,
@@ -227,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
                 raise CLIError(msg)
             kind = args.graph or part.params.get("graph")
             knn = args.knn if args.graph else int(part.params.get("knn", args.knn))
+            rel = merge_tolerance(args, part.params.get("merge_tol"))
         else:
             if args.parts is None:
                 msg = (
@@ -235,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
                 )
                 raise CLIError(msg)
             targets = parse_targets(args.targets, args.parts)
+            rel = merge_tolerance(args)
             with st.stage("read"):
                 geom = load_geometry(target, on=args.on)
             check_parts(args.parts, geom.points.shape[0], allow_empty=args.allow_empty, geom=geom)
@@ -246,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
         mode = metrics_mode(args.metrics, kind, method, geom.points.shape[0])
         need_graph = mode == "full" or is_graph_method(method)
         st.set_total(2 + need_graph + (part is None) + bool(args.png))
+        merge_points(geom, kind, mode, need_graph, rel)
         graph = None
         if need_graph and kind == "knn":  # a kd-tree on extreme coordinates: refuse, naming it
             check_distance_range(geom.points, name=str(geom.source or target))

@@ -21,6 +21,7 @@ from meshshard.partition.cutcount import dual_cut_metrics
 from meshshard.partition.io import load_geometry
 from meshshard.partition.methods import list_methods
 from meshshard.partition.report import format_report, render_png, report
+from meshshard.partition.weld import DEFAULT_WELD
 
 
 def graph_method_options(args: argparse.Namespace) -> dict:
@@ -115,6 +116,32 @@ def add_geometry_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--knn", type=positive_int, default=8, help="neighbours of the kNN graph (8)"
     )
+    parser.add_argument(
+        "--merge-tol", type=float, default=None, metavar="REL",
+        help="dual graph: merge points closer than REL x the shortest edge first, so cells "
+        "that share a face by coordinates are neighbours even where the file stores the "
+        "face's points twice (foamToVTK gives every boundary patch its own copies); reported; "
+        f"0 keeps the points apart (default {DEFAULT_WELD:g})",
+    )  # fmt: skip
+
+
+def merge_tolerance(args: argparse.Namespace, recorded: Any = None) -> float:
+    """``--merge-tol`` (else the one a partition recorded, else the default), checked."""
+    rel = args.merge_tol if args.merge_tol is not None else recorded
+    rel = DEFAULT_WELD if rel is None else rel
+    if not (math.isfinite(rel) and 0 <= rel < 0.5):
+        msg = (
+            f"--merge-tol {rel:g} must be >= 0 and < 0.5 (a fraction of the shortest edge; 0 "
+            f"turns merging off; default {DEFAULT_WELD:g})"
+        )
+        raise CLIError(msg)
+    return float(rel)
+
+
+def merge_points(geom: Any, kind: str, mode: str, need_graph: bool, rel: float) -> None:
+    """Merge coincident points when a dual graph will be built or cut faces counted."""
+    if kind == "dual" and (need_graph or mode == "cut"):
+        geom.merge_points(rel)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -189,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
                    f"got --method {args.method}")
             raise CLIError(msg)
     graph_opts = graph_method_options(args)
+    rel = merge_tolerance(args)
     if args.tries < 1:
         msg = f"--tries {args.tries} must be >= 1 (METIS runs, one seed each)"
         raise CLIError(msg)
@@ -206,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
         mode = metrics_mode(mode, kind, args.method, geom.points.shape[0])
         need_graph = is_graph_method(args.method) or mode == "full"
         st.set_total(3 + need_graph + (mode != "none") + bool(args.png))
+        merge_points(geom, kind, mode, need_graph, rel)
         graph = None
         if need_graph and kind == "knn":  # a kd-tree on extreme coordinates: refuse, naming it
             check_distance_range(geom.points, name=str(args.input))
@@ -224,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         params = dict(part.params)
         params.update(
             input=str(Path(args.input).resolve()), on=geom.on, graph=kind, knn=args.knn,
-            weights_field=args.weights,
+            weights_field=args.weights, merge_tol=rel,
         )  # fmt: skip
         part = Partition(part.assignment, part.order, part.sizes, method=part.method,
                          params=params)  # fmt: skip
@@ -276,18 +305,22 @@ def metrics_mode(mode: str, kind: str, method: str, n: int) -> str:
 def build_report(
     part: Any, geom: Any, graph: Any, weights: Any, mode: str, st: Any, *, auto: bool
 ) -> dict:
-    """The report dict for ``--metrics`` ``mode`` (full / cut / none)."""
+    """The report dict for ``--metrics`` ``mode`` (full / cut / none), with the merged
+    points (:meth:`~meshshard.partition.io.Geometry.merge_points`) when there were any."""
     if mode == "full":
         with st.stage("metrics"):
-            return report(part, graph=graph, points=geom.points, weights=weights,
-                          timings=st.timings, source=geom.source)  # fmt: skip
+            rep = report(part, graph=graph, points=geom.points, weights=weights,
+                         timings=st.timings, source=geom.source)  # fmt: skip
+        rep.update(geom.merge_report())
+        return rep
     rep = report(part, points=geom.points, weights=weights, timings=st.timings,
                  source=geom.source)  # fmt: skip
     if mode == "none":
         rep["graph_metrics"] = "skipped (--no-metrics)"
         return rep
     with st.stage("metrics", "cut faces only"):
-        rep.update(dual_cut_metrics(geom.mesh, part))
+        rep.update(dual_cut_metrics(geom.mesh, part, geom.weld))
+    rep.update(geom.merge_report())
     why = f"above {AUTO_FULL_CELLS:,} cells the default" if auto else "--metrics cut"
     rep["graph_metrics"] = f"not computed ({why} counts cut faces only; --metrics full adds them)"
     return rep

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from meshshard.comm.launch import launch
 from meshshard.comm.process import init
@@ -43,6 +44,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--graph", choices=["dual"], help="also store the surface dual graph's shards (GNNs)"
     )
+    parser.add_argument(
+        "--stl", choices=("full", "mesh", "none"), default=None,
+        help="what a store keeps of the run's STL: full (coordinates, faces, centres, areas), "
+        "mesh (coordinates and faces: what volume training's SDF and DoMINO read) or none; "
+        "default: full with the volume, none with --surface (DoMINO on the surface: --stl mesh)",
+    )  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="rewrite finished stores")
     parser.add_argument("--drop-nan", action="store_true", help="drop cells with NaN fields")
     parser.add_argument("--u-inf", type=float, default=38.889, help="free-stream speed, m/s")
@@ -73,6 +80,9 @@ def _options(args: argparse.Namespace) -> RunOptions:
     """The per-run options the flags ask for (checked: a bad value is a ValueError)."""
     from dataclasses import replace
 
+    if args.length is not None and not (math.isfinite(args.length) and args.length > 0):
+        msg = f"--length {args.length:g} must be > 0 (m; leave it out to take the STL's extent)"
+        raise ValueError(msg)
     return RunOptions(
         parts=args.parts,
         method=args.method,
@@ -87,6 +97,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         reference_area=args.reference_area,
         compressor=None if args.compressor == "none" else args.compressor,
         graph=args.graph,
+        stl=args.stl,
     )
 
 
@@ -100,6 +111,7 @@ def _distributed(args: argparse.Namespace) -> int:
         ("--max-volume-cells", args.max_volume_cells is not None),
         ("--drop-nan", args.drop_nan),
         ("--workers", args.workers != 1),
+        ("--stl", args.stl is not None),  # a repartitioned store keeps its source's STL
     ) if on]  # fmt: skip
     if unsupported:
         msg = f"{', '.join(unsupported)} cannot be combined with --distributed (yet)"

@@ -31,6 +31,7 @@ from meshshard.datasets.schema import DRIVAERML
 from meshshard.graph import ShardedGraph, build_all
 from meshshard.partition.graph import dual_graph
 from meshshard.partition.record import HaloPlan
+from meshshard.partition.weld import weld_points
 from meshshard.store.format import StoreError, open_store, seal_store
 
 __all__ = [
@@ -50,14 +51,21 @@ _PREFIX = "surface_graph"
 def surface_dual_edges(run_dir: str | Path, source_index: np.ndarray, schema: Any = None):
     """Edges ``(2, E)`` of the surface's dual graph (cells sharing an edge) over the rows of a
     :class:`~meshshard.datasets.drivaerml.SurfaceData` (row ``j`` = source cell
-    ``source_index[j]``; edges to dropped cells are left out)."""
+    ``source_index[j]``; edges to dropped cells are left out). Coincident points are merged
+    first (:func:`~meshshard.partition.weld.weld_points`, logged)."""
     schema = schema or DRIVAERML
     run_dir = Path(run_dir)
     path = run_dir / schema.surface_file.format(i=run_index(run_dir, schema))
     mesh, _ = _read_cells(path, (), polys=True)
     nv = np.diff(mesh.offsets)
     types = np.where(nv == 3, 5, np.where(nv == 4, 9, 7))
-    adj = dual_graph(cells=mesh.connectivity, offsets=mesh.offsets, celltypes=types).tocoo()
+    # a surface whose patches carry their own copies of shared points (foamToVTK's) would
+    # fall apart into one piece per patch
+    weld = weld_points(mesh.points, mesh.connectivity, mesh.offsets)
+    if weld.merged:
+        log.info("%s: %s for the dual graph", path, weld.describe())
+    conn = weld.apply(mesh.connectivity)
+    adj = dual_graph(cells=conn, offsets=mesh.offsets, celltypes=types).tocoo()
     row_of = np.full(nv.size, -1, dtype=np.int64)
     row_of[np.asarray(source_index, dtype=np.int64)] = np.arange(len(source_index))
     s, d = row_of[adj.row], row_of[adj.col]

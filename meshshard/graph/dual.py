@@ -16,23 +16,16 @@ import numpy as np
 from meshshard.comm.transport import DistComm
 from meshshard.graph.build import _build, _prepare, _split_by
 from meshshard.graph.record import ShardedGraph
-from meshshard.partition.graph import _connectivity_from_args, cell_faces, shared_face_pairs
+from meshshard.partition.faces import cell_faces, face_width, row_hash, shared_face_pairs
+from meshshard.partition.graph import _connectivity_from_args
 from meshshard.partition.record import Partition
 
 __all__ = ["from_cells"]
 
-_MIX = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
-
 
 def _face_rank(keys: np.ndarray, size: int) -> np.ndarray:
     """A rank for every face row, the same on every rank."""
-    k = keys.astype(np.uint64) + np.uint64(2)
-    h = np.zeros(k.shape[0], dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for col, mult in enumerate(_MIX):
-            h ^= k[:, col] * np.uint64(mult)
-            h ^= h >> np.uint64(29)
-    return (h % np.uint64(size)).astype(np.int64)
+    return (row_hash(keys) % np.uint64(size)).astype(np.int64)
 
 
 def from_cells(
@@ -42,6 +35,7 @@ def from_cells(
     *,
     offsets: Any = None,
     celltypes: Any,
+    polyhedra: Any = None,
     rings: int = 1,
     group: Any = None,
 ) -> ShardedGraph:
@@ -60,6 +54,9 @@ def from_cells(
     cells, offsets, celltypes
         As in :func:`meshshard.partition.dual_graph`: an (n, nverts) array with one VTK type,
         or flat connectivity with ``offsets`` and one type per cell; vertex ids global.
+    polyhedra : PolyhedronFaces, optional
+        The faces of this rank's polyhedral cells (type 42), one entry per cell of ``cells``;
+        point ids global.
     rings : int
         Ghost layers.
 
@@ -74,8 +71,11 @@ def from_cells(
     P, rank = comm.size, comm.rank
     ids = np.asarray(cell_ids, dtype=np.int64).reshape(-1)
     problem = None
+    width = 4
     try:
-        conn, off, types = _connectivity_from_args(None, cells, offsets, celltypes)
+        conn, off, types, poly = _connectivity_from_args(None, cells, offsets, celltypes,
+                                                         polyhedra)  # fmt: skip
+        width = face_width(types, poly)
         if types.size != ids.size:
             problem = (
                 f"from_cells: rank {rank} has {types.size} cells but {ids.size} cell_ids; give "
@@ -86,9 +86,14 @@ def from_cells(
                 f"from_cells: rank {rank} has cell ids {int(ids.min())}..{int(ids.max())}, "
                 f"outside the partition's {partition.num_points} cells"
             )
-        else:
-            keys, local = cell_faces(conn, off, types)
     except (ValueError, TypeError) as exc:
+        problem = f"from_cells: rank {rank}: {exc}"
+    comm.flag(problem, "from_cells")
+    # every rank's face rows get the same width (the widest polyhedron face anywhere)
+    width = max(comm.allgather_int(width))
+    try:
+        keys, local = cell_faces(conn, off, types, poly, width=width)
+    except ValueError as exc:  # a cell type or vertex count the face tables refuse
         problem = f"from_cells: rank {rank}: {exc}"
     comm.flag(problem, "from_cells")
     owner_cell = ids[local]

@@ -8,6 +8,8 @@ or process groups.
 - :mod:`~meshshard.io.vtkguard`: checks run before VTK sees a file;
 - :mod:`~meshshard.io.vtklog`: VTK's own messages captured and turned into errors;
 - :mod:`~meshshard.io.geometry`: cell centres, normals and areas of polygon meshes;
+- :mod:`~meshshard.io.cells`: the faces of every cell type, polyhedra's from both VTK layouts;
+- :mod:`~meshshard.io.cellsizes`: exact volumes and centroids of 3-D cells, polyhedra included;
 - :mod:`~meshshard.io.gmshmesh`: unstructured tetrahedral volumes from gmsh;
 - :mod:`~meshshard.io.errors`: :class:`InputFileError`.
 """

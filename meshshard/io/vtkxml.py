@@ -11,8 +11,9 @@ pool), so a volume's centres and fields are computed without its whole connectiv
 fields in memory.
 
 What it reads: one ``<Piece>`` (or, with ``piece=``, any one of several) of ``PolyData``
-(its polygons) or ``UnstructuredGrid`` (any cells; of polyhedra their point lists, not their
-face streams); inline ``binary`` or ``appended`` (raw or base64) data; no compression,
+(its polygons) or ``UnstructuredGrid`` (any cells; of polyhedra their point lists, and their
+faces on request, :meth:`VtkXmlFile.polyhedra`); inline ``binary`` or ``appended`` (raw or
+base64) data; no compression,
 ``vtkZLibDataCompressor``, ``vtkLZ4DataCompressor`` (with the ``lz4`` package) or
 ``vtkLZMADataCompressor``; UInt32 or UInt64 headers; either byte
 order. Anything else -- ASCII data, several pieces with none chosen, another dataset type
@@ -53,6 +54,7 @@ from xml.sax.saxutils import unescape
 import numpy as np
 
 from meshshard.errors import InputError
+from meshshard.io.cells import VTK_POLYHEDRON, PolyhedronFaces
 from meshshard.io.errors import InputFileError
 
 __all__ = [
@@ -450,6 +452,25 @@ class _Decoder:
         if end > self.size:
             raise CorruptVtkXml(f"{what}: runs past the end of the file")
 
+    def declared(self, arr: _Array, what: str) -> int:
+        """Values an encoded (not ASCII) array's header declares, checked against the file
+        (the data, or its blocks, lie in it) before anything is allocated."""
+        dt = self._dtype(arr, what)
+        start, base64 = self._locate(arr, what)
+        hs = self.hdt.itemsize
+        if self.decompress is not None:
+            head = self._b64(start, 3 * hs)[0] if base64 else self.view[start : start + 3 * hs]
+            nblocks, bsize, last = self._ints(head, 3)
+            nbytes = (nblocks - 1) * bsize + (last or bsize) if nblocks else 0
+        else:
+            head = self._b64(start, hs)[0] if base64 else self.view[start : start + hs]
+            nbytes = self._ints(head, 1)[0]
+        if nbytes % dt.itemsize:
+            raise CorruptVtkXml(f"{what}: {nbytes} bytes is not a whole number of {dt} values")
+        count = nbytes // dt.itemsize
+        self.check(arr, count, what)
+        return count
+
     def array(self, arr: _Array, count: int, what: str) -> np.ndarray:
         """The ``count`` values of ``arr`` (1-D; an error unless its header says as many).
 
@@ -780,7 +801,8 @@ class VtkXmlFile:
             self.n_other_cells = 0
             cells_tag = "Cells"
             # polyhedra: ``connectivity`` lists each cell's points, as for any cell; their face
-            # streams (faces/faceoffsets, or face_connectivity/... from VTK 9.4) are not needed
+            # streams (faces/faceoffsets, or face_connectivity/... from VTK 9.4) are decoded
+            # by :meth:`polyhedra` only
         self.n_cells = self._n_main + self.n_other_cells
         self._dec = _Decoder(self._mm, layout, self._pool, self._threads)
         pts = _pick(arrays, "Points")
@@ -796,6 +818,7 @@ class VtkXmlFile:
         self._off = off_a[0] if self._n_main else None
         self._con = con_a[0] if self._n_main else None
         self._arrays = arrays  # this piece's, for vtkguard's checks
+        self._cell_arrays = {a.attrs.get("Name", ""): a for a in _pick(arrays, cells_tag)}
         self._cells = {a.attrs.get("Name", ""): a for a in reversed(_pick(arrays, "CellData"))}
         self.cell_array_names = [a.attrs.get("Name", "") for a in _pick(arrays, "CellData")]
 
@@ -885,6 +908,73 @@ class VtkXmlFile:
                     self._dec.finish()
                     self._offsets = self._checked_offsets(ends)
         return self._offsets
+
+    def types(self) -> np.ndarray | None:
+        """``(n_cells,)`` VTK cell types of an UnstructuredGrid (None for PolyData)."""
+        if self.kind != "UnstructuredGrid":
+            return None
+        arr = self._cell_arrays.get("types")
+        if arr is None:
+            if self._n_main:
+                raise CorruptVtkXml("<Cells> without its types array")
+            return np.zeros(0, dtype=np.uint8)
+        with self._named():
+            types = self._dec.array(arr, self._n_main, "types")
+            self._dec.finish()
+            return _native(types).astype(np.uint8, copy=False)
+
+    def polyhedra(self) -> PolyhedronFaces | None:
+        """The faces of the polyhedral cells (VTK type 42), from either layout VTK writes
+        (``faces``/``faceoffsets``, or VTK 9.4's ``face_connectivity``, ``face_offsets``,
+        ``polyhedron_to_faces``, ``polyhedron_offsets``), checked against the points and the
+        cell types; None when the file has no polyhedra.
+
+        Raises
+        ------
+        CorruptVtkXml
+            Polyhedra without faces, or faces that do not add up (named).
+        """
+        types = self.types()
+        if types is None or not (types == VTK_POLYHEDRON).any():
+            return None
+        with self._named():
+            return self._polyhedra(types)
+
+    def _polyhedra(self, types: np.ndarray) -> PolyhedronFaces:
+        have = self._cell_arrays
+        dec, n = self._dec, self._n_main
+
+        def whole(name: str, count: int | None = None) -> np.ndarray:
+            arr = have[name]
+            what = f"<Cells> {name}"
+            got = dec.array(arr, dec.declared(arr, what) if count is None else count, what)
+            dec.finish()
+            got = _native(got)
+            if got.dtype.kind not in "iu":
+                raise CorruptVtkXml(f"{what} of type {got.dtype}, not integers")
+            return got.astype(np.int64, copy=False)
+
+        new = ("face_connectivity", "face_offsets", "polyhedron_to_faces", "polyhedron_offsets")
+        try:
+            if all(k in have for k in new):
+                fc, fo = whole("face_connectivity"), whole("face_offsets")
+                cf, co = whole("polyhedron_to_faces"), whole("polyhedron_offsets", n)
+                zero = np.zeros(1, dtype=np.int64)
+                poly = PolyhedronFaces.from_arrays(fc, np.concatenate([zero, fo]), cf,
+                                                   np.concatenate([zero, co]))  # fmt: skip
+            elif "faces" in have and "faceoffsets" in have:
+                poly = PolyhedronFaces.from_legacy(whole("faces"), whole("faceoffsets", n))
+            else:
+                raise CorruptVtkXml(
+                    f"{int((types == VTK_POLYHEDRON).sum())} polyhedral cells but <Cells> has "
+                    "no faces/faceoffsets (or face_connectivity, ...) arrays"
+                )
+            poly.check(self.n_points, types)
+        except ValueError as exc:
+            if isinstance(exc, CorruptVtkXml):
+                raise
+            raise CorruptVtkXml(f"polyhedron faces: {exc}") from None
+        return poly
 
     def read(self, names: Iterable[str]) -> CellMesh:
         """Points, cells and the cell arrays ``names`` (those present), decoded whole; the

@@ -21,6 +21,7 @@ _LAZY = {
     "metis": "meshshard.partition.graphpart",
     "knn_graph": "meshshard.partition.graph",
     "dual_graph": "meshshard.partition.graph",
+    "weld_points": "meshshard.partition.weld",
     "metrics": "meshshard.partition.quality",
     "refine_volume": "meshshard.partition.volrefine",
     "communication_volume": "meshshard.partition.volrefine",

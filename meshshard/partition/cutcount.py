@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from meshshard.partition._validation import unique_int
-from meshshard.partition.graph import dual_graph, mesh_connectivity
+from meshshard.partition.graph import dual_graph, mesh_connectivity, mesh_polyhedra
 from meshshard.partition.quality import _stats
 from meshshard.partition.record import Partition
 
@@ -55,16 +55,19 @@ def interface_cells(
     return np.flatnonzero(per_cell >= 2)
 
 
-def dual_cut_metrics(mesh: Any, partition: Partition) -> dict[str, Any]:
+def dual_cut_metrics(mesh: Any, partition: Partition, weld: Any = None) -> dict[str, Any]:
     """Edge cut, communication volume, halos and neighbours of ``partition`` on the dual graph
     of ``mesh``'s cells, building the dual graph of the interface cells only.
 
     Parameters
     ----------
     mesh : pyvista.DataSet
-        Polygon surface or linear volume mesh (what :func:`dual_graph` takes).
+        Polygon surface or volume mesh of linear cells and polyhedra (what :func:`dual_graph`
+        takes).
     partition : Partition
         Over the mesh's cells.
+    weld : Weld, optional
+        Coincident points merged first (:func:`meshshard.partition.weld.weld_points`).
 
     Returns
     -------
@@ -89,19 +92,25 @@ def dual_cut_metrics(mesh: Any, partition: Partition) -> dict[str, Any]:
     16
     """
     conn, off, types = mesh_connectivity(mesh)
+    poly = mesh_polyhedra(mesh)
+    if weld is not None:
+        conn = weld.apply(conn)
+        poly = None if poly is None else poly.renumbered(weld)
     a = partition.assignment
     n, P = a.size, partition.nparts
     if types.size != n:
         msg = f"the partition has {n} rows but the mesh has {types.size} cells"
         raise ValueError(msg)
-    sub = interface_cells(conn, off, a, int(mesh.n_points))
+    sub = interface_cells(conn, off, a, int(mesh.n_points))  # (merged ids are < n_points)
     r = c = np.zeros(0, dtype=np.int64)
     if sub.size:
         lens = np.diff(off)[sub]
         sub_off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         local = np.arange(sub_off[-1], dtype=np.int64) - np.repeat(sub_off[:-1], lens)
         sub_conn = conn[np.repeat(off[sub], lens) + local]
-        g = dual_graph(cells=sub_conn, offsets=sub_off, celltypes=types[sub]).tocoo()
+        sub_poly = poly.subset(sub) if poly is not None else None
+        g = dual_graph(cells=sub_conn, offsets=sub_off, celltypes=types[sub],
+                       polyhedra=sub_poly).tocoo()  # fmt: skip
         keep = g.row < g.col  # each undirected edge once
         r, c = sub[g.row[keep]], sub[g.col[keep]]
         cut = a[r] != a[c]

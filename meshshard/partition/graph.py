@@ -13,13 +13,15 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.io.cells import CELL_FACES, VTK_POLYGON, PolyhedronFaces
 from meshshard.partition._validation import (
     as_points,
     check_distance_range,
     check_tree_indices,
-    unique_int,
 )
+from meshshard.partition.faces import cell_faces, shared_face_pairs
 from meshshard.partition.sfc import curve_order, hilbert_codes
+from meshshard.partition.weld import weld_points
 
 __all__ = [
     "CELL_FACES",
@@ -28,41 +30,11 @@ __all__ = [
     "knn_graph",
     "knn_graph_sorted",
     "mesh_connectivity",
+    "mesh_polyhedra",
     "shared_face_pairs",
 ]
 
 log = logging.getLogger(__name__)
-
-# VTK cell type -> (dimension, faces as local vertex ids). 3-D cells share faces, 2-D cells
-# share edges. Vertex order inside a face does not matter (faces are compared as sets).
-CELL_FACES: dict[int, tuple[int, tuple[tuple[int, ...], ...]]] = {
-    5: (2, ((0, 1), (1, 2), (2, 0))),  # VTK_TRIANGLE
-    8: (2, ((0, 1), (1, 3), (3, 2), (2, 0))),  # VTK_PIXEL
-    9: (2, ((0, 1), (1, 2), (2, 3), (3, 0))),  # VTK_QUAD
-    10: (3, ((0, 1, 3), (1, 2, 3), (2, 0, 3), (0, 2, 1))),  # VTK_TETRA
-    11: (  # VTK_VOXEL
-        3,
-        ((0, 2, 6, 4), (1, 3, 7, 5), (0, 1, 5, 4), (2, 3, 7, 6), (0, 1, 3, 2), (4, 5, 7, 6)),
-    ),
-    12: (  # VTK_HEXAHEDRON
-        3,
-        ((0, 4, 7, 3), (1, 2, 6, 5), (0, 1, 5, 4), (3, 7, 6, 2), (0, 3, 2, 1), (4, 5, 6, 7)),
-    ),
-    13: (3, ((0, 1, 2), (3, 4, 5), (0, 1, 4, 3), (1, 2, 5, 4), (2, 0, 3, 5))),  # VTK_WEDGE
-    14: (3, ((0, 1, 2, 3), (0, 1, 4), (1, 2, 4), (2, 3, 4), (3, 0, 4))),  # VTK_PYRAMID
-}
-_VTK_POLYGON = 7
-_CELL_NVERTS = {5: 3, 8: 4, 9: 4, 10: 4, 11: 8, 12: 8, 13: 6, 14: 5}
-
-
-def _vtk_type_name(code: int) -> str:
-    try:
-        import pyvista as pv
-
-        return pv.CellType(int(code)).name
-    except Exception:  # unknown code or pyvista missing
-        return f"type {int(code)}"
-
 
 def knn_graph(points: Any, k: int = 8) -> Any:
     """Symmetric kNN graph: ``i ~ j`` when ``j`` is among the ``k`` nearest of ``i`` or vice versa.
@@ -165,7 +137,7 @@ def mesh_connectivity(mesh: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         conn = pv.convert_array(polys.GetConnectivityArray()).astype(np.int64)
         off = pv.convert_array(polys.GetOffsetsArray()).astype(np.int64)
         nv = np.diff(off)
-        types = np.full(nv.size, _VTK_POLYGON, dtype=np.int64)
+        types = np.full(nv.size, VTK_POLYGON, dtype=np.int64)
         types[nv == 3] = 5
         types[nv == 4] = 9
         return conn, off, types
@@ -177,17 +149,40 @@ def mesh_connectivity(mesh: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return conn, off, types
 
 
+def mesh_polyhedra(mesh: Any) -> PolyhedronFaces | None:
+    """The faces of ``mesh``'s polyhedral cells (VTK type 42), checked, or None without any.
+
+    Raises
+    ------
+    ValueError
+        The polyhedron faces are inconsistent (ids out of range, too few faces).
+    """
+    import pyvista as pv
+
+    if not isinstance(mesh, pv.DataSet):
+        mesh = pv.wrap(mesh)
+    if not isinstance(mesh, pv.UnstructuredGrid):
+        return None
+    poly = PolyhedronFaces.from_vtk(mesh)
+    if poly is not None:
+        poly.check(int(mesh.n_points), np.asarray(mesh.celltypes))
+    return poly
+
+
 def dual_graph(
     mesh: Any = None,
     *,
     cells: Any = None,
     offsets: Any = None,
     celltypes: Any = None,
+    polyhedra: PolyhedronFaces | None = None,
+    merge_tol: float | None = None,
 ) -> Any:
     """Dual graph of a cell mesh: cells are vertices, cells sharing a face are adjacent.
 
-    3-D cells (tetra, hexahedron, voxel, wedge, pyramid) are adjacent when they share a face;
-    2-D cells (triangle, quad, pixel, polygon) when they share an edge. Mixed meshes work.
+    3-D cells (tetra, hexahedron, voxel, wedge, pyramid, polyhedron) are adjacent when they
+    share a face (the same set of points); 2-D cells (triangle, quad, pixel, polygon) when they
+    share an edge. Mixed meshes work: a polyhedron's quad face meets a hexahedron's.
 
     Parameters
     ----------
@@ -199,6 +194,13 @@ def dual_graph(
         ``celltypes`` (length ncells), VTK codes.
     offsets, celltypes : array, optional
         See ``cells``.
+    polyhedra : PolyhedronFaces, optional
+        With ``cells``: the faces of the cells of type 42 (required when there are any).
+    merge_tol : float, optional
+        Merge points closer than ``merge_tol`` x the shortest edge first
+        (:func:`~meshshard.partition.weld.weld_points`, logged), so that cells sharing a face
+        by coordinates are adjacent even where the file stores its points twice (foamToVTK
+        gives every boundary patch its own copies). Default: cells match by point ids only.
 
     Returns
     -------
@@ -208,7 +210,8 @@ def dual_graph(
     Raises
     ------
     ValueError
-        Unsupported VTK cell types (named), inconsistent connectivity.
+        Unsupported VTK cell types (named), inconsistent connectivity, polyhedra without
+        their faces.
 
     Examples
     --------
@@ -217,9 +220,20 @@ def dual_graph(
     >>> dual_graph(cells=quads, celltypes=9).toarray().tolist()
     [[0, 1], [1, 0]]
     """
-    conn, off, types = _connectivity_from_args(mesh, cells, offsets, celltypes)
+    conn, off, types, poly = _connectivity_from_args(mesh, cells, offsets, celltypes, polyhedra)
     ncells = types.size
-    keys, owner = cell_faces(conn, off, types)
+    if merge_tol is not None:
+        if mesh is None:
+            msg = "merge_tol= needs the mesh (its point coordinates); pass the mesh, not cells="
+            raise ValueError(msg)
+        import pyvista as pv
+
+        weld = weld_points(np.asarray(pv.wrap(mesh).points), conn, off, relative=merge_tol)
+        if weld.merged:
+            log.info("dual graph: %s", weld.describe())
+        conn = weld.apply(conn)
+        poly = None if poly is None else poly.renumbered(weld)
+    keys, owner = cell_faces(conn, off, types, poly)
     if keys.shape[0] == 0:
         import scipy.sparse as sp
 
@@ -233,149 +247,30 @@ def dual_graph(
     return _symmetric_binary(r, c, ncells)
 
 
-def cell_faces(
-    conn: np.ndarray, off: np.ndarray, types: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Every face of every cell as a padded row of sorted vertex ids, and its cell.
-
-    Returns
-    -------
-    keys : ndarray of shape (F, 4), int64
-        Faces of 3-D cells and edges of 2-D cells (padded with -1 on the left; edges carry
-        -2 in column 0 so they never match a triangle face). Equal rows = a shared face.
-    cells : ndarray of shape (F,), int64
-        Index (into ``types``) of the cell of every face.
-
-    Raises
-    ------
-    ValueError
-        Unsupported VTK cell types (named), cells with the wrong vertex count.
-    """
-    face_rows: list[np.ndarray] = []
-    face_cells: list[np.ndarray] = []
-    nvert = np.diff(off)
-    width = 4  # widest face (quad); edges and triangles are padded with -1 on the left
-    for code in unique_int(types).tolist():
-        sel = np.flatnonzero(types == code)
-        if code == _VTK_POLYGON:
-            for nv in unique_int(nvert[sel]).tolist():
-                ids = sel[nvert[sel] == nv]
-                verts = conn[off[ids][:, None] + np.arange(nv)]
-                faces = [(i, (i + 1) % nv) for i in range(nv)]
-                _add_faces(verts, ids, faces, 2, face_rows, face_cells, width)
-            continue
-        if code not in CELL_FACES:
-            msg = (
-                f"unsupported VTK cell type {_vtk_type_name(code)} (code {code}) in "
-                f"{sel.size} cell(s); supported: triangle, quad, pixel, polygon, tetra, "
-                "hexahedron, voxel, wedge, pyramid (linear cells); convert or drop the others"
-            )
-            raise ValueError(msg)
-        nv = _CELL_NVERTS[code]
-        if (nvert[sel] != nv).any():
-            msg = f"cells of VTK type {_vtk_type_name(code)} must have {nv} vertices"
-            raise ValueError(msg)
-        verts = conn[off[sel][:, None] + np.arange(nv)]
-        dim, faces = CELL_FACES[code]
-        _add_faces(verts, sel, faces, dim, face_rows, face_cells, width)
-    if not face_rows:
-        return np.zeros((0, width), dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(face_rows), np.concatenate(face_cells).astype(np.int64)
-
-
-def shared_face_pairs(keys: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs of cells that share a face: every cell with every later cell listing the same
-    face row (runs are usually length 2; non-manifold faces give longer runs).
-
-    Parameters
-    ----------
-    keys : ndarray of shape (F, 4)
-        Face rows as :func:`cell_faces` makes them.
-    cells : ndarray of shape (F,)
-        Any cell id of every face row.
-
-    Returns
-    -------
-    (ndarray, ndarray)
-        Cell ids of both sides, one entry per (face, pair).
-    """
-    if keys.shape[0] < 2:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    order = _group_equal_rows(keys)
-    keys, cells = keys[order], cells[order]
-    same = (keys[1:] == keys[:-1]).all(axis=1)
-    rows: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
-    cols: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
-    run = same.copy()
-    d = 1
-    while run.any():
-        i = np.flatnonzero(run)
-        rows.append(cells[i])
-        cols.append(cells[i + d])
-        d += 1
-        if d >= keys.shape[0]:
-            break
-        run = run[:-1] & same[d - 1 :]
-    return np.concatenate(rows), np.concatenate(cols)
-
-
-def _group_equal_rows(keys: np.ndarray) -> np.ndarray:
-    """A permutation that makes equal rows of ``keys`` (F, 4) contiguous.
-
-    Sorting one 64-bit hash of each row is ~8x faster than ``np.lexsort`` over four columns.
-    Equal rows have equal hashes, so they share a run of the hash order; runs of three or more
-    rows (non-manifold faces, or hash collisions) are re-sorted exactly by all columns, so the
-    result never depends on the hash being collision-free.
-    """
-    k = keys.astype(np.uint64) + np.uint64(2)  # padding ids -2/-1 become 0/1
-    h = np.zeros(k.shape[0], dtype=np.uint64)
-    for col, mult in enumerate((0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
-                                0xD6E8FEB86659FD93)):  # fmt: skip
-        h ^= k[:, col] * np.uint64(mult)
-        h ^= h >> np.uint64(29)
-    order = np.argsort(h)
-    hs = h[order]
-    start = np.empty(hs.size, dtype=bool)
-    start[:1] = True
-    np.not_equal(hs[1:], hs[:-1], out=start[1:])
-    run = np.cumsum(start) - 1
-    long = np.bincount(run)[run] >= 3
-    if long.any():
-        sub = np.flatnonzero(long)  # whole runs, contiguous in hash order
-        ks = keys[order[sub]]
-        fix = np.lexsort((ks[:, 3], ks[:, 2], ks[:, 1], ks[:, 0], hs[sub]))
-        order[sub] = order[sub][fix]
-    return order
-
-
-def _add_faces(
-    verts: np.ndarray,
-    cell_ids: np.ndarray,
-    faces: Any,
-    dim: int,
-    out_rows: list[np.ndarray],
-    out_cells: list[np.ndarray],
-    width: int,
-) -> None:
-    """Append the sorted, padded vertex ids of every face of ``verts`` (ncells, nverts)."""
-    for face in faces:
-        f = np.sort(verts[:, list(face)], axis=1)
-        pad = np.full((f.shape[0], width), -1, dtype=np.int64)
-        pad[:, width - f.shape[1] :] = f
-        if dim == 2:
-            pad[:, 0] = -2  # edges never match a (padded) triangle face of a 3-D cell
-        out_rows.append(pad)
-        out_cells.append(cell_ids)
-
-
 def _connectivity_from_args(
-    mesh: Any, cells: Any, offsets: Any, celltypes: Any
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    mesh: Any, cells: Any, offsets: Any, celltypes: Any, polyhedra: Any = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, PolyhedronFaces | None]:
+    """``(conn, offsets, types, polyhedra)`` from a mesh or from flat/2-D cell arrays."""
     if (mesh is None) == (cells is None):
         msg = "pass either a mesh or cells= (with celltypes=, and offsets= for flat arrays)"
         raise ValueError(msg)
     if mesh is not None:
-        return mesh_connectivity(mesh)
+        if polyhedra is not None:
+            msg = "polyhedra= goes with cells=; a mesh carries its own polyhedron faces"
+            raise ValueError(msg)
+        return (*mesh_connectivity(mesh), mesh_polyhedra(mesh))
+    conn, off, types = _flat_cells(cells, offsets, celltypes)
+    if polyhedra is not None and not isinstance(polyhedra, PolyhedronFaces):
+        msg = f"polyhedra must be a PolyhedronFaces, got {type(polyhedra).__name__}"
+        raise TypeError(msg)
+    if polyhedra is not None:
+        polyhedra.check(np.iinfo(np.int64).max, types)  # structure; ids are global here
+    return conn, off, types, polyhedra
+
+
+def _flat_cells(
+    cells: Any, offsets: Any, celltypes: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     cells = np.asarray(cells)
     if not np.issubdtype(cells.dtype, np.integer):
         msg = f"cells must hold integer vertex ids, got dtype {cells.dtype}"

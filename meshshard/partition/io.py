@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 
 from meshshard.io.vtklog import capture_vtk_output
-from meshshard.partition.graph import dual_graph, knn_graph, mesh_connectivity
+from meshshard.io.vtkxml import CorruptVtkXml, UnsupportedVtkXml, VtkXmlFile
+from meshshard.partition.graph import dual_graph, knn_graph, mesh_connectivity, mesh_polyhedra
+from meshshard.partition.weld import DEFAULT_WELD, Weld, weld_points
 
 __all__ = [
     "MESH_SUFFIXES",
@@ -72,6 +74,8 @@ def read_mesh(path: str | Path) -> Any:
     p = _check_file(path, MESH_SUFFIXES)
     if p.suffix.lower() == ".ply":
         _check_ply(p)  # VTK's PLY reader crashes the process on truncated binary files
+    if p.suffix.lower() == ".vtu":
+        _check_polyhedra(p)  # VTK trusts a polyhedron's face counts (SIGSEGV on a huge one)
     # VTK's own messages go to a buffer (not 20-odd lines on stderr) and into the error below
     with capture_vtk_output() as vtk_log, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -94,7 +98,29 @@ def read_mesh(path: str | Path) -> Any:
     if mesh.n_points == 0:
         msg = f"{p}: the mesh has no points (empty or truncated file)"
         raise ValueError(msg)
+    try:
+        mesh_polyhedra(mesh)  # polyhedra (VTK type 42) need consistent faces
+    except ValueError as exc:
+        msg = f"{p}: {exc}; re-export the mesh (e.g. foamToVTK, or pyvista's save)"
+        raise ValueError(msg) from None
     return mesh
+
+
+def _check_polyhedra(p: Path) -> None:
+    """Validate the polyhedron faces of a ``.vtu`` with meshshard's reader before VTK reads
+    them; damage elsewhere in the file, and layouts that reader does not decode, are left to
+    VTK (whose errors :func:`read_mesh` reports)."""
+    try:
+        with VtkXmlFile(p, threads=1, piece=0) as f:
+            pieces = f.n_pieces
+    except (UnsupportedVtkXml, CorruptVtkXml):
+        return
+    for i in range(pieces):
+        try:
+            with VtkXmlFile(p, threads=1, piece=i) as f:
+                f.polyhedra()  # CorruptVtkXml (a ValueError naming the file)
+        except UnsupportedVtkXml:
+            return
 
 
 _PLY_SIZES = {
@@ -184,7 +210,9 @@ def cell_centers(mesh: Any) -> np.ndarray:
     """Vertex average of every cell (vectorised over the connectivity), shape (ncells, 3).
 
     Equals VTK's cell centre for simplices, parallelograms and parallelepipeds; for other
-    cells it is the vertex centroid. Any cell kind counts (lines and vertices too).
+    cells it is the vertex centroid (for a polyhedron, of its distinct points; the centroid of
+    its volume is :func:`meshshard.io.cellsizes.cell_volumes`). Any cell kind counts (lines
+    and vertices too).
     """
     import pyvista as pv
 
@@ -250,6 +278,40 @@ class Geometry:
     on: str
     mesh: Any = None
     source: str = ""
+    #: the coincident points merged for the dual graph (:meth:`merge_points`)
+    weld: Weld | None = None
+    #: points that are copies of others but were kept apart (``merge_points(None)``)
+    copies_kept: int = 0
+
+    def merge_points(self, relative: float | None = DEFAULT_WELD) -> Weld | None:
+        """Merge the mesh's coincident points for the dual graph (cells that share a face by
+        coordinates, not by point ids, become neighbours): points closer than ``relative`` x
+        the shortest edge. ``None`` or 0 merges nothing and counts the exact copies
+        (:attr:`copies_kept`). Returns the :class:`~meshshard.partition.weld.Weld`."""
+        if self.mesh is None or self.on != "cells" or not dual_graph_supported(self.mesh):
+            return None
+        conn, off, _ = mesh_connectivity(self.mesh)
+        pts = np.asarray(self.mesh.points)
+        if not relative:
+            self.weld = None
+            self.copies_kept = weld_points(pts, conn, off, tolerance=0.0).merged
+            if self.copies_kept:
+                log.info("%s: %d points are exact copies of others, not merged",
+                            self.source, self.copies_kept)  # fmt: skip
+            return None
+        self.weld = weld_points(pts, conn, off, relative=relative)
+        self.copies_kept = 0
+        if self.weld.merged:
+            log.info("%s: %s", self.source, self.weld.describe())
+        return self.weld
+
+    def merge_report(self) -> dict[str, Any]:
+        """The report entries of :meth:`merge_points` (empty when it was not called)."""
+        if self.weld is not None:
+            return {"merged_points": self.weld.as_dict()}
+        if self.copies_kept:
+            return {"coincident_points_not_merged": self.copies_kept}
+        return {}
 
     def field(self, name: str) -> np.ndarray:
         """Cell (``on="cells"``) or point array ``name``, shape (N,); errors list the fields."""
@@ -293,7 +355,12 @@ class Geometry:
                     "cell centres)"
                 )
                 raise ValueError(msg)
-            return dual_graph(self.mesh)
+            if self.weld is None:
+                return dual_graph(self.mesh)
+            conn, off, types = mesh_connectivity(self.mesh)
+            poly = mesh_polyhedra(self.mesh)
+            return dual_graph(cells=self.weld.apply(conn), offsets=off, celltypes=types,
+                              polyhedra=None if poly is None else poly.renumbered(self.weld))
         if kind == "knn":
             return knn_graph(self.points, knn)
         msg = f"unknown graph {kind!r}; use 'dual' or 'knn'"

@@ -84,6 +84,19 @@ def format_report(d: dict[str, Any]) -> str:
     )
     if "imbalance_weighted" in d:
         lines.append(f"  weighted imbalance: {d['imbalance_weighted']:.3f}")
+    if d.get("merged_points", {}).get("merged"):
+        m = d["merged_points"]
+        lines.append(
+            f"  merged points: {_n(m['merged'])} coincident copies ({_n(m['points'])} -> "
+            f"{_n(m['distinct'])} points; tolerance {m['tolerance']:.3g} = "
+            f"{m['relative_to_shortest_edge']:g} x shortest edge)"
+        )
+    if d.get("coincident_points_not_merged"):
+        lines.append(
+            f"  WARNING: {_n(d['coincident_points_not_merged'])} points are copies of others "
+            "and were not merged (--merge-tol 0): cells on either side of them are not "
+            "neighbours in the dual graph"
+        )
     worst = d["most_overweight_part"]
     lines.append(f"  most overweight part: {worst} ({_n(sizes[worst])} rows)")
     if "edge_cut" in d:

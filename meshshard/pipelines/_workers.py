@@ -12,10 +12,11 @@ over a pipe, and watches both the pipe and the process:
 - workers ask the kernel to SIGKILL them when their parent dies (``PR_SET_PDEATHSIG`` on Linux,
   a thread polling the parent pid elsewhere) and exit when their pipe closes;
 - workers ignore SIGINT: a terminal's Ctrl-C reaches the whole process group and the parent
-  decides. When the parent leaves the pool with an exception (an interrupt included) it sends
-  SIGTERM, waits ``grace`` seconds, then SIGKILLs; a second Ctrl-C cannot cut that clean-up
-  short. ``on_exit(pid)`` is then called for every worker that did not end normally, so the
-  caller can remove what it left behind.
+  decides. They start with SIGINT blocked until they ignore it, so one that is still importing
+  prints no traceback. When the parent leaves the pool with an exception (an interrupt
+  included) it sends SIGTERM, waits ``grace`` seconds, then SIGKILLs; a second Ctrl-C cannot
+  cut that clean-up short. ``on_exit(pid)`` is then called for every worker that did not end
+  normally, so the caller can remove what it left behind.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from meshshard.comm.signals import sigint_deferred
 from meshshard.errors import DistributedError
 
 __all__ = ["WorkerDied", "WorkerPool", "describe_exit", "die_with_parent"]
@@ -111,6 +113,9 @@ def _watch_parent(parent_pid: int) -> None:
 
 def _worker_main(conn, parent_pid: int, initializer: Callable | None, initargs: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # started with SIGINT blocked (sigint_deferred): now ignored, so a Ctrl-C that arrived
+    # while it imported is dropped, and what it starts inherits no blocked mask
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent(parent_pid)
     if initializer is not None:
@@ -146,7 +151,8 @@ class _Worker:
             daemon=False,  # a task may start processes of its own; close() ends workers
             name="meshshard-worker",
         )
-        self.proc.start()
+        with sigint_deferred():  # a Ctrl-C while it imports: no traceback from it
+            self.proc.start()
         child_conn.close()
         self.conn = parent_conn
         self.task: int | None = None

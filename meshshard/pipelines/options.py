@@ -17,10 +17,18 @@ from meshshard.datasets.schema import DRIVAERML, DatasetSchema
 from meshshard.partition.hypergraph import require_mtkahypar
 from meshshard.partition.methods import list_methods
 
-__all__ = ["GRAPHS", "RunOptions"]
+__all__ = ["GRAPHS", "STL_MODES", "RunOptions"]
 
 #: the mesh graphs a store can hold beside its rows (:mod:`meshshard.datasets.graphstore`)
 GRAPHS = ("dual",)
+#: what a store keeps of the run's STL: all four arrays (PhysicsNeMo's layout), the triangle
+#: mesh only (what the SDF of volume training and DoMINO read), or nothing
+STL_MODES = ("full", "mesh", "none")
+_STL_KEYS = {
+    "full": ("stl_coordinates", "stl_faces", "stl_centers", "stl_areas"),
+    "mesh": ("stl_coordinates", "stl_faces"),
+    "none": (),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +60,12 @@ class RunOptions:
     graph : {None, "dual"}
         ``"dual"``: also store the surface dual graph's shards; with a graph method
         (``"metis"``, ``"hypergraph"``, ...) the surface is then cut on that graph.
+    stl : {None, "full", "mesh", "none"}
+        What the store keeps of the run's STL: ``"full"`` (coordinates, faces, centres,
+        areas), ``"mesh"`` (coordinates and faces: what the volume's SDF and DoMINO need) or
+        ``"none"``. None (default): ``"full"`` when the volume is stored, ``"none"`` for a
+        surface-only store (a surface model reads no STL; DoMINO on the surface needs
+        ``"mesh"``).
     reference_area : float, optional
         Every run's reference area (m^2), recorded in its store; default: the run's
         ``geo_ref_<i>.csv`` ``aRef`` when it has one.
@@ -84,6 +98,7 @@ class RunOptions:
     schema: DatasetSchema = DRIVAERML
     compressor: str | None = "lz4"
     graph: str | None = None
+    stl: str | None = None
     reference_area: float | None = None
 
     def __post_init__(self) -> None:
@@ -114,6 +129,19 @@ class RunOptions:
         if self.graph is not None and self.graph not in GRAPHS:
             msg = f"graph={self.graph!r} is not one of {GRAPHS} (or None for no graph)"
             raise ValueError(msg)
+        if self.stl is not None and self.stl not in STL_MODES:
+            msg = f"stl={self.stl!r} is not one of {STL_MODES} (or None: full with the volume)"
+            raise ValueError(msg)
+
+    def stl_mode(self) -> str:
+        """``stl``, or its default: ``"full"`` with the volume, ``"none"`` without."""
+        if self.stl is not None:
+            return self.stl
+        return "full" if self.volume else "none"
+
+    def stl_keys(self) -> tuple[str, ...]:
+        """The STL arrays a store keeps (:meth:`stl_mode`)."""
+        return _STL_KEYS[self.stl_mode()]
 
     @classmethod
     def from_call(cls, who: str, options: RunOptions | None, keywords: dict[str, Any]
@@ -163,6 +191,8 @@ class RunOptions:
         }
         if self.graph is not None:
             out["graph"] = self.graph
+        if self.stl is not None and self.stl != ("full" if self.volume else "none"):
+            out["stl"] = self.stl  # only when not the default: older stores stay up to date
         if self.reference_area is not None:
             out["reference_area"] = self.reference_area
         return out

@@ -286,6 +286,7 @@ def _write_run(run_dir: Path, dst: Path, out: Path, opts: RunOptions) -> RunResu
             request=request,
             dataset=schema.to_json(),
             compressor=opts.compressor,
+            stl_keys=opts.stl_keys(),
         )
         if graph is not None:
             write_graph(tmp, run_dir, partitions.get("surface"), data, graph, schema=schema,

@@ -192,6 +192,7 @@ def write_store(
     dataset: dict,
     compressor: str | None = "lz4",
     target_chunk: int = 1 << 17,
+    stl_keys: tuple[str, ...] = STL_KEYS,
 ) -> dict:
     """Write ``run`` (a :class:`~meshshard.datasets.drivaerml.RunData`) into a new zarr group
     at ``path`` in partition order; attributes last, ``complete: true`` marking a finished
@@ -205,6 +206,8 @@ def write_store(
         part -> :class:`~meshshard.partition.HaloPlan` or None.
     request, dataset : dict
         JSON options and dataset description recorded in the attributes.
+    stl_keys : tuple of str
+        The STL arrays to keep (a subset of :data:`STL_KEYS`; none: the store holds no STL).
 
     Returns
     -------
@@ -217,12 +220,14 @@ def write_store(
     group = zarr.open_group(str(path), mode="w-", zarr_format=3)
     w = _Writer(group, path, compressor)
     try:
-        return _write_all(group, w, run, partitions, halos, request, dataset, target_chunk)
+        return _write_all(group, w, run, partitions, halos, request, dataset, target_chunk,
+                          stl_keys)  # fmt: skip
     finally:
         w.close()
 
 
-def _write_all(group, w: _Writer, run, partitions, halos, request, dataset, target_chunk) -> dict:
+def _write_all(group, w: _Writer, run, partitions, halos, request, dataset, target_chunk,
+               stl_keys=STL_KEYS) -> dict:  # fmt: skip
     attrs: dict[str, Any] = {
         "schema_version": STORE_SCHEMA_VERSION,
         "run": run.name,
@@ -290,10 +295,11 @@ def _write_all(group, w: _Writer, run, partitions, halos, request, dataset, targ
             attrs[part]["conventions"] = data.conventions
     if run.stl is not None:
         s = run.stl
-        w.put("stl_coordinates", s.coordinates, target_chunk)
-        w.put("stl_faces", s.faces, target_chunk)
-        w.put("stl_centers", s.centers, target_chunk)
-        w.put("stl_areas", s.areas, target_chunk)
+        arrays = {"stl_coordinates": s.coordinates, "stl_faces": s.faces,
+                  "stl_centers": s.centers, "stl_areas": s.areas}  # fmt: skip
+        for key in STL_KEYS:
+            if key in stl_keys:
+                w.put(key, arrays[key], target_chunk)
     w.wait()
     attrs["nparts"] = nparts
     attrs["arrays"] = w.shapes

@@ -26,7 +26,6 @@ Example
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import logging
 import multiprocessing as _mp
@@ -37,7 +36,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +44,7 @@ from typing import Any
 from meshshard.comm.check import set_debug
 from meshshard.comm.process import collective_timeout as _resolve_timeout
 from meshshard.comm.process import join_group
+from meshshard.comm.signals import sigint_deferred
 from meshshard.errors import DistributedError
 
 __all__ = ["RankError", "run_ranks"]
@@ -277,7 +276,7 @@ def run_ranks(
         # torch) and the ranks would each print a KeyboardInterrupt traceback. They start with
         # SIGINT blocked; a Ctrl-C during the start is kept and raised here right after it,
         # and the parent, which gets the KeyboardInterrupt, stops them below.
-        with _sigint_deferred():
+        with sigint_deferred():
             for rank in range(world_size):
                 p = ctx.Process(
                     target=_worker,
@@ -353,31 +352,6 @@ def run_ranks(
     if failures:
         raise RankError(failures, status, stuck)
     return [outputs[r] for r in range(world_size)]
-
-
-@contextlib.contextmanager
-def _sigint_deferred():
-    """Start child processes with SIGINT blocked (main thread only), so that the forkserver
-    (whose first start imports torch, ~1-2 s) and the ranks, which inherit the mask, never
-    print a KeyboardInterrupt traceback; the parent's own Ctrl-C in that window is not lost:
-    it is raised as KeyboardInterrupt when the window closes. (Ignoring SIGINT instead dropped
-    it, and a run whose ranks started fast then missed a Ctrl-C.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    seen: list[int] = []
-    # another thread of this process may take the signal: record it there
-    saved = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a pending one runs the recorder
-        signal.signal(signal.SIGINT, saved)
-    if seen and callable(saved):  # Python's default handler raises KeyboardInterrupt
-        saved(signal.SIGINT, None)
-    elif seen and saved == signal.SIG_DFL:
-        os.kill(os.getpid(), signal.SIGINT)
 
 
 def _dump_stacks(

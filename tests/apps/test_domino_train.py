@@ -26,7 +26,8 @@ def store(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("domino")
     make_synthetic_run(root / "raw", index=1, surface_cells=600, volume_cells=0, seed=1)
-    preprocess_runs(root / "raw", root / "stores", parts=4, volume=False, progress=False)
+    preprocess_runs(root / "raw", root / "stores", parts=4, volume=False, stl="mesh",
+                    progress=False)  # fmt: skip
     return root / "stores"
 
 
@@ -56,3 +57,14 @@ def test_example_model_domino_one_process(store, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "largest relative loss difference" in proc.stdout
     assert (tmp_path / "loss.png").is_file()
+
+
+def test_a_store_without_the_stl_says_how_to_keep_it(store, tmp_path):
+    """A --surface store keeps no STL by default; DoMINO needs its triangles (--stl mesh)."""
+    from meshshard.apps.domino_train import domino_sample
+    from meshshard.pipelines import preprocess_runs
+    from meshshard.store import StoreError
+
+    preprocess_runs(store.parent / "raw", tmp_path, parts=4, volume=False, progress=False)
+    with pytest.raises(StoreError, match="has no STL .*--stl mesh"):
+        domino_sample(tmp_path / "run_1.zarr", 0, 1, None, grid_shape=(4, 4, 4))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
 from tests.graph._data import EDGE_IN, NODE_IN, OUT, problem
 
 HIDDEN = 8
+#: a real OpenFOAM export (tests/data/foam_refined/make.sh): 158 hexahedra, 18 polyhedra
+POLY_FILE = str(Path(__file__).resolve().parents[1] / "data" / "foam_refined" / "internal.vtu")
 
 
 def _graph(case: dict, prob: dict, rank: int, P: int, rings: int):
@@ -271,6 +275,38 @@ def dual_from_cells(rank: int, P: int, cells: int) -> dict:
     return out
 
 
+def dual_polyhedra_from_cells(rank: int, P: int) -> dict:
+    """:func:`dual_from_cells` on a real OpenFOAM export with split-hex polyhedra: each rank
+    passes its cells' connectivity and polyhedron faces only (a polyhedron's 5- and 6-point
+    faces meet another rank's polyhedra)."""
+    import pyvista as pv
+
+    from meshshard.graph import from_adjacency, from_cells
+    from meshshard.partition import dual_graph, partition
+    from meshshard.partition.graph import mesh_connectivity, mesh_polyhedra
+    from meshshard.partition.io import cell_centers
+
+    mesh = pv.read(POLY_FILE)
+    conn, offsets, types = mesh_connectivity(mesh)
+    poly = mesh_polyhedra(mesh)
+    adj = dual_graph(mesh)
+    part = partition(cell_centers(mesh), P, method="rcb")  # cuts through the polyhedra
+    mine = part.shard_rows(rank)
+    counts = np.diff(offsets)[mine]
+    my_off = np.concatenate([[0], np.cumsum(counts)])
+    my_conn = np.concatenate([conn[offsets[c] : offsets[c + 1]] for c in mine])
+    mine_g = from_cells(part, mine, my_conn, offsets=my_off, celltypes=types[mine],
+                        polyhedra=poly.subset(mine), rings=2)  # fmt: skip
+    whole_g = from_adjacency(part, adj, rings=2)
+    out = {}
+    for name, g in (("cells", mine_g), ("whole", whole_g)):
+        ei = g.nodes[g.edge_index.numpy()]
+        out[name] = {"nodes": g.nodes, "depth": g.ghost_depth, "n_owned_edges": g.n_owned_edges,
+                     "all": {tuple(e) for e in ei.T.tolist()}}  # fmt: skip
+    out["my_polyhedra"] = int((types[mine] == 42).sum())
+    return out
+
+
 def run_all(rank: int, P: int, cases: list[dict], st_case: dict, pyg_case: dict | None) -> dict:
     """One spawn of ranks for every graph test of world size P."""
     return {
@@ -278,5 +314,6 @@ def run_all(rank: int, P: int, cases: list[dict], st_case: dict, pyg_case: dict 
         "shardtensor": shardtensor_case(rank, P, st_case),
         "bad": bad_input_cases(rank, P),
         "dual": dual_from_cells(rank, P, 600),
+        "dual_poly": dual_polyhedra_from_cells(rank, P),
         "pyg": None if pyg_case is None else pyg_cases(rank, P, pyg_case),
     }

@@ -258,6 +258,19 @@ def test_dual_graph_from_each_ranks_cells(P: int) -> None:
         assert a["owned"] == b["owned"] and a["all"] == b["all"]
 
 
+@pytest.mark.parametrize("P", [2, 4])
+def test_dual_graph_of_polyhedra_from_each_ranks_cells(P: int) -> None:
+    """The same with OpenFOAM's polyhedra: faces of up to 6 points matched across ranks."""
+    res = _results(P)
+    assert sum(r["dual_poly"]["my_polyhedra"] for r in res) == 18
+    for r in res:
+        a, b = r["dual_poly"]["cells"], r["dual_poly"]["whole"]
+        np.testing.assert_array_equal(a["nodes"], b["nodes"])
+        np.testing.assert_array_equal(a["depth"], b["depth"])
+        assert a["n_owned_edges"] == b["n_owned_edges"] > 0
+        assert a["all"] == b["all"]
+
+
 def test_edge_attr_dtype_is_kept_or_refused() -> None:
     """Issue 26: float64 edge features were cast to float32 silently. They keep their dtype
     (and values, bit for bit); a non-numeric dtype, or ranks that disagree, are refused."""

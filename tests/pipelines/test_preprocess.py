@@ -17,7 +17,7 @@ from meshshard.datasets import load_halo, load_shard, read_run
 from meshshard.partition import HaloPlan, Partition
 from meshshard.pipelines import preprocess_runs, process_run
 from meshshard.store import StoreError, inspect_store
-from meshshard.store.format import CRASH_ENV, write_store
+from meshshard.store.format import CRASH_ENV, open_store, write_store
 from meshshard.testing.distributed import run_ranks
 from tests.pipelines._fns import load_local, stack
 
@@ -312,7 +312,18 @@ def test_cli_and_inspect(runs_src, tmp_path, capsys):
     assert info["surface"]["balance"] >= 1.0
     with pytest.raises(StoreError, match="has no volume part; preprocess it with --volume"):
         load_shard(out / "run_1.zarr", 0, 2, part="volume")
-    stl = load_shard(out / "run_1.zarr", 0, 2, part="stl")
+    # a surface-only store keeps no STL (a surface model reads none); --stl mesh keeps the
+    # triangles DoMINO reads, without the centres and areas
+    with pytest.raises(StoreError, match="no array 'stl_faces'"):
+        load_shard(out / "run_1.zarr", 0, 2, part="stl", keys=("stl_faces",))
+    assert main(["preprocess", "drivaerml", str(runs_src), str(tmp_path / "mesh"), "--parts",
+                 "2", "--surface", "--stl", "mesh", "--no-progress"]) == 0  # fmt: skip
+    _, attrs = open_store(tmp_path / "mesh" / "run_1.zarr")
+    assert sorted(k for k in attrs["arrays"] if k.startswith("stl_")) == [
+        "stl_coordinates", "stl_faces"]
+    assert attrs["request"]["stl"] == "mesh"
+    stl = load_shard(tmp_path / "mesh" / "run_1.zarr", 0, 2, part="stl",
+                     keys=("stl_coordinates", "stl_faces"))  # fmt: skip
     assert stl["stl_faces"].shape[1] == 3
     assert main(["preprocess", "drivaerml", str(tmp_path / "nope"), str(out), "--parts", "2"]) == 2
     assert main(["preprocess", "drivaerml", str(runs_src), str(out), "--parts", "0"]) == 2

@@ -374,3 +374,39 @@ def test_worker_memory_setting_is_checked(three_runs, tmp_path):
     finally:
         del os.environ[MEMORY_ENV]
     assert worker_budget(1) >= 2 << 30
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The spawned worker processes of ``pid`` (not multiprocessing's resource tracker)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (stat.parent / "cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"spawn_main" in cmd:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_ctrl_c_while_the_workers_import_prints_one_line_and_no_traceback(three_runs, tmp_path):
+    """A terminal's Ctrl-C reaches the workers too; those still importing (before they ignore
+    SIGINT) printed a KeyboardInterrupt traceback each. They now start with SIGINT blocked."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        _cmd(three_runs, out, "--workers", "2"),
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: len(_workers_of(proc.pid)) >= 2 or proc.poll() is not None,
+                  "the workers to start")
+        time.sleep(0.3)  # inside their imports (a worker imports for a second or more)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=GUARD)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert stderr.strip().splitlines() == ["meshshard preprocess: interrupted by SIGINT, stopped"]

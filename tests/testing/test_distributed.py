@@ -177,14 +177,14 @@ def test_ctrl_c_while_ranks_start_is_kept_not_dropped():
 
     import pytest
 
-    from meshshard.testing.distributed import _sigint_deferred
+    from meshshard.comm.signals import sigint_deferred
 
     reached = []
     # as at a terminal (a CI job may inherit SIGINT ignored)
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
-            with _sigint_deferred():
+            with sigint_deferred():
                 os.kill(os.getpid(), signal.SIGINT)
                 reached.append("still starting")  # not interrupted inside the window
         assert reached == ["still starting"]

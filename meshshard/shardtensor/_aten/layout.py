@@ -47,46 +47,81 @@ def from_local(
     *,
     validate: bool = True,
 ) -> ShardTensor:
-    """Wrap this rank's piece (differentiable w.r.t. ``local``), with the same forms of
-    ``sharding_shapes`` and the same checks as :func:`meshshard.shardtensor.from_local`:
-    ``None`` infers every rank's sizes with one all-gather of shapes; given sizes are checked
-    against every rank's actual shape unless ``validate=False``. Collective as that says."""
-    if isinstance(local, ShardTensor):
-        msg = (f"from_local got a {type(local).__name__}; pass its .to_local() (or use "
-               "redistribute() to change a layout)")
-        raise TypeError(msg)
-    if not isinstance(local, torch.Tensor):
-        msg = f"from_local needs a torch.Tensor, got {type(local).__name__}"
-        raise TypeError(msg)
+    """Wrap this rank's piece of a tensor laid out over ``mesh`` (differentiable w.r.t.
+    ``local``).
+
+    Collective: every rank of the mesh must call this, with the same ``validate``.
+
+    Parameters
+    ----------
+    local : Tensor
+        This rank's piece (a plain tensor; a ShardTensor's piece is its ``.to_local()``).
+    mesh : DeviceMesh
+    placements : list of Shard / Replicate / Partial
+        One per mesh dim. Partial('avg'|'max'|'min') pieces are reduced here (one all-reduce
+        per such mesh dim); Partial('sum') stays pending.
+    sharding_shapes : optional
+        Every rank's size of each sharded dim: a flat list of sizes (one Shard placement), a
+        list per mesh dim, a dict ``{mesh_dim: sizes or per-rank shapes}``, or on a 1-D mesh a
+        list of per-rank shapes. ``None`` infers them from the exchanged shapes.
+    validate : bool
+        ``True`` (default): before anything is judged, every rank's arguments (placements,
+        declared sizes, the piece's ndim, shape, dtype and device type, and whether its own
+        checks passed) travel in one small all-gather per mesh dim of size > 1, whatever the
+        placements; every rank then raises the same one-line error naming the rank at fault
+        and what it passed, or none raises. A mesh of one rank costs nothing. A Replicate or
+        Partial piece pays this exchange too: a rank that skipped it because its placements
+        say "no sharding" would leave a rank that was told Shard waiting in the shape
+        exchange (or pair it with a later, unrelated collective).
+
+        ``False``: no collective at all when the sizes are given or nothing is sharded (the
+        form the library's own ops use inside a step); with ``sharding_shapes=None`` and a
+        Shard placement, the shapes are still exchanged along the Shard mesh dims (sizes
+        cannot be inferred otherwise), and what they show is still judged. This rank's own
+        arguments are checked (its declared size against its piece; the forms of the
+        arguments) and raise here at once; everything across ranks is trusted: the same
+        placements, the same declared sizes, one dtype, one device type, equal sizes outside
+        the sharded dims. If that promise is broken, this rank's error leaves the others
+        waiting for the collective timeout; different placements or sizes give a ShardTensor
+        whose recorded layout is false, so a later collective pairs with the wrong call,
+        exchanges the wrong number of rows (gloo aborts the process: "Received data size
+        doesn't match") or gives wrong values without an error; different dtypes abort gloo
+        in the first collective.
+
+    Returns
+    -------
+    ShardTensor
+
+    Raises
+    ------
+    LayoutError, TypeError, NotImplementedError
+        On every rank alike (``validate=True``): malformed placements or sizes, declared sizes
+        that are not the pieces' sizes, or ranks that disagree on placements, ndim, dtype,
+        device type or the sizes outside the sharded dims. The message names the rank(s) at
+        fault and what they passed.
+    RuntimeError
+        This rank is not part of ``mesh`` (raised on that rank only).
+    """
     placements = list(placements) if isinstance(placements, (list, tuple)) else placements
-    if isinstance(placements, list) and any(
-            isinstance(p, Partial) and p.reduce_op != "sum" for p in placements):
-        local, placements = _reduce_partials(local, mesh, placements)
     placements, sizes, shape = resolve_layout(local, mesh, placements, sharding_shapes,
                                               validate=validate)
+    placements = list(placements)
+    if any(isinstance(p, Partial) and p.reduce_op != "sum" for p in placements):
+        local, placements = _reduce_partials(local, mesh, placements)
     sizes = tuple(None if s is None else tuple(int(v) for v in s) for s in sizes)
     spec = make_spec(mesh, tuple(placements), sizes, tuple(shape))
 
     return _FromLocal.apply(local, spec)
 
 
-_PARTIAL_OPS = ("avg", "max", "min")
-
-
 def _reduce_partials(local: torch.Tensor, mesh, placements: list) -> tuple[torch.Tensor, list]:
     """Partial('avg'|'max'|'min') pieces reduced now (one all-reduce per such mesh dim,
     differentiable) and their dims made Replicate: only Partial('sum') stays pending, since
     every rule treats a pending Partial as a sum."""
-    if len(placements) != mesh.ndim:
-        return local, placements  # resolve_layout gives the clear error
     out = list(placements)
-    for i, p in enumerate(placements):
+    for i, p in enumerate(placements):  # reduce ops checked by resolve_layout
         if not isinstance(p, Partial) or p.reduce_op == "sum":
             continue
-        if p.reduce_op not in _PARTIAL_OPS:
-            msg = (f"from_local: Partial('{p.reduce_op}') is not supported; use one of "
-                   f"Partial('sum'), {', '.join(repr(o) for o in _PARTIAL_OPS)}")
-            raise ValueError(msg)
         local = _PartialReduce.apply(local, mesh, i, p.reduce_op)
         out[i] = Replicate()
     return local, out

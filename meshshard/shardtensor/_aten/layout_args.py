@@ -1,7 +1,8 @@
 """The arguments of ``from_local``, checked: placements against the mesh, ``sharding_shapes``
 in every accepted form (ours and PhysicsNeMo's), and every rank's local shape against the
-declared sizes (one all-gather of shapes, so every rank raises alike instead of some hanging).
-Layout problems raise :class:`meshshard.errors.LayoutError` (a ValueError)."""
+declared sizes. This rank's own checks raise nothing before the layout exchange
+(:mod:`~meshshard.shardtensor._aten.layout_exchange`), so every rank raises alike instead of
+some hanging. Layout problems raise :class:`meshshard.errors.LayoutError` (a ValueError)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,21 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
-from meshshard.comm.check import check_collective
 from meshshard.errors import LayoutError
+from meshshard.shardtensor._aten.layout_exchange import (
+    ERROR_TYPES,
+    MAX_DIMS,
+    Record,
+    exchange,
+    exchange_text,
+    judge,
+    sizes_key,
+)
 
-__all__ = ["comm_device", "even_sizes", "normalize_placements", "resolve_layout"]
+__all__ = ["PARTIAL_OPS", "comm_device", "even_sizes", "normalize_placements",
+           "resolve_layout"]
+
+PARTIAL_OPS = ("sum", "avg", "max", "min")
 
 
 def even_sizes(n: int, parts: int) -> tuple[int, ...]:
@@ -97,6 +109,14 @@ def _parse_sizes(
             # have one entry, so the two agree where they coincide (one rank, 1-d tensor)
             items = {0: seq}
         else:
+            shapes = [v for v in seq if isinstance(v, (torch.Size, tuple, list)) and v
+                      and all(_is_int(k) for k in v)]
+            bad = next((v for v in shapes if len(v) != ndim), None)
+            if (mesh.ndim == 1 and len(seq) == mesh.size(0) != mesh.ndim  # not per mesh dim
+                    and bad is not None):
+                msg = (f"sharding_shapes holds a local shape of {len(bad)} dims, {tuple(bad)}, "
+                       f"for a piece of {ndim} dims: give each rank's local shape, or its size")
+                raise LayoutError(msg)
             if len(seq) != mesh.ndim:
                 msg = (
                     f"sharding_shapes {sharding_shapes!r} has {len(seq)} entries for a "
@@ -105,7 +125,8 @@ def _parse_sizes(
                 raise LayoutError(msg)
             items = {i: s for i, s in enumerate(seq) if s is not None}
     else:
-        msg = f"sharding_shapes must be a list or a dict, got {type(sharding_shapes).__name__}"
+        msg = (f"sharding_shapes must be a list or a dict, got {type(sharding_shapes).__name__} "
+               f"{sharding_shapes!r}")
         raise LayoutError(msg)
     out: list[tuple[int, ...] | None] = [None] * mesh.ndim
     for i, s in items.items():
@@ -154,6 +175,61 @@ def _is_shape(v: Any, ndim: int) -> bool:
         _is_int(k) for k in v)
 
 
+def _local_problem(local: Any, mesh: DeviceMesh, placements: Any, sharding_shapes: Any):
+    """(placements, declared sizes, None) or (None, None, the exception): this rank's own
+    checks, which raise nothing, so that a rank at fault still joins the exchange."""
+    try:
+        if not isinstance(local, torch.Tensor) or hasattr(local, "_spec"):
+            what = type(local).__name__
+            hint = ("pass its .to_local() (or use redistribute() to change a layout)"
+                    if isinstance(local, torch.Tensor) else "pass this rank's piece")
+            msg = f"from_local needs a plain torch.Tensor, got a {what}: {hint}"
+            raise TypeError(msg)
+        if local.ndim > MAX_DIMS:
+            msg = f"from_local: a piece of {local.ndim} dims; at most {MAX_DIMS} are supported"
+            raise LayoutError(msg)
+        if isinstance(placements, (str, bytes)) or not isinstance(placements, Sequence):
+            msg = (f"placements must be a list with one placement per mesh dim, got "
+                   f"{placements!r}")
+            raise LayoutError(msg)
+        placements = normalize_placements(placements, mesh, local.ndim)
+        for p in placements:
+            if isinstance(p, Partial) and p.reduce_op not in PARTIAL_OPS:
+                msg = (f"from_local: Partial('{p.reduce_op}') is not supported; use one of "
+                       f"{', '.join(f'Partial({o!r})' for o in PARTIAL_OPS)}")
+                raise LayoutError(msg)
+        sizes = _parse_sizes(sharding_shapes, placements, mesh, local.ndim)
+    except Exception as exc:  # whatever it is, every rank must hear of it
+        return None, None, exc
+    return placements, sizes, None
+
+
+def _record(local: Any, mesh: DeviceMesh, coord: list, placements: tuple | None, sizes,
+            exc: Exception | None) -> Record:
+    is_t = isinstance(local, torch.Tensor)
+    ndim = min(local.ndim, MAX_DIMS) if is_t else -1
+    pl = []
+    for i in range(mesh.ndim):
+        p = placements[i] if placements is not None else None
+        if isinstance(p, Shard):
+            pl.append((1, p.dim, ""))
+        elif isinstance(p, Partial):
+            pl.append((2, -1, p.reduce_op))
+        else:
+            pl.append((0 if isinstance(p, Replicate) else -1, -1, ""))
+    error = 0
+    if exc is not None:
+        error = 1 + next((k for k, t in enumerate(ERROR_TYPES) if isinstance(exc, t)),
+                         ERROR_TYPES.index(RuntimeError))
+    return Record(
+        rank=dist.get_rank() if dist.is_initialized() else 0, error=error, ndim=ndim,
+        shape=tuple(local.shape[:MAX_DIMS]) if is_t else (),
+        dtype=str(local.dtype).removeprefix("torch.") if is_t else "",
+        device=local.device.type if is_t else "", coord=tuple(coord),
+        placements=tuple(pl),
+        declared=tuple(sizes_key(s) for s in (sizes or [None] * mesh.ndim)))
+
+
 def resolve_layout(
     local: torch.Tensor,
     mesh: DeviceMesh,
@@ -164,78 +240,65 @@ def resolve_layout(
 ) -> tuple[tuple, list, list]:
     """Placements, every rank's sizes of each sharded dim and the global shape of a tensor whose
     local piece on this rank is ``local`` (the checks of :func:`from_local`; collective as it
-    says). Shared by every ShardTensor class, so they accept and refuse the same layouts."""
-    placements = normalize_placements(placements, mesh, local.ndim)
-    sizes = _parse_sizes(sharding_shapes, placements, mesh, local.ndim)
+    says). Shared by every ShardTensor class, so they accept and refuse the same layouts.
+
+    ``validate=True``: this rank's own checks do not raise; their outcome travels with the
+    layout (:mod:`~meshshard.shardtensor._aten.layout_exchange`, one all-gather per mesh dim of
+    size > 1, whatever the placements) and every rank raises the same error, or none does.
+    ``validate=False``: no exchange unless sizes must be inferred (``sharding_shapes=None``
+    with a Shard placement: then along the Shard mesh dims only, as a plain shape exchange);
+    this rank's own checks raise here and now, and the other ranks are trusted.
+    """
     coord = mesh.get_coordinate()
     if coord is None:
         msg = "this rank is not part of the DeviceMesh given to from_local"
         raise RuntimeError(msg)
-    local_shape = tuple(local.shape)
-    need_collective = sizes is None or validate
-    need_collective = need_collective and any(isinstance(p, Shard) for p in placements)
-    if need_collective:
-        # one all-gather of local shapes along every sharded mesh dim
-        shape_t = torch.tensor([local.ndim, *local_shape], dtype=torch.int64)
-        shape_t = torch.cat([shape_t, torch.zeros(17 - shape_t.numel(), dtype=torch.int64)])
-        shape_t = shape_t.to(comm_device(mesh))
-        problems = []
-        inferred: list[tuple[int, ...] | None] = [None] * mesh.ndim
-        for i, p in enumerate(placements):
-            if not isinstance(p, Shard):
-                continue
-            n = mesh.size(i)
-            # append a fingerprint of this rank's declared sizes so disagreeing declarations
-            # are seen by every rank
-            decl = -1
-            if sizes is not None:
-                decl = len(sizes[i]) + sum((k + 1) * 1_000_003 * int(v) for k, v in
-                                           enumerate(sizes[i])) % (1 << 61)
-            vec = torch.cat([shape_t, torch.tensor([decl], dtype=torch.int64,
-                                                   device=shape_t.device)])
-            bufs = [torch.empty_like(vec) for _ in range(n)]
-            if n > 1:
-                check_collective("all_gather", mesh.get_group(i), vec, detail="local shapes")
-                dist.all_gather(bufs, vec, group=mesh.get_group(i))
-            else:
-                bufs = [vec]
-            if len({int(b[-1]) for b in bufs}) > 1:
-                problems.append(
-                    f"ranks declared different sharding sizes on mesh dim {i} (this rank: "
-                    f"{None if sizes is None else tuple(sizes[i])}); pass the same sizes on "
-                    "every rank"
-                )
-            along = [tuple(b[1 : 1 + int(b[0])].tolist()) for b in bufs]
-            for c, shp in enumerate(along):
-                other = [v for k, v in enumerate(shp) if k != p.dim]
-                mine = [v for k, v in enumerate(local_shape) if k != p.dim]
-                if len(shp) != local.ndim or other != mine:
-                    problems.append(
-                        f"mesh dim {i} coordinate {c} has local shape {shp}, this rank "
-                        f"{local_shape}: shapes may differ only in the sharded dim {p.dim}"
-                    )
-            got = tuple(s[p.dim] if len(s) > p.dim else -1 for s in along)
-            inferred[i] = got
-            if sizes is not None and tuple(sizes[i]) != got:
-                problems.append(
-                    f"declared sharding sizes {tuple(sizes[i])} on mesh dim {i} disagree with the "
-                    f"actual local sizes {got} of tensor dim {p.dim}"
-                )
-        if problems:
-            msg = "from_local: " + "; ".join(problems)
-            raise LayoutError(msg)
-        sizes = inferred
+    placements, sizes, exc = _local_problem(local, mesh, placements, sharding_shapes)
+    if validate:
+        dims = [i for i in range(mesh.ndim) if mesh.size(i) > 1]
     else:
-        if sizes is None:
-            sizes = [None] * mesh.ndim
-        for i, p in enumerate(placements):
-            if isinstance(p, Shard) and sizes[i][coord[i]] != local_shape[p.dim]:
-                msg = (
-                    f"from_local: declared size {sizes[i][coord[i]]} for this rank (mesh dim {i} "
-                    f"coordinate {coord[i]}) disagrees with the local tensor's size "
-                    f"{local_shape[p.dim]} along dim {p.dim}"
-                )
-                raise LayoutError(msg)
+        if exc is not None:
+            raise exc
+        dims = [i for i, p in enumerate(placements) if isinstance(p, Shard) and
+                mesh.size(i) > 1]
+        if sizes is not None or not dims:
+            return _trusted(local, coord, placements, sizes)
+    mine = _record(local, mesh, coord, placements, sizes, exc)
+    device = comm_device(mesh)
+    records = exchange(mesh, dims, mine, device)
+    got, problem = judge(records)
+    if problem is not None:
+        text = _describe(exc) if exc is not None else ";".join(
+            "None" if s is None else str(tuple(s)) for s in (sizes or [None] * mesh.ndim))
+        texts = exchange_text(mesh, dims, mine.rank, text, device) if problem.needs_text else {}
+        raise problem.kind(problem.message(texts, records))
+    shape = list(local.shape)
+    for i, p in enumerate(placements):
+        if isinstance(p, Shard):
+            shape[p.dim] = int(sum(got[i]))
+    return placements, got, shape
+
+
+def _describe(exc: Exception) -> str:
+    """The message of this rank's own problem (its type too where that is not the kind every
+    rank raises)."""
+    return str(exc) if isinstance(exc, ERROR_TYPES) else f"{type(exc).__name__}: {exc}"
+
+
+def _trusted(local: torch.Tensor, coord: list, placements: tuple, sizes) -> tuple:
+    """The layout of ``validate=False`` with the sizes given: only this rank's own size is
+    checked, no collective."""
+    local_shape = tuple(local.shape)
+    if sizes is None:
+        sizes = [None] * len(placements)
+    for i, p in enumerate(placements):
+        if isinstance(p, Shard) and sizes[i][coord[i]] != local_shape[p.dim]:
+            msg = (
+                f"from_local: declared size {sizes[i][coord[i]]} for this rank (mesh dim {i} "
+                f"coordinate {coord[i]}) disagrees with the local tensor's size "
+                f"{local_shape[p.dim]} along dim {p.dim}"
+            )
+            raise LayoutError(msg)
     shape = list(local_shape)
     for i, p in enumerate(placements):
         if isinstance(p, Shard):
