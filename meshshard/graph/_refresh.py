@@ -18,7 +18,7 @@ import torch
 from meshshard.comm.resident import cached_on_device
 from meshshard.comm.rows import a2a_into as _a2a_into
 
-__all__ = ["refresh_owned"]
+__all__ = ["refresh_owned", "send_index"]
 
 
 def _forward(owned: torch.Tensor, send_idx: torch.Tensor, send: list[int], recv: list[int],
@@ -49,14 +49,20 @@ class _Refresh(torch.autograd.Function):
         return g_owned, None, None, None, None
 
 
+def send_index(plan: Any, rank: int, device: torch.device | str) -> torch.Tensor:
+    """This rank's sent rows of ``plan`` on ``device``: copied from the host once per (plan,
+    device) and kept (a plug stages it at construction, outside the step)."""
+    return cached_on_device(plan, ("send_idx", rank), device,
+                            lambda: np.asarray(plan.send_idx[rank], dtype=np.int64))
+
+
 def refresh_owned(owned: torch.Tensor, plan: Any, rank: int, group: Any) -> torch.Tensor:
     """``owned`` rows then the ghost rows routed by ``plan`` (this rank's view of a HaloPlan).
 
     Collective: every rank of ``group`` must call this (and ``backward`` when gradients flow).
     Differentiable: ghost gradients are summed into the rows that were sent.
     """
-    send_idx = cached_on_device(plan, ("send_idx", rank), owned.device,  # once per device
-                                lambda: np.asarray(plan.send_idx[rank], dtype=np.int64))
+    send_idx = send_index(plan, rank, owned.device)  # once per device
     send = [int(c) for c in plan.send_counts(rank)]
     recv = [int(c) for c in plan.recv_counts(rank)]
     owned = owned.contiguous()

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from meshshard.graph._refresh import refresh_owned
+from meshshard.graph._refresh import refresh_owned, send_index
 from meshshard.graph.record import ShardedGraph
 from meshshard.ops._validation import check_reduce, collective_flag
 from meshshard.ops.halo import scatter_rows
@@ -154,13 +154,28 @@ class GhostExchange:
         ``layers - 1`` fewer exchanges.
     layers : int
         Message-passing layers of the model (checked for ``"once"``).
+    validate : {"always", "once", "never"} or bool
+        The collective input check of ``begin`` (one small all-reduce and one host sync: a
+        rank whose rows do not fit the graph raises on every rank instead of hanging).
+        ``"always"`` (``True``, the default) checks every step; ``"once"`` checks the first
+        ``begin`` only (a training loop whose inputs keep their shapes); ``"never"``
+        (``False``) only checks this rank's rows locally, so a bad rank raises alone and the
+        others wait in the exchange: a hot path with no host sync (and one that runs on the
+        meta device).
 
     Notes
     -----
     Collective: ``begin`` and ``before_layer`` (and their backward) are collective.
     """
 
-    def __init__(self, graph: ShardedGraph, strategy: str = "per_layer", layers: int = 1):
+    def __init__(self, graph: ShardedGraph, strategy: str = "per_layer", layers: int = 1,
+                 *, validate: bool | str = True):
+        modes = {True: "always", False: "never", "always": "always", "once": "once",
+                 "never": "never"}
+        if not isinstance(validate, (bool, str)) or validate not in modes:
+            msg = (f"GhostExchange: validate={validate!r} must be 'always', 'once', 'never' "
+                   "(or True / False)")
+            raise ValueError(msg)
         if strategy not in ("per_layer", "once"):
             msg = f"strategy={strategy!r} must be 'per_layer' or 'once'"
             raise ValueError(msg)
@@ -175,10 +190,16 @@ class GhostExchange:
         self.layers = int(layers)
         self.edge_index = graph.edge_index
         self.refreshes = 0
+        self.validate = modes[validate]
+        self._checked = False
+        # the plan's send rows go to the graph's device now, not in the first step
+        send_index(graph.plan, graph.rank, graph.edge_index.device)
 
     def begin(self, x: Any) -> torch.Tensor:
         self.refreshes += 1
-        return refresh_ghosts(x, self.graph, check=True)
+        check = self.validate == "always" or (self.validate == "once" and not self._checked)
+        self._checked = True
+        return refresh_ghosts(x, self.graph, check=check)
 
     def before_layer(self, h: torch.Tensor, layer: int) -> torch.Tensor:
         if self.strategy == "once" or layer == 0:

@@ -27,13 +27,15 @@ import torch.distributed as dist
 import torch.nn.functional as tF
 from torch.autograd.function import once_differentiable
 
+from meshshard.comm.rows import all_gather_rows
 from meshshard.ops import functional as Fn
 from meshshard.ops import halo as H
+from meshshard.ops._domino_parts import _halo_rows, _split_radii
+from meshshard.ops._gathered import gather_all, gathered_knn, gathered_rows
 from meshshard.ops.api import _is_st, _layout, _one_class, _wrap
 from meshshard.ops.gridpoint import GridLayout
 from meshshard.ops.gridsample import grid_sample
 from meshshard.shardtensor import Replicate, Shard, from_local
-from meshshard.shardtensor._aten.grid_halo import exchange_plan, fetch, fetch_transpose
 from meshshard.shardtensor._aten.layout_args import comm_device
 
 __all__ = ["ShardedDominoOps", "allreduce_grads"]
@@ -61,9 +63,24 @@ class ShardedDominoOps:
         Check in every forward that the grid covers the sampled points (one all-gather and
         one host sync). Default on; a training loop whose loader checked its samples once
         (``apps.domino_train.domino_sample`` does) turns it off for a step with fewer syncs.
+    search : {"forward", "gathered"}
+        How ``ball_query_sets``, ``knn``, ``gather`` and ``sample`` cross ranks.
+        ``"forward"`` (default): queries go only to the ranks that may answer them, rows are
+        fetched only where referenced; least traffic, but the exchanges' sizes come from the
+        data (read back: host syncs). ``"gathered"``: the points, features and grid are
+        all-gathered (sizes from the ShardTensor inputs' layouts, padded to the largest
+        shard) and searched here: the same answers with static shapes, no read-back with
+        ``backend="brute"`` (a step runs on the meta device), at ``O(N)`` memory and traffic
+        per rank for ``N`` points. Local-tensor inputs add one count all-gather (host sync).
     """
 
-    def __init__(self, mesh, grid_sizes=None, *, backend: str = "auto", validate: bool = True):
+    def __init__(self, mesh, grid_sizes=None, *, backend: str = "auto", validate: bool = True,
+                 search: str = "forward"):
+        if search not in ("forward", "gathered"):
+            msg = f"ShardedDominoOps: search={search!r} must be 'forward' or 'gathered'"
+            raise ValueError(msg)
+        self.search = search
+        self._searched: tuple | None = None  # (local rows, every rank's rows) last searched
         self.mesh = mesh
         self.backend = backend
         self.validate = bool(validate)
@@ -150,6 +167,7 @@ class ShardedDominoOps:
             out = functional_call(module, dict(zip(names, aliases)), local)
         finally:
             self._known.clear()
+            self._searched = None
         self.grads_summed = True  # after the inner forward (local inputs) reset it
         return self.leave(out, points)
 
@@ -295,11 +313,18 @@ class ShardedDominoOps:
                     msg = f"ball_query: r={r} must be > 0"
                     raise ValueError(msg)
         kmax = max(int(k) for _, _, ks in sets for k in ks)
-        kk = min(kmax, self._global_rows(points))
+        if self.search == "gathered":
+            sizes = self._rows(points)
+            kk = min(kmax, sum(sizes))
+        else:
+            kk = min(kmax, self._global_rows(points))
         if kk:
             queries = torch.cat([q.detach() for q, _, _ in sets])
-            d, idx = Fn.knn(points.detach(), kk, queries, group=self.group,
-                            backend=self.backend)
+            if self.search == "gathered":
+                d, idx = gathered_knn(points, kk, queries, sizes, self.group, self.backend)
+            else:
+                d, idx = Fn.knn(points.detach(), kk, queries, group=self.group,
+                                backend=self.backend)
         out, at = [], 0
         for q, radii, ks in sets:
             ks = [int(k) for k in ks]
@@ -314,11 +339,33 @@ class ShardedDominoOps:
         return out
 
     def knn(self, points, k: int) -> torch.Tensor:
+        if self.search == "gathered":
+            sizes = self._rows(points)
+            return gathered_knn(points, k, points, sizes, self.group, self.backend)[1]
         _, idx = Fn.knn(points.detach(), k, group=self.group, backend=self.backend)
         return idx
 
     def gather(self, features, index) -> torch.Tensor:
+        """Rows of the distributed ``features`` at global ``index`` (-1: zeros). With
+        ``search="gathered"`` the features are rows of a point set the layouts gave (an input,
+        or the last searched set: DoMINO gathers by the indices of its last search)."""
+        if self.search == "gathered":
+            return gather_all(features, index, self._rows(features, searched=True), self.group)
         return H.gather_neighbors(features, index, group=self.group)
+
+    def _rows(self, x, searched: bool = False) -> tuple:
+        """Every rank's rows of ``x``: from a ShardTensor input's layout, from the last
+        searched set (``searched``, same local rows), else one all-gather and one host
+        sync. Collective."""
+        sizes = self._sizes(x)
+        last = self._searched
+        if sizes is None and searched and last is not None and last[0] == x.shape[0]:
+            sizes = last[1]
+        if sizes is None:
+            n = torch.tensor([x.shape[0]], dtype=torch.int64, device=x.device)
+            sizes = tuple(all_gather_rows(n, self.group).reshape(-1).tolist())  # host sync
+        self._searched = (x.shape[0], sizes)
+        return sizes
 
     def halo(self, grid, width: int) -> torch.Tensor:
         """Pad (C, D, H, W) by ``width`` on every side: the neighbours' rows across a cut
@@ -344,6 +391,10 @@ class ShardedDominoOps:
                                padding_mode="border")[0]
         if self.mesh.ndim == 2:
             return self._sample_blocks(grid, c, shape)
+        if self.search == "gathered":  # the whole grid here (static shapes), sampled locally
+            whole = gathered_rows(grid.transpose(0, 1), self.grid_sizes, self.group)
+            return grid_sample(whole.transpose(0, 1)[None], c[None], align_corners=True,
+                               padding_mode="border")[0]
         G = from_local(grid[None], self.mesh, [Shard(2)], [list(self.grid_sizes)],
                        validate=False)
         sizes = self._sizes(points)  # known from the input layout, else one all-gather
@@ -390,8 +441,11 @@ class ShardedDominoOps:
             wts.append(wgt)
         C = grid.shape[0]
         flat = grid.permute(1, 2, 3, 0).reshape(-1, C)
-        vals = H.gather_neighbors(flat, torch.stack(rows, 1), group=self.group,
-                                  sizes=counts_host.tolist())  # (m, 8, C)
+        if self.search == "gathered":
+            vals = gather_all(flat, torch.stack(rows, 1), counts_host.tolist(), self.group)
+        else:
+            vals = H.gather_neighbors(flat, torch.stack(rows, 1), group=self.group,
+                                      sizes=counts_host.tolist())  # (m, 8, C)
         return (vals * torch.stack(wts, 1)[..., None]).sum(1)
 
     def reduce_mean_count(self, n: int) -> int:
@@ -399,52 +453,6 @@ class ShardedDominoOps:
         t = torch.tensor([n], dtype=torch.int64, device=comm_device(self.mesh))
         dist.all_reduce(t, group=self.group)
         return int(t)
-
-
-def _split_radii(d: torch.Tensor, idx: torch.Tensor, radii, ks):
-    """(union, [index_i]) of :meth:`ShardedDominoOps.ball_queries` from the nearest
-    ``kk <= max k`` (distances ``d``, indices ``idx``, sorted by distance, ties by index)."""
-    kmax = max(ks)
-    pad = kmax - idx.shape[1]
-    union = tF.pad(torch.where(d <= max(radii), idx, -1), (0, pad), value=-1)
-    each = []
-    for r, k in zip(radii, ks):
-        part = torch.where(d[:, :k] <= r, idx[:, :k], -1)
-        each.append(tF.pad(part, (0, k - part.shape[1]), value=-1))
-    return union, each
-
-
-def _halo_rows(grid: torch.Tensor, dim: int, width: int, sizes, coord: int, mesh,
-               mesh_dim: int) -> torch.Tensor:
-    """``grid`` with ``width`` rows of spatial ``dim`` (1 = D, 2 = H) added on both sides from
-    the ranks along ``mesh_dim`` (which hold ``sizes`` rows each; several ranks deep when they
-    are thin); rows beyond the domain: zeros. The plan (who sends which rows) is a pure
-    function of the sizes, so nothing is read back: one all-to-all forward, one backward."""
-    sizes = tuple(int(v) for v in sizes)
-    total = sum(sizes)
-    needs = []
-    for r in range(len(sizes)):
-        row0 = sum(sizes[:r])
-        needs.append(tuple(i if 0 <= i < total else -1
-                           for i in range(row0 - width, row0 + sizes[r] + width)))
-    ex = exchange_plan(dim, mesh_dim, sizes, tuple(needs), int(coord))
-    return _Halo.apply(grid, ex, mesh)
-
-
-class _Halo(torch.autograd.Function):
-    """The window of a halo plan (:func:`~meshshard.shardtensor._aten.grid_halo.fetch`);
-    backward: its adjoint (gradients of received rows summed into their owners). Collective
-    forward and backward (when any rank needs another's rows)."""
-
-    @staticmethod
-    def forward(ctx, x, ex, mesh):
-        ctx.ex, ctx.mesh, ctx.shape = ex, mesh, tuple(x.shape)
-        return fetch(x.contiguous(), ex, mesh, 0.0, detail="DoMINO halo")
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g):
-        return fetch_transpose(g.contiguous(), ctx.ex, ctx.shape, ctx.mesh), None, None
 
 
 class _SumGrads(torch.autograd.Function):

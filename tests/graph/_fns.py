@@ -90,6 +90,17 @@ def oracle_cases(rank: int, P: int, cases: list[dict]) -> list[dict]:
         with sync_census() as census:
             plug.before_layer(h, 1)
         res["layer_syncs"] = census.report() if census.total else 0
+        # begin's collective input check: every step, the first step only, or never
+        x0 = torch.from_numpy(prob["x"][g1.nodes[: g1.n_owned]])
+        res["begin_syncs"] = {}
+        for mode in ("always", "once", "never"):
+            plug = GhostExchange(g1, "per_layer", 2, validate=mode)
+            with sync_census() as first:
+                plug.begin(x0)
+            with sync_census() as second:
+                y = plug.begin(x0)
+            res["begin_syncs"][mode] = (first.total, second.total)
+            np.testing.assert_array_equal(y.numpy(), prob["x"][g1.nodes])
         results.append(res)
     return results
 

@@ -130,6 +130,17 @@ def test_refresh_and_aggregate(P: int, ci: int) -> None:
                                        rtol=1e-5, atol=1e-6)  # fmt: skip
     for r in per:  # GhostExchange's per-layer refresh: the plan's rows cached on the device
         assert r["layer_syncs"] == 0, r["layer_syncs"]
+        b = r["begin_syncs"]  # (first begin, second begin) host syncs per validate mode
+        assert b["always"][0] >= 1 and b["always"][1] == b["always"][0], b
+        assert b["once"] == (b["always"][0], 0), b
+        assert b["never"] == (0, 0), b
+
+
+def test_ghost_exchange_rejects_a_bad_validate_mode() -> None:
+    from meshshard.graph import GhostExchange
+
+    with pytest.raises(ValueError, match="validate='sometimes' must be"):
+        GhostExchange(None, validate="sometimes")
 
 
 MODEL_IDS = [

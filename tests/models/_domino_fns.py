@@ -69,7 +69,8 @@ def sharded(rank, world_size, cases):
             a, b = mesh.get_coordinate()
             (ds, hs) = gs
             sdf_l = sdf[sum(ds[:a]) : sum(ds[: a + 1]), sum(hs[:b]) : sum(hs[: b + 1])]
-        ops = ShardedDominoOps(mesh, gs)
+        ops = ShardedDominoOps(mesh, gs, search=case.get("search", "forward"),
+                               backend=case.get("backend", "auto"))
         lay = ops.layout(SHAPE, ORIGIN, SPACING)  # the same cut as a GridLayout (grid_sdf's)
         assert lay.local_shape(rank) == tuple(sdf_l.shape), (lay, sdf_l.shape)
         assert torch.equal(lay.local_nodes(rank, dtype),

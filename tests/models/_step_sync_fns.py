@@ -44,8 +44,33 @@ def meshgraphnet_plug(rank: int, world: int, layers: int) -> tuple[int, str]:
     return _steps(step)
 
 
+def meshgraphnet_ghost(rank: int, world: int, layers: int, validate: str) -> tuple[int, str]:
+    """MeshGraphNet on this rank's local tensors through GhostExchange."""
+    from meshshard.graph import GhostExchange
+    from tests.graph._data import problem
+    from tests.graph._fns import _graph
+    from tests.shardtensor._aten_graph_fns import _model
+
+    case = {"graph": "knn", "n": 120, "method": "hilbert"}
+    prob = problem(case, world)
+    g = _graph(case, prob, rank, world, 1)
+    plug = GhostExchange(g, "per_layer", layers, validate=validate)
+    mine = g.nodes[: g.n_owned]
+    model = _model(layers, "sum")
+    x = torch.from_numpy(prob["x"][mine]).double()
+    e = torch.from_numpy(g.local_edges(prob["edge_attr"])).double()
+    w = torch.from_numpy(prob["w"][mine]).double()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        ((model(x, e, plug) - w) ** 2).sum().backward()
+
+    return _steps(step)
+
+
 def domino(rank: int, world: int, grid: list[int] | None,
-           validate: bool = True, backend: str = "auto") -> tuple[int, str]:
+           validate: bool = True, backend: str = "auto", search: str = "forward"
+           ) -> tuple[int, str]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
 
@@ -55,7 +80,7 @@ def domino(rank: int, world: int, grid: list[int] | None,
 
     mesh = init_device_mesh("cpu", (world,))
     stl, pts, sdf, feat, target = data(60, 40, torch.float64)
-    ops = ShardedDominoOps(mesh, grid, validate=validate, backend=backend)
+    ops = ShardedDominoOps(mesh, grid, validate=validate, backend=backend, search=search)
     m = model(torch.float64, ops)
     rs = [len(range(60)[r::world]) for r in range(world)]
     ps = [len(range(40)[r::world]) for r in range(world)]
@@ -86,4 +111,9 @@ def all_steps(rank: int, world: int) -> dict:
             "domino": domino(rank, world, [3, 3], validate=False, backend="grid"),
             "domino_validated": domino(rank, world, [3, 3], validate=True, backend="grid"),
             # the CPU default (cKDTree): more syncs, none of which a GPU run pays
-            "domino_cpu_kernels": domino(rank, world, [3, 3], validate=False)}
+            "domino_cpu_kernels": domino(rank, world, [3, 3], validate=False),
+            # the static-shape search (everything all-gathered, brute-force kernel)
+            "domino_gathered": domino(rank, world, [3, 3], validate=False, backend="brute",
+                                      search="gathered"),
+            "meshgraphnet_ghost": meshgraphnet_ghost(rank, world, 4, "always"),
+            "meshgraphnet_ghost_unchecked": meshgraphnet_ghost(rank, world, 4, "never")}

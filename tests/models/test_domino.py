@@ -2,7 +2,8 @@
 cut in slabs along D, or in blocks along D and H on a 2x2 mesh, one-row and empty slabs)
 equals one process: outputs, loss and every parameter gradient (float64 to 1e-9, float32 to
 1e-4), given each rank's local tensors (gradients summed by allreduce_grads) or ShardTensors
-("st": a ShardTensor loss and a plain backward, no user call)."""
+("st": a ShardTensor loss and a plain backward, no user call), with the exact forwarded search
+or the static-shape gathered one ("search": "gathered")."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ CASES = {
         {"stl": [60, 60], "points": [25, 15], "grid": [4, 2], "dtype": torch.float32},
         {"stl": [50, 70], "points": [0, 40], "grid": [1, 5], "st": True},
         {"stl": [40, 80], "points": [30, 10], "grid": None, "st": True},
+        # the static-shape search (points, features and grid all-gathered): the same answers
+        {"stl": [50, 70], "points": [0, 40], "grid": [1, 5], "st": True, "search": "gathered",
+         "backend": "brute"},
+        {"stl": [60, 60], "points": [25, 15], "grid": [4, 2], "dtype": torch.float32,
+         "search": "gathered"},
     ],
     3: [
         {"stl": [10, 0, 80], "points": [10, 0, 30], "grid": [2, 0, 4]},
@@ -27,6 +33,8 @@ CASES = {
         {"stl": [10, 0, 80], "points": [10, 0, 30], "grid": [2, 0, 4], "st": True},
         {"stl": [30, 30, 30], "points": [15, 25, 0], "grid": [1, 4, 1], "st": True,
          "dtype": torch.float32},
+        {"stl": [10, 0, 80], "points": [10, 0, 30], "grid": [2, 0, 4], "st": True, "k": 10,
+         "search": "gathered", "backend": "brute"},
     ],
     # a 2x2 mesh: the grid in blocks along D (mesh dim 0) and H (mesh dim 1), the points over
     # all four ranks; one-row blocks, an empty H column, an empty point shard
@@ -41,6 +49,8 @@ CASES = {
          "grid": ([1, 5], [3, 1]), "st": True},
         {"mesh": (2, 2), "stl": [20, 25, 25, 20], "points": [10, 10, 0, 20],
          "grid": ([4, 2], [4, 0]), "k": 10, "st": True},
+        {"mesh": (2, 2), "stl": [30, 0, 40, 20], "points": [12, 0, 20, 8],
+         "grid": ([1, 5], [3, 1]), "st": True, "search": "gathered", "backend": "brute"},
     ],
 }
 _RES: dict = {}

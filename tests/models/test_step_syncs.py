@@ -59,3 +59,21 @@ def test_domino_step_with_cpu_kernels_stays_under_its_ceiling():
     for rank, res in enumerate(_results()):
         total, report = res["domino_cpu_kernels"]
         assert total <= DOMINO_CPU_CEILING, f"rank {rank}: {report}"
+
+
+def test_domino_gathered_search_step_has_no_host_sync():
+    """The static-shape search (points, features and grid all-gathered by their layouts'
+    sizes, the brute-force kernel): nothing is read back."""
+    for rank, res in enumerate(_results()):
+        total, report = res["domino_gathered"]
+        assert total == 0, f"rank {rank}: {report}"
+
+
+def test_meshgraphnet_ghost_exchange_step():
+    """GhostExchange: the collective input check of ``begin`` is the step's only read-back
+    (its flag built on the host and its verdict); ``validate="never"`` has none."""
+    for rank, res in enumerate(_results()):
+        total, report = res["meshgraphnet_ghost"]
+        assert 1 <= total <= 2, f"rank {rank}: {report}"
+        total, report = res["meshgraphnet_ghost_unchecked"]
+        assert total == 0, f"rank {rank}: {report}"

@@ -115,7 +115,7 @@ def meshgraphnet_ghost(guard):
 
     _, g = _graph_problem()
     g = g.to(META)
-    plug = GhostExchange(g, "per_layer", 4)
+    plug = GhostExchange(g, "per_layer", 4, validate="never")  # no read-back
     with torch.device(META):
         model = MeshGraphNet(NODE_IN, EDGE_IN, OUT, hidden=8, layers=4)
     x = torch.empty(g.n_owned, NODE_IN, device=META)
@@ -125,17 +125,20 @@ def meshgraphnet_ghost(guard):
 
 
 def domino(guard):
+    """DoMINO on ShardTensors with the sharded ops in their static-shape mode: the neighbour
+    searches all-gather the points (``search="gathered"``, ``backend="brute"``; the exact
+    forwarded kNN and the deduplicated gather size their exchanges from the data, a read-back
+    by nature), and the loader, not the step, checks that the grid covers the points
+    (``validate=False``)."""
     from meshshard.models.domino import DoMINO
     from meshshard.ops.domino_ops import ShardedDominoOps
 
     mesh = _mesh()
-    ops = ShardedDominoOps(mesh, [4, 4])
+    ops = ShardedDominoOps(mesh, [4, 4], backend="brute", validate=False, search="gathered")
     with torch.device(META):
         model = DoMINO((8, 6, 6), point_features=3, ops=ops)
-    stl = torch.empty(SIZES[0], 3, device=META)
-    sdf = torch.empty(4, 6, 6, device=META)
-    pts = torch.empty(SIZES[0], 3, device=META)
-    feats = torch.empty(SIZES[0], 3, device=META)
+    stl, pts, feats = (_st((SIZES[0], 3), mesh, 0, SIZES) for _ in range(3))
+    sdf = _st((4, 6, 6), mesh, 0, [4, 4])
     with guard:
         model(stl, sdf, pts, feats).pow(2).sum().backward()
 
@@ -168,6 +171,32 @@ def meshgraphnet_plug_host_indices(guard):
         meshgraphnet_plug(guard)
 
 
+def meshgraphnet_ghost_host_rows(guard):
+    """GhostExchange with the plan's send rows left on the host: the guard must catch it."""
+    from unittest import mock
+
+    from meshshard.graph import _refresh
+
+    real = _refresh.send_index
+    with mock.patch.object(_refresh, "send_index", lambda p, r, d: real(p, r, "cpu")):
+        meshgraphnet_ghost(guard)
+
+
+def domino_host_padding(guard):
+    """The gathered search with its padding built on the host: the guard must catch it."""
+    from unittest import mock
+
+    from meshshard.ops import _gathered
+
+    def on_host(x, width):
+        out = torch.zeros((width, *x.shape[1:]), dtype=x.dtype)
+        out[: x.shape[0]] = x
+        return out
+
+    with mock.patch.object(_gathered, "_padded", on_host):
+        domino(guard)
+
+
 FAMILIES = {
     "transolver": transolver,
     "ring_attention": ring_attention,
@@ -177,6 +206,8 @@ FAMILIES = {
     "domino": domino,
     "domino_local": domino_local,
     "meshgraphnet_plug_host_indices": meshgraphnet_plug_host_indices,
+    "meshgraphnet_ghost_host_rows": meshgraphnet_ghost_host_rows,
+    "domino_host_padding": domino_host_padding,
 }
 
 

@@ -15,14 +15,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CLEAN = ["transolver", "ring_attention", "grid_unet", "meshgraphnet_plug", "domino_local"]
-# paths whose neighbour ops still read sizes back (no meta run possible yet): the kNN, gather
-# and ghost-refresh plans, and GhostExchange's per-call input check and host send index
-BLOCKED = {
-    "meshgraphnet_ghost": "GhostExchange reads its input check back and copies send_idx "
-                          "from the host on every refresh",
-    "domino": "the distributed kNN/gather read counts back (no static-shape mode yet)",
-}
+# DoMINO runs its sharded ops in the static-shape mode (search="gathered", backend="brute",
+# validate=False) and GhostExchange with validate="never": the default exact forwarded search,
+# the deduplicated gather and the collective input check size or decide from the data (host
+# syncs), which a meta tensor cannot give
+CLEAN = ["transolver", "ring_attention", "grid_unet", "meshgraphnet_plug", "meshgraphnet_ghost",
+         "domino", "domino_local"]
+# a tensor deliberately left on the host: (family, the meshshard file the guard must name)
+HOST = {"meshgraphnet_plug_host_indices": "rules_graph.py",
+        "meshgraphnet_ghost_host_rows": "comm/resident.py",
+        "domino_host_padding": "ops/_gathered.py"}
 _OUT: dict = {}
 
 
@@ -30,7 +32,7 @@ def _results() -> dict:
     if not _OUT:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        names = [*CLEAN, *BLOCKED, "meshgraphnet_plug_host_indices"]
+        names = [*CLEAN, *HOST]
         proc = subprocess.run([sys.executable, "-m", "tests.testing._meta_steps", *names],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -44,17 +46,9 @@ def test_step_makes_no_tensor_off_the_device(family):
     assert err is None, f"{family}:\n{err}"
 
 
-def test_guard_catches_host_indices():
-    """A GraphPlug left with its indices on the host fails, naming the op and the line."""
-    err = _results()["meshgraphnet_plug_host_indices"]
-    assert err is not None and "WrongDeviceError" in err and "not meta" in err, err
-    assert "rules_graph.py" in err, err
-
-
-@pytest.mark.parametrize("family", sorted(BLOCKED))
-def test_blocked_paths_still_read_values(family):
-    """Not a placement failure: these paths cannot run on meta because they read values back
-    (their host syncs). When they stop, this test fails: move them to CLEAN."""
+@pytest.mark.parametrize("family", sorted(HOST))
+def test_guard_catches_a_host_tensor(family):
+    """A step with one tensor left on the host fails, naming the op and the line."""
     err = _results()[family]
-    assert err is not None, f"{family} now runs on meta: move it to CLEAN"
-    assert "cannot be called on meta tensors" in err, f"{family} ({BLOCKED[family]}):\n{err}"
+    assert err is not None and "WrongDeviceError" in err and "not meta" in err, err
+    assert HOST[family] in err, err
