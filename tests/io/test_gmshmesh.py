@@ -105,5 +105,5 @@ def test_errors(monkeypatch):
     with pytest.raises(ValueError, match="cells=10 is too small"):
         gmshmesh.tet_volume(10)
     monkeypatch.setitem(sys.modules, "gmsh", None)  # as if gmsh were not installed
-    with pytest.raises(ImportError, match=r"meshshard\[mesh\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[mesh\]'"):
         gmshmesh.tet_volume(5000)
