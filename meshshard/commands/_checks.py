@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from meshshard.commands import CLIError
+from meshshard.commands._chunks import BUDGET_FLAGS
 
 __all__ = ["check_at_least", "check_budget_args", "check_inference_args", "check_out_dir",
            "check_out_file", "check_run_paths"]
@@ -102,10 +103,9 @@ def check_out_file(path: str | Path, flag: str = "--png", suffix: str = ".png") 
 def check_budget_args(args: Any) -> None:
     """The chunk budgets (:func:`~meshshard.commands._chunks.add_budget_args`) are >= 1 where
     given (the model's floor is :func:`~meshshard.apps.input_checks.check_inference_options`)."""
-    for flag in ("--max-points-per-chunk", "--max-queries-per-chunk", "--max-cells-per-round"):
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None:
-            check_at_least(flag, value, 1)
+    for name, flag in BUDGET_FLAGS.items():
+        if getattr(args, name) is not None:
+            check_at_least(flag, getattr(args, name), 1)
 
 
 def check_inference_args(args: Any) -> None:

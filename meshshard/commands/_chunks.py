@@ -9,11 +9,15 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from typing import Any
 
-from meshshard.apps.chunk_budgets import DEFAULT_BUDGET
+from meshshard.apps.chunk_budgets import DEFAULT_BUDGET, ChunkBudgets
 
-__all__ = ["add_budget_args", "budgets_of"]
+__all__ = ["BUDGET_FLAGS", "add_budget_args", "budgets_of"]
+
+#: each budget's option: ``--`` and its keyword, dashed (``--max-points-per-chunk``)
+BUDGET_FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(ChunkBudgets)}
 
 
 def add_budget_args(parser: argparse.ArgumentParser, *, default: int = DEFAULT_BUDGET,
@@ -45,7 +49,7 @@ def budgets_of(args: argparse.Namespace) -> dict[str, Any]:
     """The budgets as keywords of :func:`~meshshard.apps.predict.predict_run` and
     :func:`~meshshard.apps.evaluate.evaluate_runs` (``None``: follows
     ``max_points_per_chunk``, which ``--unchunked`` makes ``None``)."""
-    points = None if getattr(args, "unchunked", False) else args.max_points_per_chunk
-    return {"max_points_per_chunk": points,
-            "max_queries_per_chunk": args.max_queries_per_chunk,
-            "max_cells_per_round": args.max_cells_per_round}
+    out = {name: getattr(args, name) for name in BUDGET_FLAGS}
+    if getattr(args, "unchunked", False):
+        out["max_points_per_chunk"] = None
+    return out
