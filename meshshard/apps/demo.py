@@ -25,6 +25,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from meshshard.apps.chunk_budgets import DEMO_BUDGET, ChunkBudgets
 from meshshard.apps.evaluate import evaluate_runs, format_table
 from meshshard.apps.export import export_surface_model
 from meshshard.apps.predict import predict_run
@@ -96,15 +97,15 @@ def train_rank(
 
 
 def apps_rank(rank: int, world_size: int, model: str, run_dir: str, stores: list[str],
-              out: str, chunk: int, png: bool) -> dict[str, Any]:
-    """Rank function: ``meshshard predict`` on ``run_dir`` and ``evaluate`` on ``stores``."""
+              out: str, budgets: dict[str, int | None], png: bool) -> dict[str, Any]:
+    """Rank function: ``meshshard predict`` on ``run_dir`` and ``evaluate`` on ``stores``
+    (``budgets``: :meth:`ChunkBudgets.as_dict <meshshard.apps.chunk_budgets.ChunkBudgets>`)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("domain",))
-    pred = predict_run(model, run_dir, Path(out) / "predict", mesh=mesh,
-                       max_points_per_chunk=chunk, png=png)
-    ev = evaluate_runs(stores, Path(out) / "evaluate", checkpoint=model, mesh=mesh,
-                       max_points_per_chunk=chunk, png=png)
+    pred = predict_run(model, run_dir, Path(out) / "predict", mesh=mesh, **budgets, png=png)
+    ev = evaluate_runs(stores, Path(out) / "evaluate", checkpoint=model, mesh=mesh, **budgets,
+                       png=png)
     return {"predict": pred, "evaluate": ev, "table": format_table(ev) if rank == 0 else ""}
 
 
@@ -122,6 +123,20 @@ def _morph_line(morph) -> str:
     """``length 1.03  width 0.97 ...``: a car's morph in one line (< 100 columns)."""
     short = {"ride_height": "ride", "boat_tail": "taper"}
     return "  ".join(f"{short.get(k, k)} {v:.2f}" for k, v in morph.as_dict().items())
+
+
+def _chunks_line(b: ChunkBudgets) -> str:
+    """``chunks of 4,096 points``, with the kNN's and the volume's budgets where they differ."""
+    def n(v: int | None) -> str:
+        return "whole shards" if v is None else f"{v:,}"
+
+    line = ("whole shards" if b.max_points_per_chunk is None
+            else f"chunks of {b.max_points_per_chunk:,} points")
+    if b.max_queries_per_chunk != b.max_points_per_chunk:
+        line += f", kNN rounds of {n(b.max_queries_per_chunk)} queries"
+    if b.max_cells_per_round != b.max_points_per_chunk:
+        line += f", volume rounds of {n(b.max_cells_per_round)} cells"
+    return line
 
 
 #: relative differences of 0 are drawn here (a log axis has no 0)
@@ -183,10 +198,16 @@ def run_demo(
     method: str = "hilbert",
     png: bool = True,
     config: TrainConfig | None = None,
-    chunk: int = 1 << 16,
+    max_points_per_chunk: int | None = DEMO_BUDGET,
+    max_queries_per_chunk: int | None = None,
+    max_cells_per_round: int | None = None,
     seed: int = DEMO_SEED,
 ) -> dict[str, Any]:
-    """Run the whole demo; return a summary (files written, losses, largest difference)."""
+    """Run the whole demo; return a summary (files written, losses, largest difference).
+
+    The chunk budgets of its predict and evaluate are
+    :meth:`ChunkBudgets.of <meshshard.apps.chunk_budgets.ChunkBudgets.of>`'s."""
+    budgets = ChunkBudgets.of(max_points_per_chunk, max_queries_per_chunk, max_cells_per_round)
     out = Path(out)
     raw, stores = out / "raw", out / "stores"
     cfg = config or TrainConfig(steps=steps)
@@ -276,11 +297,11 @@ def run_demo(
     js = out / "losses.json"
     files["losses_json"] = str(js)
     _say(f"[5/5] meshshard predict on the unseen run_2 and meshshard evaluate on both runs "
-         f"({ranks} ranks, chunks of {chunk:,} points)")
+         f"({ranks} ranks, {_chunks_line(budgets)})")
     t0 = time.perf_counter()
     res = run_ranks(apps_rank, ranks, str(model_dir), str(raw / "run_2"),
-                    [str(stores / "run_1.zarr"), str(stores / "run_2.zarr")], str(out), chunk,
-                    png, timeout=3600)[0]
+                    [str(stores / "run_1.zarr"), str(stores / "run_2.zarr")], str(out),
+                    budgets.as_dict(), png, timeout=3600)[0]
     pred, ev = res["predict"], res["evaluate"]
     _say(f"      predict + evaluate in {time.perf_counter() - t0:.1f} s; run_2 "
          f"({pred['cells']:,} cells) relative L2 "

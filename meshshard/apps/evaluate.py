@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.apps.chunk_budgets import DEFAULT_BUDGET, ChunkBudgets
 from meshshard.apps.figures import evaluate_png, r2_caveat, r_squared
 from meshshard.apps.forces import PRESSURE, WALL_SHEAR, force_coefficients
 from meshshard.apps.input_checks import (
@@ -38,12 +39,7 @@ from meshshard.apps.inputs import read_surface_rows, reading_options
 from meshshard.apps.model_file import ModelFileError, load_model
 from meshshard.apps.predict import PREDICT_CLASSES, ensure_world, predict_rows
 from meshshard.apps.reference import ESTIMATED, reference_area_for
-from meshshard.apps.rows import (
-    DEFAULT_CHUNK,
-    check_conventions_match,
-    check_fields,
-    truth_columns,
-)
+from meshshard.apps.rows import check_conventions_match, check_fields, truth_columns
 from meshshard.apps.volume import evaluate_volume, is_volume_model
 
 __all__ = ["evaluate_runs", "format_table"]
@@ -58,7 +54,9 @@ def _rank() -> int:
 
 
 def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
-                 max_points_per_chunk: int | None = None,
+                 max_points_per_chunk: int | None = DEFAULT_BUDGET,
+                 max_queries_per_chunk: int | None = None,
+                 max_cells_per_round: int | None = None,
                  reference_area: float | None = None, volume: Any = None,
                  u_inf: float | None = None, fields: Any = None,
                  conventions: dict | None = None) -> dict[str, Any]:
@@ -67,48 +65,44 @@ def evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
     ``mf`` is a surface model (or None: the truth against itself); ``volume`` a volume model,
     whose fields' errors over the volume cells are added as ``rel_l2["volume:<field>"]``.
     A volume model passed as ``mf`` evaluates the volume alone (no drag and lift: nan).
-    ``u_inf``, ``fields`` and ``conventions`` (``normals``, ``shear``) are a run directory's
-    flow speed, field-name map and conventions (:func:`~meshshard.apps.inputs.reading_options`).
-    Errors name the run (:func:`~meshshard.apps.input_checks.run_named`)."""
+    The budgets are :mod:`~meshshard.apps.chunk_budgets`' (``None`` for the last two: as
+    ``max_points_per_chunk``; evaluate always runs the model chunked, ``None`` there is
+    :data:`~meshshard.apps.chunk_budgets.DEFAULT_BUDGET`). ``u_inf``, ``fields`` and
+    ``conventions`` (``normals``, ``shear``) are a run directory's flow speed, field-name map
+    and conventions (:func:`~meshshard.apps.inputs.reading_options`). Errors name the run
+    (:func:`~meshshard.apps.input_checks.run_named`)."""
     check_reference_area(reference_area, "reference_area")
+    b = ChunkBudgets.of(max_points_per_chunk or DEFAULT_BUDGET, max_queries_per_chunk,
+                        max_cells_per_round)
     with run_named(source):
-        return _evaluate_one(source, mf, mesh=mesh, max_points_per_chunk=max_points_per_chunk,
-                             reference_area=reference_area, volume=volume, u_inf=u_inf,
-                             fields=fields, conventions=conventions)
-
-
-def _evaluate_one(source: str | Path, mf: Any = None, *, mesh: Any = None,
-                  max_points_per_chunk: int | None = None,
-                  reference_area: float | None = None, volume: Any = None,
-                  u_inf: float | None = None, fields: Any = None,
-                  conventions: dict | None = None) -> dict[str, Any]:
-    surface = True
-    if is_volume_model(mf):
-        mf, volume, surface = None, mf, False
-    t0 = time.perf_counter()
-    if surface:
-        out = _surface_metrics(source, mf, mesh=mesh, max_points_per_chunk=max_points_per_chunk,
-                               reference_area=reference_area, u_inf=u_inf, fields=fields,
-                               conventions=conventions)
-    else:
-        nan = float("nan")
-        out = {"run": Path(source).name.removesuffix(".zarr"), "source": str(source),
-               "cells": 0, "rel_l2": {}, "cd_true": nan, "cd_pred": nan, "cl_true": nan,
-               "cl_pred": nan, "reference_area": nan, "reference_area_from": None}
-    if volume is not None:
-        v = evaluate_volume(source, volume, mesh=mesh,
-                            max_points_per_chunk=max_points_per_chunk or DEFAULT_CHUNK,
-                            u_inf=u_inf, fields=fields)
-        out["volume_cells"] = v["cells"]
-        out["rel_l2"].update({f"volume:{k}": e for k, e in v["rel_l2"].items()})
-    out["seconds"] = time.perf_counter() - t0
-    return out
+        surface = True
+        if is_volume_model(mf):
+            mf, volume, surface = None, mf, False
+        t0 = time.perf_counter()
+        if surface:
+            out = _surface_metrics(source, mf, mesh=mesh, budgets=b,
+                                   reference_area=reference_area, u_inf=u_inf, fields=fields,
+                                   conventions=conventions)
+        else:
+            nan = float("nan")
+            out = {"run": Path(source).name.removesuffix(".zarr"), "source": str(source),
+                   "cells": 0, "rel_l2": {}, "cd_true": nan, "cd_pred": nan, "cl_true": nan,
+                   "cl_pred": nan, "reference_area": nan, "reference_area_from": None}
+        if volume is not None:
+            v = evaluate_volume(source, volume, mesh=mesh,
+                                max_points_per_chunk=b.max_points_per_chunk,
+                                max_cells_per_round=b.max_cells_per_round, u_inf=u_inf,
+                                fields=fields)
+            out["volume_cells"] = v["cells"]
+            out["rel_l2"].update({f"volume:{k}": e for k, e in v["rel_l2"].items()})
+        out["seconds"] = time.perf_counter() - t0
+        return out
 
 
 def _surface_metrics(source: str | Path, mf: Any = None, *, mesh: Any = None,
-                     max_points_per_chunk: int | None = None,
-                     reference_area: float | None = None, u_inf: float | None = None,
-                     fields: Any = None, conventions: dict | None = None) -> dict[str, Any]:
+                     budgets: ChunkBudgets, reference_area: float | None = None,
+                     u_inf: float | None = None, fields: Any = None,
+                     conventions: dict | None = None) -> dict[str, Any]:
     group = mesh.get_group() if mesh is not None else None
     rows = read_surface_rows(source, group, **reading_options(source, mf, u_inf=u_inf,
                                                               fields=fields, **(conventions or {})))
@@ -116,7 +110,8 @@ def _surface_metrics(source: str | Path, mf: Any = None, *, mesh: Any = None,
         check_conventions_match(mf, rows, source)
         cols = check_fields(mf, rows, source, need_truth=True)
         pred = predict_rows(mf, rows, mesh=mesh,
-                            max_points_per_chunk=max_points_per_chunk or DEFAULT_CHUNK)
+                            max_points_per_chunk=budgets.max_points_per_chunk,
+                            max_queries_per_chunk=budgets.max_queries_per_chunk)
         cols, true = truth_columns(cols, rows, pred)
     else:
         names = [n for n in (PRESSURE, WALL_SHEAR) if n in rows.columns]
@@ -268,7 +263,9 @@ def evaluate_runs(
     *,
     checkpoint: str | Path | Sequence[str | Path] | None = None,
     mesh: Any = None,
-    max_points_per_chunk: int | None = None,
+    max_points_per_chunk: int | None = DEFAULT_BUDGET,
+    max_queries_per_chunk: int | None = None,
+    max_cells_per_round: int | None = None,
     reference_area: float | None = None,
     png: bool = True,
     u_inf: float | None = None,
@@ -280,7 +277,8 @@ def evaluate_runs(
 
     ``checkpoint`` may be a list of a surface and a volume model: the surface's errors, drag
     and lift, and the volume fields' errors (``volume:<field>``) over the volume cells. A
-    volume model alone evaluates the volume alone (drag and lift are then n/a)."""
+    volume model alone evaluates the volume alone (drag and lift are then n/a). The budgets are
+    :func:`evaluate_one`'s."""
     check_reference_area(reference_area, "reference_area")
     ensure_world()
     mf, vmf = _models(checkpoint)
@@ -290,8 +288,10 @@ def evaluate_runs(
     if mf is None and vmf is not None:  # a volume model alone: the volume alone
         mf, vmf = vmf, None
     runs = [evaluate_one(s, mf, mesh=mesh, max_points_per_chunk=max_points_per_chunk,
-                         reference_area=reference_area, volume=vmf, u_inf=u_inf,
-                         fields=fields, conventions=conventions) for s in sources]
+                         max_queries_per_chunk=max_queries_per_chunk,
+                         max_cells_per_round=max_cells_per_round,
+                         reference_area=reference_area, volume=vmf, u_inf=u_inf, fields=fields,
+                         conventions=conventions) for s in sources]
     fields = sorted({k for r in runs for k in r["rel_l2"]})
     summary = {
         "r2_cd": r_squared([r["cd_pred"] for r in runs], [r["cd_true"] for r in runs]),

@@ -1,8 +1,8 @@
 """The model's inputs built with bounded temporaries: the exact distributed kNN streamed
-``chunk`` queries at a time (:func:`meshshard.ops.knn_chunks`), each chunk's neighbour rows
-gathered and turned into features at once (every rank runs the same number of rounds).
-Equal to :func:`meshshard.apps.train.build_inputs` (the same neighbours, the same per-row
-arithmetic)."""
+``max_queries_per_chunk`` queries at a time (:func:`meshshard.ops.knn_chunks`), each chunk's
+neighbour rows gathered and turned into features at once (every rank runs the same number of
+rounds). Equal to :func:`meshshard.apps.train.build_inputs` (the same neighbours, the same
+per-row arithmetic)."""
 
 from __future__ import annotations
 
@@ -46,18 +46,19 @@ def _standardise_into(out: torch.Tensor, x: torch.Tensor, group: Any, total: int
         out[a : a + _STEP] = (x[a : a + _STEP] - mean) / (std + 1e-6)
 
 
-def chunked_inputs(coords: Any, normals: Any, *, knn: int, chunk: int, sizes: list[int],
-                   release: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_inputs(coords: Any, normals: Any, *, knn: int, max_queries_per_chunk: int,
+                   sizes: list[int], release: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's (1, n, 3) coordinates and (1, n, 7) features, as ``build_inputs`` makes
     them, from ShardTensors ``coords``/``normals`` (N, 3) sharded with ``sizes``.
 
     Collective: every rank of the mesh must call this (kNN and two neighbour gathers per
-    round, the global statistics). Working memory is bounded by ``chunk``: the kNN streams
-    ``chunk`` queries a round (:func:`meshshard.ops.knn_chunks`), the features are written
-    into the output as they come, and the standardisation runs in place, in steps; the
-    statistics are float64 sums (``build_inputs`` takes them in float32: the two agree to
-    float32 rounding). ``release`` hands each round's freed heap pages back to the OS
-    (glibc's ``malloc_trim``; a no-op elsewhere)."""
+    round, the global statistics). Working memory is bounded by ``max_queries_per_chunk``
+    (:mod:`~meshshard.apps.chunk_budgets`): the kNN streams that many queries a round
+    (:func:`meshshard.ops.knn_chunks`), the features are written into the output as they
+    come, and the standardisation runs in place, in steps; the statistics are float64 sums
+    (``build_inputs`` takes them in float32: the two agree to float32 rounding). ``release``
+    hands each round's freed heap pages back to the OS (glibc's ``malloc_trim``; a no-op
+    elsewhere)."""
     group = coords.device_mesh.get_group()
     total = int(sum(sizes))
     with torch.no_grad():
@@ -67,7 +68,7 @@ def chunked_inputs(coords: Any, normals: Any, *, knn: int, chunk: int, sizes: li
         geo = feats[:, 3:]  # a view: the features go straight into the output
         # every rank runs the same rounds (knn_chunks and both gathers)
         for a, b, d, idx in ops.knn_chunks(coords, knn, loop=False,
-                                           max_queries_per_chunk=chunk):
+                                           max_queries_per_chunk=max_queries_per_chunk):
             nb = torch.cat([ops.gather_neighbors(coords, idx),
                             ops.gather_neighbors(normals, idx)], dim=-1)
             geo[a:b] = features_from_neighbours(c[a:b], nrm[a:b], d, nb, knn)

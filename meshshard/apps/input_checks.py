@@ -5,7 +5,8 @@ whose slice holds the bad row makes every rank raise (:func:`meshshard.comm.agre
 none is left waiting in a collective.
 
 - options: ``--reference-area`` finite and > 0, ``--max-points-per-chunk`` not below
-  :data:`MIN_CHUNK` (each chunk runs the whole model once: 1 point per chunk took hours);
+  :data:`~meshshard.apps.chunk_budgets.MIN_POINTS_PER_CHUNK` (each chunk runs the whole model
+  once: 1 point per chunk took hours);
 - a surface (:func:`check_surface_rows`): centres finite with squared distances inside
   float64, areas finite and > 0 (float32 areas of a mesh in the wrong units underflow to 0:
   said so), normals finite and of unit length, the truth finite, flow speed and density in
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from meshshard.apps.chunk_budgets import DEFAULT_BUDGET, MIN_POINTS_PER_CHUNK
 from meshshard.apps.forces import field_errors
 from meshshard.apps.model_checks import ModelFileError, check_for_inference
 from meshshard.comm.agree import raise_together
@@ -35,14 +37,12 @@ from meshshard.io.vtkxml import SeveralPieces, UnsupportedVtkXml, VtkXmlFile
 from meshshard.partition._validation import check_distance_range
 from meshshard.store.curator_checks import FLOW_RANGE
 
-__all__ = ["MIN_CHUNK", "check_chunk", "check_inference_options", "check_model_for_inference",
+__all__ = ["check_inference_options", "check_model_for_inference", "check_points_per_chunk",
            "check_predictions", "check_reference_area", "check_surface_rows", "check_volume_cells",
            "check_volume_rows", "checked_errors", "run_named", "warn_rounds"]
 
 log = logging.getLogger(__name__)
 
-#: the smallest chunk the CLI accepts: below it the per-call overhead of the model dominates
-MIN_CHUNK = 256
 #: normals whose length differs from 1 by more than this are not unit normals
 _UNIT_TOL = 1e-2
 #: chunk rounds per rank above which predict warns with an estimate
@@ -62,12 +62,14 @@ def check_reference_area(value: float | None, what: str = "--reference-area") ->
         raise InputError(msg)
 
 
-def check_chunk(value: int | None, what: str = "--max-points-per-chunk") -> None:
-    """``value`` (when given) is at least :data:`MIN_CHUNK`."""
-    if value is not None and value < MIN_CHUNK:
-        msg = (f"{what} {value} is below {MIN_CHUNK}: every chunk runs the whole model once, "
-               f"so 1M points would take {1_000_000 // max(value, 1):,} forward passes; use "
-               f">= {MIN_CHUNK} (default 262144; smaller uses less memory)")
+def check_points_per_chunk(value: int | None, what: str = "--max-points-per-chunk") -> None:
+    """``value`` (when given) is at least
+    :data:`~meshshard.apps.chunk_budgets.MIN_POINTS_PER_CHUNK`."""
+    if value is not None and value < MIN_POINTS_PER_CHUNK:
+        msg = (f"{what} {value} is below {MIN_POINTS_PER_CHUNK}: every chunk runs the whole "
+               f"model once, so 1M points would take {1_000_000 // max(value, 1):,} forward "
+               f"passes; use >= {MIN_POINTS_PER_CHUNK} (default {DEFAULT_BUDGET}; smaller uses "
+               "less memory)")
         raise InputError(msg)
 
 
@@ -75,18 +77,20 @@ def check_inference_options(args: Any) -> None:
     """``--max-points-per-chunk`` (unless ``--unchunked``) and ``--reference-area`` of the
     predict and evaluate commands, before any rank reads a file."""
     if not getattr(args, "unchunked", False):
-        check_chunk(args.max_points_per_chunk)  # 1 point per chunk ran for hours
+        check_points_per_chunk(args.max_points_per_chunk)  # 1 point per chunk ran for hours
     check_reference_area(getattr(args, "reference_area", None))
 
 
-def warn_rounds(n_local: int, chunk: int | None, source: Any) -> None:
-    """Log a warning with an estimate when ``chunk`` makes more than 1000 rounds on a rank."""
-    if chunk is None or chunk < 1:
+def warn_rounds(n_local: int, max_points_per_chunk: int | None, source: Any) -> None:
+    """Log a warning with an estimate when ``max_points_per_chunk`` makes more than 1000
+    chunks of the model on a rank."""
+    if max_points_per_chunk is None or max_points_per_chunk < 1:
         return
-    rounds = -(-n_local // chunk)
+    rounds = -(-n_local // max_points_per_chunk)
     if rounds > _MANY_ROUNDS:
         log.warning("%s: %d rows per rank in chunks of %d make %d model passes; raise "
-                    "max_points_per_chunk to shorten the run", source, n_local, chunk, rounds)
+                    "max_points_per_chunk to shorten the run", source, n_local,
+                    max_points_per_chunk, rounds)
 
 
 def check_model_for_inference(mf: Any) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from meshshard.apps.chunk_budgets import DEFAULT_BUDGET
 from meshshard.apps.chunked import chunked_forward
 from meshshard.apps.input_checks import check_predictions
 from meshshard.apps.inputs import SurfaceRows
@@ -23,11 +24,8 @@ from meshshard.comm.host import Comm
 from meshshard.datasets.schema import DRIVAERML
 from meshshard.shardtensor import Shard, from_local
 
-__all__ = ["DEFAULT_CHUNK", "check_conventions_match", "check_fields", "gather_for_writing",
-           "gather_rows", "run_model", "truth_columns"]
-
-#: rows per chunk of the model forward on every rank, unless told otherwise
-DEFAULT_CHUNK = 1 << 18
+__all__ = ["check_conventions_match", "check_fields", "gather_for_writing", "gather_rows",
+           "run_model", "truth_columns"]
 
 
 def _dist() -> tuple[int, int]:
@@ -83,9 +81,11 @@ def check_conventions_match(mf: ModelFile, rows: SurfaceRows, source: Any) -> No
 
 
 def run_model(mf: ModelFile, coords: torch.Tensor, feats: torch.Tensor, sizes: list[int], *,
-              mesh: Any = None, max_points_per_chunk: int | None = DEFAULT_CHUNK) -> np.ndarray:
-    """The model on this rank's inputs (1, n, .), chunked (or not, with
-    ``max_points_per_chunk=None``: on ShardTensors of ``sizes`` when distributed), returned
+              mesh: Any = None, max_points_per_chunk: int | None = DEFAULT_BUDGET
+              ) -> np.ndarray:
+    """The model on this rank's inputs (1, n, .), ``max_points_per_chunk`` points a chunk
+    (:mod:`~meshshard.apps.chunk_budgets`; or not chunked, with ``max_points_per_chunk=None``:
+    on ShardTensors of ``sizes`` when distributed), returned
     de-standardised (n, C), non-dimensional. Collective when distributed."""
     model = mf.model
     with torch.no_grad():

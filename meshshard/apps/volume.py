@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from meshshard.apps.chunk_budgets import ChunkBudgets
 from meshshard.apps.input_checks import checked_errors
 from meshshard.apps.inputs import reading_options, source_kind
 from meshshard.apps.model_file import save_model
@@ -47,9 +48,10 @@ def is_volume_model(mf: Any) -> bool:
     return mf is not None and mf.inputs.get("part") == "volume"
 
 
-def load_volume_sample(source: str | Path, mesh: Any = None, *, chunk: int | None = None
-                       ) -> dict[str, Any]:
-    """One run's volume inputs and targets on this rank (collective when distributed).
+def load_volume_sample(source: str | Path, mesh: Any = None, *,
+                       max_cells_per_round: int | None = None) -> dict[str, Any]:
+    """One run's volume inputs and targets on this rank (collective when distributed; the
+    signed distances ``max_cells_per_round`` cells a round, :mod:`~meshshard.apps.chunk_budgets`).
 
     Returns ``{"coords": (1, m, 3), "features": (1, m, 2), "target": (1, m, F), "rows":
     VolumeRows}``; ShardTensors on ``mesh`` (sharded along the points) when ``mesh`` is given,
@@ -60,7 +62,7 @@ def load_volume_sample(source: str | Path, mesh: Any = None, *, chunk: int | Non
     if not rows.columns:
         msg = f"{source}: has no volume fields to train on"
         raise ValueError(msg)
-    coords, feats = volume_inputs(rows, group, chunk)
+    coords, feats = volume_inputs(rows, group, max_cells_per_round)
     target = torch.from_numpy(rows.fields).unsqueeze(0)
     if mesh is not None:
         def st(x: torch.Tensor):
@@ -95,13 +97,17 @@ def export_volume_model(
 
 
 def predict_volume_rows(mf: Any, rows: VolumeRows, *, mesh: Any = None,
-                        max_points_per_chunk: int | None = None) -> np.ndarray:
+                        max_points_per_chunk: int | None = None,
+                        max_cells_per_round: int | None = None) -> np.ndarray:
     """Non-dimensional predictions (m, C) for this rank's volume rows (collective when
-    distributed; ``max_points_per_chunk=None``: the unchunked forward)."""
+    distributed). The budgets are :mod:`~meshshard.apps.chunk_budgets`'
+    (``max_points_per_chunk=None``: the unchunked forward; ``max_cells_per_round=None``: as
+    ``max_points_per_chunk``)."""
+    b = ChunkBudgets.of(max_points_per_chunk, max_cells_per_round=max_cells_per_round)
     group = mesh.get_group() if mesh is not None else None
-    coords, feats = volume_inputs(rows, group, max_points_per_chunk)
+    coords, feats = volume_inputs(rows, group, b.max_cells_per_round)
     return run_model(mf, coords, feats, rows.sizes, mesh=mesh,
-                     max_points_per_chunk=max_points_per_chunk)
+                     max_points_per_chunk=b.max_points_per_chunk)
 
 
 def _write(mf: Any, rows: VolumeRows, full: dict, out_dir: Path, truth: bool) -> Path:
@@ -117,22 +123,27 @@ def _reading(source: str | Path, mf: Any, u_inf: float | None, fields: Any) -> d
 
 
 def predict_volume_run(mf: Any, source: str | Path, out: str | Path, *, mesh: Any = None,
-                       max_points_per_chunk: int | None = None, u_inf: float | None = None,
+                       max_points_per_chunk: int | None = None,
+                       max_cells_per_round: int | None = None, u_inf: float | None = None,
                        fields: Any = None) -> dict[str, Any]:
     """``meshshard predict`` with a volume model (module notes); returns the summary (rank 0
-    has the files, every rank the metrics). Collective when distributed. ``u_inf`` and
-    ``fields``: a run directory's flow speed and field map (default: the model's)."""
+    has the files, every rank the metrics). Collective when distributed. The budgets are
+    :func:`predict_volume_rows`'; ``u_inf`` and ``fields``: a run directory's flow speed and
+    field map (default: the model's)."""
+    b = ChunkBudgets.of(max_points_per_chunk, max_cells_per_round=max_cells_per_round)
     t0 = time.perf_counter()
     group = mesh.get_group() if mesh is not None else None
     rows = read_volume_rows(source, group, **_reading(source, mf, u_inf, fields))
     truth = check_fields(mf, rows, source, need_truth=False)
     t_read = time.perf_counter() - t0
     t1 = time.perf_counter()
-    pred = predict_volume_rows(mf, rows, mesh=mesh, max_points_per_chunk=max_points_per_chunk)
+    pred = predict_volume_rows(mf, rows, mesh=mesh, max_points_per_chunk=b.max_points_per_chunk,
+                               max_cells_per_round=b.max_cells_per_round)
     summary: dict[str, Any] = {"run": rows.name, "source": str(source), "part": "volume",
                                "cells": rows.n_total, "ranks": len(rows.sizes),
                                "rows_per_rank": rows.sizes,
-                               "max_points_per_chunk": max_points_per_chunk,
+                               "max_points_per_chunk": b.max_points_per_chunk,
+                               "max_cells_per_round": b.max_cells_per_round,
                                "seconds": {"read_partition": t_read,
                                            "inputs_model": time.perf_counter() - t1}}
     if truth:
@@ -146,10 +157,12 @@ def predict_volume_run(mf: Any, source: str | Path, out: str | Path, *, mesh: An
 
 
 def evaluate_volume(source: str | Path, mf: Any, *, mesh: Any = None,
-                    max_points_per_chunk: int | None = None, u_inf: float | None = None,
+                    max_points_per_chunk: int | None = None,
+                    max_cells_per_round: int | None = None, u_inf: float | None = None,
                     fields: Any = None) -> dict[str, Any]:
     """Relative L2 error of every volume field ``mf`` predicts, over the run's volume cells
-    (sums all-reduced; every rank gets the result). Collective when distributed.
+    (sums all-reduced; every rank gets the result). Collective when distributed. The budgets
+    are :func:`predict_volume_rows`'.
 
     Raises
     ------
@@ -159,7 +172,8 @@ def evaluate_volume(source: str | Path, mf: Any, *, mesh: Any = None,
     group = mesh.get_group() if mesh is not None else None
     rows = read_volume_rows(source, group, **_reading(source, mf, u_inf, fields))
     cols = check_fields(mf, rows, source, need_truth=True)
-    pred = predict_volume_rows(mf, rows, mesh=mesh, max_points_per_chunk=max_points_per_chunk)
+    pred = predict_volume_rows(mf, rows, mesh=mesh, max_points_per_chunk=max_points_per_chunk,
+                               max_cells_per_round=max_cells_per_round)
     cols, true = truth_columns(cols, rows, pred)
     return {"cells": rows.n_total, "rel_l2": checked_errors(pred, true, cols, group=group,
                                                                 source=source)}

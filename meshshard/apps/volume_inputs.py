@@ -18,7 +18,8 @@ spread over the ranks.
 Inputs (:func:`volume_inputs`), the same in training and prediction: coordinates (1, m, 3) and
 features (1, m, 2) = ``[d, log(|d| + 1e-6)]``, ``d`` the signed distance of the cell centre to
 the body (positive outside), both standardised with the statistics of all ranks' cells. The
-distances are taken ``chunk`` cells a round (every rank runs the same number of rounds).
+distances are taken ``max_cells_per_round`` cells a round (every rank runs the same number of
+rounds; :mod:`~meshshard.apps.chunk_budgets`).
 """
 
 from __future__ import annotations
@@ -229,24 +230,26 @@ def read_volume_rows(source: str | Path, group: Any = None, *, fields: Any = Non
     return rows
 
 
-def _rounds(n: int, chunk: int, group: Any) -> int:
-    """Rounds every rank runs: ceil(max_r n_r / chunk) (one all-reduce)."""
+def _rounds(n: int, per_round: int, group: Any) -> int:
+    """Rounds every rank runs: ceil(max_r n_r / per_round) (one all-reduce)."""
     import torch.distributed as dist
 
     t = torch.tensor([n], dtype=torch.int64)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return max(1, -(-int(t) // chunk))
+    return max(1, -(-int(t) // per_round))
 
 
-def distances(rows: VolumeRows, group: Any = None, chunk: int | None = None) -> torch.Tensor:
+def distances(rows: VolumeRows, group: Any = None, max_cells_per_round: int | None = None
+              ) -> torch.Tensor:
     """Signed distance (m,) float32 of this rank's cell centres to the body (collective:
-    :class:`~meshshard.ops.sdf.ShardedSurface` over the ranks' triangles; ``chunk`` centres a
-    round, the same rounds on every rank). Unsigned when the STL is not closed (warned)."""
+    :class:`~meshshard.ops.sdf.ShardedSurface` over the ranks' triangles;
+    ``max_cells_per_round`` centres a round, the same rounds on every rank; ``None``: one
+    round). Unsigned when the STL is not closed (warned)."""
     surf = ShardedSurface(torch.from_numpy(rows.triangles), group=group)
     q = torch.from_numpy(rows.centers).double()
     m = q.shape[0]
-    step = chunk or max(m, 1)
+    step = max_cells_per_round or max(m, 1)
     out = torch.empty(m, dtype=torch.float64)
     for r in range(_rounds(m, step, group)):
         a, b = min(r * step, m), min((r + 1) * step, m)
@@ -254,12 +257,12 @@ def distances(rows: VolumeRows, group: Any = None, chunk: int | None = None) -> 
     return out.float()
 
 
-def volume_inputs(rows: VolumeRows, group: Any = None, chunk: int | None = None
+def volume_inputs(rows: VolumeRows, group: Any = None, max_cells_per_round: int | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's model inputs: standardised coordinates (1, m, 3) and standardised features
     ``[d, log(|d| + 1e-6)]`` (1, m, 2), with the statistics of all ranks' cells (float64
-    sums). Collective when distributed; the result does not depend on ``chunk``."""
-    d = distances(rows, group, chunk)
+    sums). Collective when distributed; the result does not depend on ``max_cells_per_round``."""
+    d = distances(rows, group, max_cells_per_round)
     total = rows.n_total
     with torch.no_grad():
         feats = torch.stack([d, torch.log(d.abs() + _EPS)], dim=-1)

@@ -1,4 +1,5 @@
-"""Checks a command runs before its expensive work: can it write where it was told to?"""
+"""Checks a command runs before its expensive work: are its numbers in range, can it write
+where it was told to?"""
 
 from __future__ import annotations
 
@@ -8,12 +9,27 @@ from pathlib import Path
 from typing import Any
 
 from meshshard.commands import CLIError
+from meshshard.commands._chunks import BUDGET_FLAGS
 
-__all__ = ["check_inference_args", "check_out_dir", "check_out_file", "check_run_paths"]
+__all__ = ["check_at_least", "check_budget_args", "check_inference_args", "check_out_dir",
+           "check_out_file", "check_run_paths"]
 
 #: what ``predict`` and ``evaluate`` read, for their messages
 RUN_KINDS = ("a run directory (run_<i>/ with boundary_<i>.vtp), a meshshard store "
              "(run_<i>.zarr) or a physicsnemo-curator store")
+
+
+def check_at_least(flag: str, value: float, minimum: float, hint: str = "") -> None:
+    """``value`` of option ``flag`` is at least ``minimum``.
+
+    Raises
+    ------
+    CLIError
+        ``--steps 0 must be >= 1``, followed by `` hint`` when one is given.
+    """
+    if value < minimum:
+        msg = f"{flag} {value} must be >= {minimum}" + (f" {hint}" if hint else "")
+        raise CLIError(msg)
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -84,13 +100,18 @@ def check_out_file(path: str | Path, flag: str = "--png", suffix: str = ".png") 
     return p
 
 
-def check_inference_args(args: Any) -> None:
-    """The options ``predict`` and ``evaluate`` share: a positive chunk budget and a writable
-    ``--out``, checked before any rank reads a file."""
+def check_budget_args(args: Any) -> None:
+    """The chunk budgets (:func:`~meshshard.commands._chunks.add_budget_args`) are >= 1 where
+    given (the model's floor is :func:`~meshshard.apps.input_checks.check_inference_options`)."""
+    for name, flag in BUDGET_FLAGS.items():
+        if getattr(args, name) is not None:
+            check_at_least(flag, getattr(args, name), 1)
 
-    if args.max_points_per_chunk < 1:
-        msg = f"--max-points-per-chunk {args.max_points_per_chunk} must be >= 1"
-        raise CLIError(msg)
+
+def check_inference_args(args: Any) -> None:
+    """The options ``predict`` and ``evaluate`` share: positive chunk budgets and a writable
+    ``--out``, checked before any rank reads a file."""
+    check_budget_args(args)
     check_out_dir(args.out)
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 
+from meshshard.apps.chunk_budgets import DEMO_BUDGET
 from meshshard.commands import CLIError
-from meshshard.commands._checks import check_out_dir
+from meshshard.commands._checks import check_at_least, check_budget_args, check_out_dir
+from meshshard.commands._chunks import add_budget_args
 from meshshard.commands._methods import add_method_arg
 
 #: the default of --steps (:data:`meshshard.apps.demo.DEMO_STEPS`; kept here as a literal so
@@ -26,21 +28,17 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         "unseen car)")
     add_method_arg(parser)
     parser.add_argument("--no-png", action="store_true", help="skip the PNG renderings")
+    add_budget_args(parser, default=DEMO_BUDGET)  # for its predict and evaluate
 
 
 def check_args(args: argparse.Namespace) -> None:
     """Every option checked, and ``--out`` writable, before anything is generated."""
-    for flag, value in (("--parts", args.parts), ("--ranks", args.ranks)):
-        if value < 1:
-            msg = f"{flag} {value} must be >= 1"
-            raise CLIError(msg)
+    check_at_least("--parts", args.parts, 1)
+    check_at_least("--ranks", args.ranks, 1)
     if args.parts % args.ranks:
         msg = f"--ranks {args.ranks} must divide --parts {args.parts}"
         raise CLIError(msg)
-    if args.cells < 100:
-        msg = f"--cells {args.cells} must be >= 100"
-        raise CLIError(msg)
-    if args.steps < 1:
-        msg = f"--steps {args.steps} must be >= 1"
-        raise CLIError(msg)
+    check_at_least("--cells", args.cells, 100)
+    check_at_least("--steps", args.steps, 1)
+    check_budget_args(args)
     check_out_dir(args.out)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from meshshard.commands._physics import add_physics_args
+from meshshard.commands._inference import add_inference_args
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -16,14 +16,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", action="append", help="model checkpoint; give it "
                         "twice for a surface and a volume model; without it the truth is "
                         "evaluated against itself (a check of the integration)")
-    parser.add_argument("--out", required=True, help="output directory (evaluation.*)")
-    parser.add_argument("--max-points-per-chunk", type=int, default=1 << 18,
-                        help="points per chunk on every rank (default 262144)")
-    parser.add_argument("--reference-area", type=float,
-                        help="A_ref for drag/lift (default: the run's geo_ref_<i>.csv aRef, "
-                             "else its frontal area)")
-    parser.add_argument("--no-png", action="store_true", help="skip the PNG")
-    add_physics_args(parser)
+    add_inference_args(parser, out="evaluation.*", png="PNG")
 
 
 def expand(paths: list[str]) -> list:

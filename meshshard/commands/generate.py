@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 
 from meshshard.commands import CLIError
-from meshshard.commands._checks import check_out_dir
+from meshshard.commands._checks import check_at_least, check_out_dir
 
 #: fewest surface cells the generator's car body is made of
 MIN_CELLS = 100
@@ -43,18 +43,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> list[int]:
     """The run numbers to write, after every option is checked (nothing written yet)."""
-    if args.runs < 1:
-        msg = f"--runs {args.runs} must be >= 1"
-        raise CLIError(msg)
-    if args.cells < MIN_CELLS:
-        msg = f"--cells {args.cells} must be >= {MIN_CELLS}"
-        raise CLIError(msg)
-    if args.volume_cells < 0:
-        msg = f"--volume-cells {args.volume_cells} must be >= 0 (0: no volume)"
-        raise CLIError(msg)
-    if args.first < 0:
-        msg = f"--first {args.first} must be >= 0"
-        raise CLIError(msg)
+    check_at_least("--runs", args.runs, 1)
+    check_at_least("--cells", args.cells, MIN_CELLS)
+    check_at_least("--volume-cells", args.volume_cells, 0, "(0: no volume)")
+    check_at_least("--first", args.first, 0)
     check_out_dir(args.out, "RAW")
     numbers = list(range(args.first, args.first + args.runs))
     there = [f"run_{i}" for i in numbers if (Path(args.out) / f"run_{i}").exists()]

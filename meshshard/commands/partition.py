@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from meshshard.commands import CLIError
+from meshshard.commands._checks import check_at_least
 from meshshard.commands._methods import add_method_arg, is_graph_method
 from meshshard.partition.weld import DEFAULT_WELD
 
@@ -42,9 +43,7 @@ def parse_targets(text: str | None, parts: int | None = None) -> list[float] | N
 
 def check_parts(parts: int, n: int, *, allow_empty: bool, geom: Any = None) -> None:
     """``--parts`` against the number of rows, in the CLI's words (``--allow-empty``)."""
-    if parts < 1:
-        msg = f"--parts {parts} must be >= 1"
-        raise CLIError(msg)
+    check_at_least("--parts", parts, 1)
     if n < parts and not allow_empty:
         on_cells = geom is not None and geom.on == "cells"
         msg = (

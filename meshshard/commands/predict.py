@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from meshshard.commands._physics import add_physics_args
+from meshshard.commands._inference import add_inference_args
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -15,14 +15,5 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run directory (run_<i>/ with boundary_<i>.vtp; "
                         "volume_<i>.vtu and drivaer_<i>.stl for a volume model), "
                         "meshshard store or physicsnemo-curator store")
-    parser.add_argument("--out", required=True, help="output directory (OUT/<run>/...)")
-    parser.add_argument("--max-points-per-chunk", type=int, default=1 << 18,
-                        help="points per chunk on every rank (memory budget; default 262144)")
-    parser.add_argument("--unchunked", action="store_true",
-                        help="run the whole shard at once (the reference; more memory)")
-    parser.add_argument("--reference-area", type=float,
-                        help="A_ref for drag/lift (default: the run's geo_ref_<i>.csv aRef, "
-                             "else the frontal area)")
-    parser.add_argument("--no-png", action="store_true", help="skip the pressure PNG")
-    add_physics_args(parser)
+    add_inference_args(parser, out="OUT/<run>/...", png="pressure PNG", unchunked=True)
 

@@ -18,6 +18,7 @@ import argparse
 from pathlib import Path
 
 from meshshard.commands import CLIError
+from meshshard.commands._checks import check_at_least
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -79,9 +80,7 @@ def check_args(args: argparse.Namespace) -> None:
                         ("--checkpoint-every", args.checkpoint_every),
                         ("--data-parallel", args.data_parallel),
                         ("--tensor-parallel", args.tensor_parallel)):
-        if value < 1:
-            msg = f"{flag} {value} must be >= 1"
-            raise CLIError(msg)
+        check_at_least(flag, value, 1)
     if not args.lr > 0:
         msg = f"--lr {args.lr} must be > 0"
         raise CLIError(msg)

@@ -7,6 +7,7 @@ import argparse
 from meshshard.apps.evaluate import evaluate_runs, format_table
 from meshshard.apps.input_checks import check_inference_options
 from meshshard.commands._checks import check_inference_args, check_run_paths
+from meshshard.commands._chunks import budgets_of
 from meshshard.commands._physics import conventions_of, fields_of
 from meshshard.commands._world import join_world, leave_world
 from meshshard.commands.evaluate import expand
@@ -19,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     check_run_paths(runs)
     rank, _, mesh = join_world()
     res = evaluate_runs(runs, args.out, checkpoint=args.checkpoint, mesh=mesh,
-                        max_points_per_chunk=args.max_points_per_chunk,
+                        **budgets_of(args),
                         reference_area=args.reference_area, png=not args.no_png,
                         u_inf=args.u_inf, fields=fields_of(args),
                         conventions=conventions_of(args))

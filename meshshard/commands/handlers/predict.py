@@ -7,6 +7,7 @@ import argparse
 from meshshard.apps.input_checks import check_inference_options
 from meshshard.apps.predict import predict_run
 from meshshard.commands._checks import check_inference_args, check_run_paths
+from meshshard.commands._chunks import budgets_of
 from meshshard.commands._physics import conventions_of, fields_of
 from meshshard.commands._world import join_world, leave_world
 
@@ -17,8 +18,7 @@ def run(args: argparse.Namespace) -> int:
     check_run_paths([args.run])
     rank, world, mesh = join_world()
     s = predict_run(args.checkpoint, args.run, args.out, mesh=mesh,
-                    max_points_per_chunk=None if args.unchunked else args.max_points_per_chunk,
-                    png=not args.no_png, reference_area=args.reference_area,
+                    **budgets_of(args), png=not args.no_png, reference_area=args.reference_area,
                     u_inf=args.u_inf, fields=fields_of(args), conventions=conventions_of(args))
     if rank == 0:
         line = f"meshshard predict: {s['run']}: {s['cells']:,} cells on {world} rank(s)"
