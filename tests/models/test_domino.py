@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from meshshard.models.domino import DoMINO
-from meshshard.testing.distributed import run_ranks
+from meshshard.testing import RankCases, run_ranks
 from tests.models._domino_fns import data, mismatched, model, reference, sharded, uncovered
 
-CASES = {
+CASES = RankCases(sharded, {
     2: [
         {"stl": [50, 70], "points": [0, 40], "grid": [1, 5]},
         {"stl": [0, 90], "points": [22, 18], "grid": None, "k": 10},
@@ -52,24 +52,17 @@ CASES = {
         {"mesh": (2, 2), "stl": [30, 0, 40, 20], "points": [12, 0, 20, 8],
          "grid": ([1, 5], [3, 1]), "st": True, "search": "gathered", "backend": "brute"},
     ],
-}
-_RES: dict = {}
+}, timeout=300)
 
 
-def _run(world):
-    if world not in _RES:
-        _RES[world] = run_ranks(sharded, world, CASES[world], timeout=300)
-    return _RES[world]
-
-
-@pytest.mark.parametrize(("world", "i"), [(w, i) for w in CASES for i in range(len(CASES[w]))])
+@pytest.mark.parametrize(("world", "i"), CASES.params())
 def test_domino_sharded_equals_one_process(world, i):
-    case = CASES[world][i]
+    case = CASES.case(world, i)
     dtype = case.get("dtype", torch.float64)
     tol = {"rtol": 1e-9, "atol": 1e-11} if dtype == torch.float64 else {"rtol": 1e-4,
                                                                          "atol": 1e-6}
     out, loss, grads, input_grads = reference(case, dtype)
-    reports = [r[i] for r in _run(world)]
+    reports = CASES.per_rank(world, i)
     torch.testing.assert_close(torch.cat([r["out"] for r in reports]), out, **tol)
     for rep in reports:
         torch.testing.assert_close(rep["loss"], loss, **tol)

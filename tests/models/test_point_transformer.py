@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from meshshard.testing import run_ranks
+from meshshard.testing import RankCases
 from tests.models._pt_fns import point_transformer_cases
 
-CASES = {
+CASES = RankCases(point_transformer_cases, {
     2: [
         {"x": [3, 5], "q": [6, 1], "kpm": True},
         {"x": [0, 8], "causal": True, "dtype": torch.float32},
@@ -21,20 +21,13 @@ CASES = {
         {"x": [1, 1, 6, 0], "q": [2, 0, 5, 1]},
         {"x": [2, 0, 5, 1], "q": [3, 3, 0, 1], "kpm": True, "dtype": torch.float32},
     ],
-}
-_RESULTS: dict = {}
+}, timeout=240)
 
 
-def _results(P):
-    if P not in _RESULTS:
-        _RESULTS[P] = run_ranks(point_transformer_cases, P, CASES[P], timeout=240)
-    return _RESULTS[P]
-
-
-@pytest.mark.parametrize(("P", "ci"), [(P, i) for P, cs in CASES.items() for i in range(len(cs))])
+@pytest.mark.parametrize(("P", "ci"), CASES.params())
 def test_point_transformer_matches_one_process(P, ci):
-    for rank, res in enumerate(_results(P)):
-        assert res[ci] is None, f"case {CASES[P][ci]} rank {rank}:\n{res[ci]}"
+    for rank, error in enumerate(CASES.per_rank(P, ci)):
+        assert error is None, f"case {CASES.case(P, ci)} rank {rank}:\n{error}"
 
 
 def test_point_transformer_plain_torch():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tests.ops._fns import _shard, _weights
+from tests.ops._fns import _shard, _weights, leaf_shards
 
 
 def knn_chunk_cases(rank: int, P: int, cases: list[dict]) -> list[dict]:
@@ -16,12 +16,7 @@ def knn_chunk_cases(rank: int, P: int, cases: list[dict]) -> list[dict]:
 
     out = []
     for case in cases:
-        _, xl = _shard(case, rank, P, "x")
-        x = torch.tensor(xl, requires_grad=True)
-        y = None
-        if "y_sizes" in case:
-            _, yl = _shard(case, rank, P, "y")
-            y = torch.tensor(yl, requires_grad=True)
+        x, y = leaf_shards(case, rank, P)
         kw = dict(loop=case.get("loop", True), backend=case.get("backend", "auto"),
                   nboxes=case.get("nboxes", 16))
         m = (x if y is None else y).shape[0]

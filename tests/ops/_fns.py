@@ -25,6 +25,15 @@ def _shard(case: dict, rank: int, P: int, which: str = "x"):
     return stored, part.split(stored)[rank]
 
 
+def leaf_shards(case: dict, rank: int, P: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """This rank's shard of the case's points ``x`` and of its queries ``y`` (``None`` when the
+    case has no ``y_sizes``: the points query themselves), as leaves that take a gradient."""
+    x = torch.tensor(_shard(case, rank, P, "x")[1], requires_grad=True)
+    if "y_sizes" not in case:
+        return x, None
+    return x, torch.tensor(_shard(case, rank, P, "y")[1], requires_grad=True)
+
+
 def _weights(shape, rank: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 + rank)
     return torch.rand(shape, generator=g, dtype=torch.float64)
@@ -35,12 +44,7 @@ def knn_cases(rank: int, P: int, cases: list[dict]) -> list[dict]:
 
     out = []
     for case in cases:
-        _, xl = _shard(case, rank, P, "x")
-        x = torch.tensor(xl, requires_grad=True)
-        y = None
-        if "y_sizes" in case:
-            _, yl = _shard(case, rank, P, "y")
-            y = torch.tensor(yl, requires_grad=True)
+        x, y = leaf_shards(case, rank, P)
         d, i = knn(
             x,
             case["k"],
@@ -66,12 +70,7 @@ def radius_cases(rank: int, P: int, cases: list[dict]) -> list[dict]:
 
     out = []
     for case in cases:
-        _, xl = _shard(case, rank, P, "x")
-        x = torch.tensor(xl, requires_grad=True)
-        y = None
-        if "y_sizes" in case:
-            _, yl = _shard(case, rank, P, "y")
-            y = torch.tensor(yl, requires_grad=True)
+        x, y = leaf_shards(case, rank, P)
         kw = dict(
             max_num_neighbors=case.get("cap"),
             loop=case.get("loop", True),

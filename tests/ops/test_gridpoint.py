@@ -9,7 +9,7 @@ import torch
 
 from meshshard.ops.gridpoint import GridLayout
 from meshshard.ops.gridsample import grid_sample
-from meshshard.testing.distributed import run_ranks
+from meshshard.testing import RankCases, run_ranks
 from tests.ops._gridpoint_fns import (
     ORIGIN,
     SHAPE,
@@ -19,7 +19,7 @@ from tests.ops._gridpoint_fns import (
     radius_zero,
 )
 
-GP_CASES = {
+GP_CASES = RankCases(gridpoint_cases, {
     2: [
         {"points": [7, 13], "grid": [1, 4], "op": "radius", "r": 0.3,
          "direction": "grid_to_points"},
@@ -58,7 +58,7 @@ GP_CASES = {
         {"points": [4, 9, 7, 0], "grid": ([0, 3], [3, 2]), "axis": (2, 0), "op": "knn",
          "k": 4, "direction": "points_to_grid"},
     ],
-}
+}, timeout=120)
 
 # per mesh dim: None (grid replicated) or (spatial axis, sizes); route: the points' mesh dim
 GS_CASES = {
@@ -75,12 +75,6 @@ GS_CASES = {
 _RES: dict = {}
 
 
-def _gp(world):
-    if world not in _RES:
-        _RES[world] = run_ranks(gridpoint_cases, world, GP_CASES[world], timeout=120)
-    return _RES[world]
-
-
 def _gs(mesh):
     if mesh not in _RES:
         n = 1
@@ -90,12 +84,10 @@ def _gs(mesh):
     return _RES[mesh]
 
 
-@pytest.mark.parametrize(("world", "i"),
-                         [(w, i) for w in GP_CASES for i in range(len(GP_CASES[w]))])
+@pytest.mark.parametrize(("world", "i"), GP_CASES.params())
 def test_grid_queries_match_brute_force(world, i):
-    case = GP_CASES[world][i]
-    for rank, reports in enumerate(_gp(world)):
-        rep = reports[i]
+    case = GP_CASES.case(world, i)
+    for rank, rep in enumerate(GP_CASES.per_rank(world, i)):
         got, want = rep["index"]
         assert torch.equal(got, want), f"rank {rank}: neighbour indices differ ({case})"
         torch.testing.assert_close(*rep["dist"], rtol=1e-12, atol=1e-12)

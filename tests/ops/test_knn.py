@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from scipy.spatial import cKDTree
 
-from meshshard.testing.distributed import run_ranks
-from tests.ops._data import oracle_knn
+from meshshard.testing import RankCases
 from tests.ops._fns import knn_cases
-from tests.ops._oracle import full, full_weights, knn_grads
+from tests.ops._oracle import assert_knn_matches_oracle
 
-CASES = {
+CASES = RankCases(knn_cases, {
     2: [
         {"x_sizes": [30, 50], "k": 5},
         {"x_sizes": [3, 5], "k": 8},  # k = N
@@ -46,37 +43,9 @@ CASES = {
         {"x_sizes": [300], "k": 8, "method": "rcb", "kind": "clustered"},
         {"x_sizes": [300], "k": 8, "loop": False, "method": "metis"},
     ],
-}
-
-_RESULTS: dict[int, list] = {}
+})
 
 
-def _results(P: int) -> list:
-    if P not in _RESULTS:
-        _RESULTS[P] = run_ranks(knn_cases, P, CASES[P])
-    return _RESULTS[P]
-
-
-@pytest.mark.parametrize(("P", "ci"), [(P, i) for P, cs in CASES.items() for i in range(len(cs))])
+@pytest.mark.parametrize(("P", "ci"), CASES.params())
 def test_knn_matches_oracle(P: int, ci: int) -> None:
-    case = CASES[P][ci]
-    per_rank = [r[ci] for r in _results(P)]
-    x = full(case, P, "x")
-    y = full(case, P, "y") if "y_sizes" in case else None
-    yq = x if y is None else y
-    loop = case.get("loop", True)
-    index = np.concatenate([r["index"] for r in per_rank])
-    want = oracle_knn(x, yq, case["k"], exclude_self=y is None and not loop)
-    np.testing.assert_array_equal(index, want, err_msg=f"case {case}")
-    if case.get("kind", "uniform") != "dupes":  # cKDTree sets (no ties to break)
-        _, ref = cKDTree(x).query(yq, k=case["k"] + (0 if loop or y is not None else 1))
-        ref = np.asarray(ref).reshape(yq.shape[0], -1)
-        if not loop and y is None:
-            ref = ref[:, 1:]
-        assert all(set(a) == set(b) for a, b in zip(index.tolist(), ref.tolist()))
-    w = full_weights([r["dist"].shape for r in per_rank])
-    d_ref, gx_ref, gy_ref = knn_grads(x, y, want, w)
-    np.testing.assert_allclose(np.concatenate([r["dist"] for r in per_rank]), d_ref, atol=1e-12)
-    np.testing.assert_allclose(np.concatenate([r["gx"] for r in per_rank]), gx_ref, atol=1e-10)
-    if y is not None:
-        np.testing.assert_allclose(np.concatenate([r["gy"] for r in per_rank]), gy_ref, atol=1e-10)
+    assert_knn_matches_oracle(CASES.case(P, ci), P, CASES.per_rank(P, ci))

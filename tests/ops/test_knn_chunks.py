@@ -8,14 +8,13 @@ import math
 
 import numpy as np
 import pytest
-from scipy.spatial import cKDTree
 
-from meshshard.testing.distributed import run_ranks
+from meshshard.testing import RankCases, run_ranks
 from tests.ops._chunk_fns import knn_chunk_cases, knn_chunk_st
 from tests.ops._data import oracle_knn
-from tests.ops._oracle import full, full_weights, knn_grads
+from tests.ops._oracle import assert_knn_matches_oracle, full
 
-CASES = {
+CASES = RankCases(knn_chunk_cases, {
     2: [
         {"x_sizes": [3, 5], "k": 8, "chunk": 1},  # k = N, one query per round
         {"x_sizes": [3, 5], "k": 7, "loop": False, "chunk": 2},  # k = N - 1
@@ -40,25 +39,12 @@ CASES = {
          "kind": "clustered"},
         {"x_sizes": [300], "k": 8, "chunk": 64, "method": "metis"},
     ],
-}
-
-_RESULTS: dict[int, list] = {}
+})
 
 
-def _results(P: int) -> list:
-    if P not in _RESULTS:
-        _RESULTS[P] = run_ranks(knn_chunk_cases, P, CASES[P])
-    return _RESULTS[P]
-
-
-@pytest.mark.parametrize(("P", "ci"), [(P, i) for P, cs in CASES.items() for i in range(len(cs))])
+@pytest.mark.parametrize(("P", "ci"), CASES.params())
 def test_knn_chunks_match_oracle(P: int, ci: int) -> None:
-    case = CASES[P][ci]
-    per_rank = [r[ci] for r in _results(P)]
-    x = full(case, P, "x")
-    y = full(case, P, "y") if "y_sizes" in case else None
-    yq = x if y is None else y
-    loop = case.get("loop", True)
+    case, per_rank = CASES.case(P, ci), CASES.per_rank(P, ci)
     # every rank ran the same rounds; its spans tile its own rows in order
     m = [r["index"].shape[0] for r in per_rank]
     rounds = math.ceil(max(m) / case["chunk"])
@@ -66,21 +52,7 @@ def test_knn_chunks_match_oracle(P: int, ci: int) -> None:
         assert r["rounds"] == rounds == len(r["spans"])
         assert [a for a, _ in r["spans"]] == [min(j * case["chunk"], mr) for j in range(rounds)]
         assert r["spans"][-1][1] == mr if rounds else mr == 0
-    index = np.concatenate([r["index"] for r in per_rank])
-    want = oracle_knn(x, yq, case["k"], exclude_self=y is None and not loop)
-    np.testing.assert_array_equal(index, want, err_msg=f"case {case}")
-    if case.get("kind", "uniform") != "dupes":  # cKDTree sets (no ties to break)
-        _, ref = cKDTree(x).query(yq, k=case["k"] + (0 if loop or y is not None else 1))
-        ref = np.asarray(ref).reshape(yq.shape[0], -1)
-        if not loop and y is None:
-            ref = ref[:, 1:]
-        assert all(set(a) == set(b) for a, b in zip(index.tolist(), ref.tolist()))
-    w = full_weights([r["dist"].shape for r in per_rank])
-    d_ref, gx_ref, gy_ref = knn_grads(x, y, want, w)
-    np.testing.assert_allclose(np.concatenate([r["dist"] for r in per_rank]), d_ref, atol=1e-12)
-    np.testing.assert_allclose(np.concatenate([r["gx"] for r in per_rank]), gx_ref, atol=1e-10)
-    if y is not None:
-        np.testing.assert_allclose(np.concatenate([r["gy"] for r in per_rank]), gy_ref, atol=1e-10)
+    assert_knn_matches_oracle(case, P, per_rank)
     for r in per_rank:  # bitwise the all-at-once kNN's answer
         np.testing.assert_array_equal(r["index"], r["index_all"])
         np.testing.assert_array_equal(r["dist"], r["dist_all"])

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from scipy.spatial import cKDTree
 
-from meshshard.testing.distributed import run_ranks
+from meshshard.testing import RankCases, run_ranks
 from tests.ops._data import oracle_knn, oracle_radius
 from tests.ops._fns import graph_cases, radius_cases
-from tests.ops._oracle import full
+from tests.ops._oracle import assert_grads_match, full, full_weights, gathered, radius_grads
 
-CASES = {
+CASES = RankCases(radius_cases, {
     2: [
         {"x_sizes": [30, 50], "r": 0.25},
         {"x_sizes": [0, 80], "r": 0.3, "loop": False},
@@ -39,65 +38,42 @@ CASES = {
         {"x_sizes": [300], "r": 0.15, "loop": False, "method": "hilbert"},
         {"x_sizes": [300], "r": 0.03, "method": "metis", "kind": "clustered", "cap": 6},
     ],
-}
-
-_RESULTS: dict[int, list] = {}
+})
 
 
-def _results(P: int) -> list:
-    if P not in _RESULTS:
-        _RESULTS[P] = run_ranks(radius_cases, P, CASES[P])
-    return _RESULTS[P]
-
-
-@pytest.mark.parametrize(("P", "ci"), [(P, i) for P, cs in CASES.items() for i in range(len(cs))])
+@pytest.mark.parametrize(("P", "ci"), CASES.params())
 def test_radius_matches_oracle(P: int, ci: int) -> None:
-    from tests.ops._fns import _weights
-
-    case = CASES[P][ci]
-    per_rank = [r[ci] for r in _results(P)]
-    x = full(case, P, "x")
-    y = full(case, P, "y") if "y_sizes" in case else None
-    yq = x if y is None else y
-    loop = case.get("loop", True)
-    want = oracle_radius(x, yq, case["r"], exclude_self=y is None and not loop, cap=case.get("cap"))
+    case, per_rank = CASES.case(P, ci), CASES.per_rank(P, ci)
+    g = gathered(case, P)
+    want = oracle_radius(
+        g.x, g.queries, case["r"], exclude_self=g.exclude_self, cap=case.get("cap")
+    )
     got = []
     for r in per_rank:
         got += [r["index"][a:b] for a, b in zip(r["ptr"][:-1], r["ptr"][1:])]
     assert len(got) == len(want)
-    for i, (g, w) in enumerate(zip(got, want)):
-        np.testing.assert_array_equal(g, w, err_msg=f"query {i} of case {case}")
+    for i, (nb, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(nb, w, err_msg=f"query {i} of case {case}")
     if "cap" not in case and case.get("kind") != "dupes":  # cKDTree sets
-        ref = cKDTree(x).query_ball_point(yq, r=case["r"])
-        for g, s, i in zip(got, ref, range(len(got))):
-            s = set(s) - ({i} if (y is None and not loop) else set())
-            assert set(g.tolist()) == s
+        ref = cKDTree(g.x).query_ball_point(g.queries, r=case["r"])
+        for nb, s, i in zip(got, ref, range(len(got))):
+            s = set(s) - ({i} if g.exclude_self else set())
+            assert set(nb.tolist()) == s
     # padded format: same lists, width = cap or the global max count
     width = case.get("cap") or max(len(w) for w in want)
     pad_i = np.concatenate([r["pad_index"] for r in per_rank])
     pad_d = np.concatenate([r["pad_dist"] for r in per_rank])
-    assert pad_i.shape == (yq.shape[0], width)
+    assert pad_i.shape == (g.queries.shape[0], width)
     for i, w in enumerate(want):
         np.testing.assert_array_equal(pad_i[i, : len(w)], w)
         assert (pad_i[i, len(w) :] == -1).all() and np.isinf(pad_d[i, len(w) :]).all()
     # distances and gradients against single-process autograd
-    xt = torch.tensor(x, requires_grad=True)
-    yt = xt if y is None else torch.tensor(y, requires_grad=True)
-    rows = torch.cat([torch.full((len(w),), i) for i, w in enumerate(want)]).long()
-    cols = torch.as_tensor(np.concatenate(want)).long()
-    d = torch.linalg.vector_norm(yt[rows] - xt[cols], dim=-1)
-    wts = torch.cat([_weights(r["dist"].shape, q) for q, r in enumerate(per_rank)])
-    (d * wts).sum().backward()
-    np.testing.assert_allclose(
-        np.concatenate([r["dist"] for r in per_rank]), d.detach(), atol=1e-12
-    )
-    np.testing.assert_allclose(np.concatenate([r["gx"] for r in per_rank]), xt.grad, atol=1e-10)
-    if y is not None:
-        np.testing.assert_allclose(np.concatenate([r["gy"] for r in per_rank]), yt.grad, atol=1e-10)
+    wts = full_weights([r["dist"].shape for r in per_rank])
+    assert_grads_match(per_rank, *radius_grads(g.x, g.y, want, wts))
     # the padded path's gradient (capped: the static-shape path) equals the CSR's, same pairs
     for r in per_rank:
         np.testing.assert_allclose(r["pad_gx"], r["unit_gx"], atol=1e-12)
-        if y is not None:
+        if g.y is not None:
             np.testing.assert_allclose(r["pad_gy"], r["unit_gy"], atol=1e-12)
 
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from meshshard.ops._triangles import closest_points
-from meshshard.testing.distributed import run_ranks
+from meshshard.testing import RankCases, run_ranks
 from tests.ops._sdf_fns import cube, nonfinite, queries, reference, sdf_cases, torus
 
-CASES = {
+CASES = RankCases(sdf_cases, {
     2: [
         {"mesh": "torus", "tri": [0, None], "queries": [40, 60], "grid": [2, 3]},
         {"mesh": "cube", "tri": [5, None], "queries": [0, 80], "shuffle": False},
@@ -26,27 +26,17 @@ CASES = {
         {"mesh": "torus", "tri": [40, 0, 100, None], "queries": [0, 20, 10, 15],
          "grid": ([1, 4], [3, 0]), "grid_axis": (0, 1)},
     ],
-}
-_RES: dict = {}
+}, timeout=240)
 
 
-def _run(world):
-    if world not in _RES:
-        _RES[world] = run_ranks(sdf_cases, world, CASES[world], timeout=240)
-    return _RES[world]
-
-
-@pytest.mark.parametrize(("world", "i"), [(w, i) for w in CASES for i in range(len(CASES[w]))])
+@pytest.mark.parametrize(("world", "i"), CASES.params())
 def test_sdf_matches_brute_force(world, i):
-    case = CASES[world][i]
-    reports = _run(world)
+    case, reports = CASES.case(world, i), CASES.per_rank(world, i)
     if case.get("on_open") == "raise":
-        for reps in reports:
-            rep = reps[i]
+        for rep in reports:
             assert "not closed" in rep["raised"] and "watertight" in rep["raised"]
         return
-    for rank, reps in enumerate(reports):
-        rep = reps[i]
+    for rank, rep in enumerate(reports):
         closed = not case.get("open")
         assert rep["closed"] is closed
         for key in ("sdf", "functional", "grid"):
@@ -65,7 +55,7 @@ def test_sdf_matches_brute_force(world, i):
             if rank == 0:
                 assert "UNSIGNED" in rep["warnings"][0]
     if not case.get("open"):  # the cases have points inside and outside
-        sdf = torch.cat([reps[i]["sdf"][0] for reps in reports])
+        sdf = torch.cat([rep["sdf"][0] for rep in reports])
         assert (sdf < 0).sum() >= 3 and (sdf > 0).sum() >= 3
 
 

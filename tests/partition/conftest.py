@@ -1,5 +1,6 @@
-"""Fixtures of the ghost-row refinement tests (``test_volrefine.py``, ``test_fastrefine.py``):
-a kNN cloud and a triangle mesh's dual graph. Test files that define their own keep theirs."""
+"""Fixtures of the ghost-row refinement tests (``test_refiners.py``, ``test_volrefine.py``,
+``test_fastrefine.py``): a kNN cloud and a triangle mesh's dual graph. Test files that define
+their own keep theirs."""
 
 from __future__ import annotations
 

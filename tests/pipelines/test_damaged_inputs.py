@@ -66,11 +66,29 @@ BOMB_BYTES = 512 << 20
 
 
 def _run_cases(tmp_path, cases: dict, reader: str = "own") -> dict:
+    """Read each file of ``cases`` (name -> path) in a child under ``LIMIT_MB``; name ->
+    record. ``reader="vtk"``: with MESHSHARD_READER=vtk and VTK's reading path in place
+    (otherwise a file handed to VTK fails the case)."""
     spec = tmp_path / "cases.json"
     spec.write_text(json.dumps([[k, str(v)] for k, v in cases.items()]))
-    rc, res, err = run_child(CHILD, str(spec), reader, limit_mb=LIMIT_MB, timeout=300)
+    code = CHILD
+    if reader == "vtk":
+        code = "import os; os.environ['MESHSHARD_READER'] = 'vtk'\n" + CHILD
+    rc, res, err = run_child(code, str(spec), reader, limit_mb=LIMIT_MB, timeout=300)
     assert rc == 0 and res is not None, f"child died (rc={rc}): {err[-3000:]}"
     return {r["case"]: r for r in res["results"]}
+
+
+def _assert_good_read_and_damaged_refused(got: dict) -> None:
+    """Case "good" was read; every other case raised an InputFileError that starts with its
+    file's path."""
+    assert got["good"]["ok"], got["good"]
+    for name, rec in got.items():
+        if name == "good":
+            continue
+        assert not rec["ok"], f"{name}: read without error"
+        assert rec["input_error"], f"{name}: {rec['type']}: {rec['msg']}"
+        assert rec["msg"].startswith(rec["path"]), f"{name}: {rec['msg']}"
 
 
 def _bomb(kind: str, nbytes: int) -> bytes:
@@ -195,14 +213,9 @@ def _offset_of(raw: bytes, what: bytes) -> str:
 
 def test_damaged_vtk_files_fail_clearly_in_bounded_memory(tmp_path, damaged):
     got = _run_cases(tmp_path, damaged)
-    assert got["good"]["ok"], got["good"]
+    _assert_good_read_and_damaged_refused(got)
     for name, rec in got.items():
-        if name == "good":
-            continue
-        assert not rec["ok"], f"{name}: read without error"
-        assert rec["input_error"], f"{name}: {rec['type']}: {rec['msg']}"
-        assert rec["msg"].startswith(rec["path"]), f"{name}: {rec['msg']}"
-        assert "handed to VTK" not in rec["msg"], name
+        assert "handed to VTK" not in rec.get("msg", ""), name
     msgs = {k: v.get("msg", "") for k, v in got.items()}
     assert "NumberOfPoints=-5 is negative" in msgs["points_minus_5"]
     assert "nested deeper" in msgs["nested_200k"]
@@ -228,23 +241,11 @@ def test_damaged_vtk_files_fail_clearly_in_bounded_memory(tmp_path, damaged):
 def test_vtk_reader_output_is_validated(tmp_path, damaged):
     """With MESHSHARD_READER=vtk, VTK accepts a connectivity id of -1; meshshard's check of
     what came out refuses it (naming the file) before anything is computed or written."""
-    rc, res, err = run_child(
-        "import os; os.environ['MESHSHARD_READER'] = 'vtk'\n" + CHILD,
-        str(_spec(tmp_path, {"conn": damaged["conn_minus_1"], "good": damaged["good"]})),
-        "vtk",
-        limit_mb=LIMIT_MB,
-    )
-    assert rc == 0 and res is not None, err[-3000:]
-    got = {r["case"]: r for r in res["results"]}
+    cases = {"conn": damaged["conn_minus_1"], "good": damaged["good"]}
+    got = _run_cases(tmp_path, cases, reader="vtk")
     assert got["good"]["ok"]
     assert got["conn"]["input_error"] and "refers to point -1" in got["conn"]["msg"]
     assert got["conn"]["msg"].startswith(str(damaged["conn_minus_1"]))
-
-
-def _spec(tmp_path, cases):
-    p = tmp_path / "spec.json"
-    p.write_text(json.dumps([[k, str(v)] for k, v in cases.items()]))
-    return p
 
 
 def test_unsupported_layouts_still_go_to_vtk(tmp_path):
@@ -321,21 +322,9 @@ def test_vtk_reader_on_hostile_headers_fails_clearly(tmp_path, damaged):
     """Issue 26, item 4: with MESHSHARD_READER=vtk every damaged file above is refused by the
     header check before VTK sees it (no SIGSEGV/SIGABRT, no allocation without bound): a
     one-line error naming the file, under the same address-space limit."""
-    spec = tmp_path / "cases.json"
-    spec.write_text(json.dumps([[k, str(v)] for k, v in damaged.items()]))
-    rc, res, err = run_child(
-        "import os; os.environ['MESHSHARD_READER'] = 'vtk'\n" + CHILD, str(spec), "vtk",
-        limit_mb=LIMIT_MB, timeout=300,
-    )  # fmt: skip
-    assert rc == 0 and res is not None, f"child died (rc={rc}): {err[-3000:]}"
-    got = {r["case"]: r for r in res["results"]}
-    assert got["good"]["ok"], got["good"]
+    got = _run_cases(tmp_path, damaged, reader="vtk")
+    _assert_good_read_and_damaged_refused(got)
     for name, rec in got.items():
-        if name == "good":
-            continue
-        assert not rec["ok"], f"{name}: read without error"
-        assert rec["input_error"], f"{name}: {rec['type']}: {rec['msg']}"
-        assert rec["msg"].startswith(rec["path"]), f"{name}: {rec['msg']}"
-        assert "\n" not in rec["msg"], name
+        assert "\n" not in rec.get("msg", ""), name
     for name in ("offset_minus_8", "pieces_offset_minus_8vtp", "pieces_offset_minus_8vtu"):
         assert "offset=-8 outside the appended data" in got[name]["msg"], got[name]

@@ -52,6 +52,18 @@ def _run(src, dst, *extra, **env) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=_env(**env), timeout=GUARD)
 
 
+def _start(src, dst, *extra, hold: Path | None = None, **popen_kw) -> subprocess.Popen:
+    """Start the command in the background, its output piped as text (``popen_kw`` overrides
+    that). With ``hold`` (a directory made here), each worker waits with its finished
+    temporary store until ``hold / "release"`` exists."""
+    env = _env()
+    if hold is not None:
+        hold.mkdir()
+        env[HOLD_ENV] = str(hold)
+    kw = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen_kw}
+    return subprocess.Popen(_cmd(src, dst, *extra), env=env, **kw)
+
+
 def _alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie waiting to be reaped counts as dead)."""
     try:
@@ -157,14 +169,7 @@ def test_a_real_segfault_inside_vtk_fails_alone(three_runs, tmp_path):
 def test_a_worker_killed_from_outside_fails_only_its_run(three_runs, tmp_path):
     """SIGKILL (as the out-of-memory killer sends) to the worker holding run_1."""
     out, hold = tmp_path / "out", tmp_path / "hold"
-    hold.mkdir()
-    proc = subprocess.Popen(
-        _cmd(three_runs, out, "--workers", "1"),
-        env=_env(**{HOLD_ENV: str(hold)}),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start(three_runs, out, "--workers", "1", hold=hold)
     try:
         pid = _held(hold, 1)["run_1"]
         (hold / "release").write_text("")  # the runs after run_1 go straight through
@@ -187,16 +192,8 @@ def test_interrupt_stops_everything_and_a_rerun_resumes(
     three_runs, reference, tmp_path, sig, workers
 ):
     out, hold = tmp_path / "out", tmp_path / "hold"
-    hold.mkdir()
-    (out).mkdir()
-    proc = subprocess.Popen(
-        _cmd(three_runs, out, "--workers", str(workers)),
-        env=_env(**{HOLD_ENV: str(hold)}),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    out.mkdir()
+    proc = _start(three_runs, out, "--workers", str(workers), hold=hold, start_new_session=True)
     try:
         pids = _held(hold, workers).values()
         assert any(out.glob("run_*.zarr.tmp-*"))  # a store half-written (not yet published)
@@ -219,14 +216,8 @@ def test_interrupt_stops_everything_and_a_rerun_resumes(
 
 def test_kill9_of_the_parent_ends_its_workers(three_runs, reference, tmp_path):
     out, hold = tmp_path / "out", tmp_path / "hold"
-    hold.mkdir()
-    proc = subprocess.Popen(
-        _cmd(three_runs, out, "--workers", "2"),
-        env=_env(**{HOLD_ENV: str(hold)}),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = _start(three_runs, out, "--workers", "2", hold=hold, stdout=subprocess.DEVNULL,
+                  stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
         pids = list(_held(hold, 2).values())
         assert all(_alive(p) for p in pids)
@@ -247,14 +238,7 @@ def test_kill9_of_the_parent_ends_its_workers(three_runs, reference, tmp_path):
 
 def test_a_live_writers_temporary_is_never_deleted(three_runs, reference, tmp_path):
     out, hold = tmp_path / "out", tmp_path / "hold"
-    hold.mkdir()
-    first = subprocess.Popen(
-        _cmd(three_runs, out, "--runs", "run_1"),
-        env=_env(**{HOLD_ENV: str(hold)}),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = _start(three_runs, out, "--runs", "run_1", hold=hold)
     try:
         pid = _held(hold, 1)["run_1"]
         tmp = out / f"run_1.zarr.tmp-{pid}"
@@ -395,11 +379,7 @@ def test_ctrl_c_while_the_workers_import_prints_one_line_and_no_traceback(three_
     """A terminal's Ctrl-C reaches the workers too; those still importing (before they ignore
     SIGINT) printed a KeyboardInterrupt traceback each. They now start with SIGINT blocked."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        _cmd(three_runs, out, "--workers", "2"),
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )
+    proc = _start(three_runs, out, "--workers", "2", start_new_session=True)
     try:
         _wait_for(lambda: len(_workers_of(proc.pid)) >= 2 or proc.poll() is not None,
                   "the workers to start")

@@ -102,3 +102,8 @@ def private_cache_rank(rank: int, world_size: int) -> tuple[str, bool, bool]:
     with open(os.path.join(path, "artefact"), "w") as f:  # as inductor would leave one
         f.write("x")
     return path, os.environ["TORCHINDUCTOR_CACHE_DIR"] == path, os.path.isdir(path)
+
+
+def case_squares(rank: int, world_size: int, cases: list[dict]) -> list[tuple[int, int, int]]:
+    """One result per case: (rank, world size, the case's number squared)."""
+    return [(rank, world_size, c["n"] ** 2) for c in cases]
