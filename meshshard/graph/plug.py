@@ -8,7 +8,7 @@ construction — no ``sync_gradients``, no loss scaling by hand.
 
 - node tensors come in *owned* (``Shard(0)``, the partition's sizes) and are computed on in the
   *extended* layout (owned rows then ghost copies, see
-  :mod:`meshshard.shardtensor._aten.rules_graph`);
+  :mod:`meshshard.shardtensor.rules.graph_rows`);
 - ``edge_index`` is a ``(2, E)`` ShardTensor sharded over each rank's local edges whose values
   are extended rows of the same rank, so ``h[edge_index[0]]`` and the aggregation are local;
 - ``begin``/``before_layer`` refresh the ghosts (the only communication; differentiable);
@@ -31,13 +31,13 @@ from torch.distributed.tensor import Shard
 from meshshard.graph.record import ShardedGraph
 from meshshard.shardtensor._aten import from_local
 from meshshard.shardtensor._aten.layout_args import comm_device
-from meshshard.shardtensor._aten.rules_graph import (
+from meshshard.shardtensor.rules.graph_rows import (
     ghost_refresh,
     note_index_range,
     row_gather,
     row_scatter,
 )
-from meshshard.shardtensor._aten.rules_pyg import note_extended
+from meshshard.shardtensor.rules.graph_scatter import note_extended
 
 __all__ = ["GraphPlug"]
 

@@ -36,7 +36,7 @@ compose with ShardTensor activations, for two reasons found by running them (4 g
 So the parameters stay DTensors (for the rest of PyTorch) and the computation is ShardTensor's:
 each call wraps the weight's local piece with ``from_local`` on the activation mesh, and
 ``F.linear`` goes through the new class's product rule (``meshshard::einsum``, see
-``meshshard/shardtensor/_aten/rules_tp.py``), which keeps the points' uneven layout; there is
+``meshshard/shardtensor/rules/tp.py``), which keeps the points' uneven layout; there is
 no second tensor type in the computation.
 
 Under plain ``torch.compile`` the wrapping runs outside dynamo (a graph break at each

@@ -13,6 +13,27 @@ Export: :class:`ShardTensor`, torch's :class:`Shard`, :class:`Replicate`, :class
 
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+# every op family's rules, one module each (importing one registers its rules; a family that
+# extends another's rule imports that module itself, so the order here does not matter)
+import meshshard.shardtensor.rules.attention
+import meshshard.shardtensor.rules.fallback
+import meshshard.shardtensor.rules.graph_rows
+import meshshard.shardtensor.rules.graph_scatter
+import meshshard.shardtensor.rules.grid_circular
+import meshshard.shardtensor.rules.grid_conv
+import meshshard.shardtensor.rules.grid_norm
+import meshshard.shardtensor.rules.grid_resample
+import meshshard.shardtensor.rules.grid_window
+import meshshard.shardtensor.rules.index
+import meshshard.shardtensor.rules.linalg
+import meshshard.shardtensor.rules.norm
+import meshshard.shardtensor.rules.pointwise
+import meshshard.shardtensor.rules.reduction
+import meshshard.shardtensor.rules.shape
+import meshshard.shardtensor.rules.slice
+import meshshard.shardtensor.rules.tp
+import meshshard.shardtensor.rules.values
+import meshshard.shardtensor.rules.view  # noqa: F401
 from meshshard.errors import LayoutError, NoShardingRuleError
 from meshshard.shardtensor._aten import ShardTensor, from_local, redistribute
 from meshshard.shardtensor._aten.grad_bucket import bucket_weight_grads

@@ -230,10 +230,10 @@ def compile_case(rank: int, P: int, case: dict) -> dict:
     x = plug.nodes(torch.from_numpy(prob["x"][mine]).double())
     weight = plug.edges(torch.from_numpy(g.local_edges(prob["messages"][:, 0])).double())
     w = plug.nodes(torch.from_numpy(prob["w"][mine]).double())
-    from meshshard.shardtensor._aten import rules_pyg
+    from meshshard.shardtensor.rules import graph_scatter
 
-    rules_pyg._NODE_LAYOUTS.clear()  # earlier eager cases of this spawn recorded the layout:
-    rules_pyg._INDEX_LAYOUTS.clear()  # the compiled run must record it itself
+    graph_scatter._NODE_LAYOUTS.clear()  # earlier eager cases of this spawn recorded the layout:
+    graph_scatter._INDEX_LAYOUTS.clear()  # the compiled run must record it itself
     model = _net("graph", "add")
     out = {}
     for name, fn in (("compiled", torch.compile(model, backend="aot_eager")), ("eager", model)):

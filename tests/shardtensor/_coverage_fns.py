@@ -58,7 +58,7 @@ class _Aten(TorchDispatchMode):
 def reached_ops(rank, world_size, sizes):
     """Rank function: run the op-family oracles under the recorders; return (names of the
     registered rules reached, failures of the cases)."""
-    from meshshard.shardtensor._aten import rules as _R
+    from meshshard.shardtensor._aten import dispatch as _R
     from meshshard.shardtensor._aten.registry import (
         FALLBACK,
         POINTWISE,

@@ -1,4 +1,4 @@
-"""Tensor-parallel products on the new ShardTensor (``_aten/rules_tp.py``): column- and
+"""Tensor-parallel products on the new ShardTensor (``rules/tp.py``): column- and
 row-parallel ``F.linear`` with ShardTensor weight pieces, ``einsum`` / ``matmul`` / linear on
 tensors sharded on several dims at once (batch on "data", points on "domain", heads or features
 on "tensor"), and the local head-splitting view, on 2 and 4 gloo ranks (meshes 1x2x1, 1x1x2,

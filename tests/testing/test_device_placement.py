@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLEAN = ["transolver", "ring_attention", "grid_unet", "meshgraphnet_plug", "meshgraphnet_ghost",
          "domino", "domino_local"]
 # a tensor deliberately left on the host: (family, the meshshard file the guard must name)
-HOST = {"meshgraphnet_plug_host_indices": "rules_graph.py",
+HOST = {"meshgraphnet_plug_host_indices": "rules/graph_rows.py",
         "meshgraphnet_ghost_host_rows": "comm/resident.py",
         "domino_host_padding": "ops/_gathered.py"}
 _OUT: dict = {}

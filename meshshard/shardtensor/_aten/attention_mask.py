@@ -28,7 +28,7 @@ import torch
 from torch.distributed.tensor import Partial, Shard
 
 from meshshard.errors import LayoutError
-from meshshard.shardtensor._aten.rules import _all_gather_v, _coord, _fc, _narrow, check
+from meshshard.shardtensor._aten.dispatch import _all_gather_v, _coord, _fc, _narrow, check
 from meshshard.shardtensor._aten.tensor import SHARDED, ShardTensor
 
 __all__ = ["mask_local"]

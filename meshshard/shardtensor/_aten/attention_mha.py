@@ -3,9 +3,10 @@
 The rule runs the function as its parts, each of which has a sharding rule: input projections
 (``F.linear`` with replicated weights), a reshape to ``(B, H, L, E)``,
 ``F.scaled_dot_product_attention`` (ring attention when tokens are sharded, see
-:mod:`.rules_attention`), and the output projection. Inputs are sequence-first ``(L, B, E)``, as
-the module passes them (``batch_first=True`` modules transpose before the call). A
-``key_padding_mask`` sharded on its key dim like the keys stays so (the attention rule takes it).
+:mod:`meshshard.shardtensor.rules.attention`), and the output projection. Inputs are
+sequence-first ``(L, B, E)``, as the module passes them (``batch_first=True`` modules
+transpose before the call). A ``key_padding_mask`` sharded on its key dim like the keys stays
+so (the attention rule takes it).
 """
 
 from __future__ import annotations

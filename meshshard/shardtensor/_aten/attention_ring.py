@@ -1,6 +1,7 @@
 """Exact attention over key/value blocks held by different ranks (ring attention), on local
 tensors, forward and backward: what the opaque custom ops ``meshshard::ring_attention`` and
-``meshshard::ring_attention_backward`` (:mod:`.rules_attention`) run, in ``no_grad``.
+``meshshard::ring_attention_backward`` (:mod:`meshshard.shardtensor.rules.attention`) run,
+in ``no_grad``.
 
 Each rank keeps its query rows. Key/value blocks travel round the ring of the group in ``P - 1``
 shifts; each shift is started before the block in hand is computed, so transfer and compute

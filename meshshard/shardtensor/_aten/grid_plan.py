@@ -1,6 +1,6 @@
 """Where grid rules' outputs live and which input rows each rank reads (numpy only, no
 communication): the plans the halo convolutions, pools, pads, transposed convolutions and
-resamplings of ``rules_grid*.py`` execute.
+resamplings of ``rules/grid_*.py`` execute.
 
 Ownership rule (stated once, used by every grid rule): output index ``j`` along a sharded dim
 belongs to the rank that owns its *anchor* input row, clamped to ``[0, N - 1]``:

@@ -16,16 +16,16 @@ from typing import Any
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-from meshshard.shardtensor._aten.layout_args import even_sizes, resolve_layout
-from meshshard.shardtensor._aten.rules import (
+from meshshard.shardtensor._aten.dispatch import (
     _all_gather_v,
     _all_reduce,
     _coord,
     _fc,
     _narrow,
     check,
-    register_rule,
 )
+from meshshard.shardtensor._aten.layout_args import even_sizes, resolve_layout
+from meshshard.shardtensor._aten.registry import register_rule
 from meshshard.shardtensor._aten.tensor import (
     LATE,
     SHARDED,

@@ -1,7 +1,7 @@
 """The error for an aten op on a ShardTensor with no sharding rule, naming the torch function
 the user called as well as the aten op (``torch.fft.fft`` reaches dispatch as
 ``aten._fft_r2c``), and how to add a rule. Imports nothing from the package, so ``tensor.py``
-and ``rules.py`` both may."""
+and ``dispatch.py`` both may."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ Rules:
   rule it extends (or, for an op with no base, to the fallback);
 - a *direct* rule (``direct=True``, and every function-level rule) computes the result itself.
 
-Imports nothing from the package (``tensor.py`` and ``rules.py`` both build on it).
+Imports nothing from the package (``tensor.py``, ``dispatch.py`` and the rule modules build on it).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from torch.distributed.tensor import Replicate, Shard
 
 from meshshard.comm.check import check_collective
 from meshshard.errors import LayoutError
+from meshshard.shardtensor._aten.dispatch import _coord, _fc, check
 from meshshard.shardtensor._aten.layout_args import comm_device
-from meshshard.shardtensor._aten.rules import _coord, _fc, check
 from meshshard.shardtensor._aten.tensor import ShardTensor, _FromLocal, make_spec
 
 __all__ = ["scatter"]

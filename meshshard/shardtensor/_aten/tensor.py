@@ -2,7 +2,7 @@
 
 ``ShardTensor`` is a wrapper subclass like torch's DTensor: ``requires_grad``, ``grad_fn``
 and ``.grad`` are the wrapper's own, autograd records the *global* computation, and every aten
-op (forward and backward alike) reaches :func:`meshshard.shardtensor._aten.rules.dispatch`,
+op (forward and backward alike) reaches :func:`meshshard.shardtensor._aten.dispatch.dispatch`,
 which computes on the local pieces. Unlike DTensor the spec records every rank's size of each
 sharded dim (uneven and empty shards).
 

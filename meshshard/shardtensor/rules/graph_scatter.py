@@ -1,8 +1,8 @@
 """Unmodified PyG ``MessagePassing`` layers on the aten-level ShardTensor: the
-scatter side of message passing, row-local like :mod:`.rules_graph`'s gather.
+scatter side of message passing, row-local like :mod:`.graph_rows`'s gather.
 
 PyG gathers with ``x.index_select(-2, edge_index[j])`` (row-local already, see
-:mod:`.rules_graph`) and aggregates with
+:mod:`.graph_rows`) and aggregates with
 ``msgs.new_zeros((dim_size, F)).scatter_add_(0, index.view(-1, 1).expand_as(msgs), msgs)``
 (``scatter_reduce_`` for min/max/mul, ``scatter_`` for "any", two ``scatter_add_`` for mean),
 where ``dim_size`` is ``x.size(0)``, the global row count of the node tensor. Two rules make
@@ -37,17 +37,13 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import Shard
 
-from meshshard.shardtensor._aten import rules_graph as _G
-from meshshard.shardtensor._aten import rules_grid_norm as _N  # noqa: F401  (its rules first)
-from meshshard.shardtensor._aten import rules_index as _I  # noqa: F401  (its rules first)
-from meshshard.shardtensor._aten.registry import DIRECT, rule_for
-from meshshard.shardtensor._aten.rules import (
-    _coord,
-    _execute,
-    _pointwise,
-    register_rule,
-)
+from meshshard.shardtensor._aten.dispatch import _coord, _execute
+from meshshard.shardtensor._aten.registry import DIRECT, register_rule, rule_for
 from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
+from meshshard.shardtensor.rules import graph_rows as _G
+from meshshard.shardtensor.rules import grid_norm as _N  # noqa: F401  (its rules first)
+from meshshard.shardtensor.rules import index as _I  # noqa: F401  (its rules first)
+from meshshard.shardtensor.rules.pointwise import _pointwise
 
 aten = torch.ops.aten
 
@@ -93,7 +89,7 @@ def _recording(fn, index_pos: int):
     return wrapped
 
 
-# the row gathers of rules_graph, extended to record the node layouts they see
+# the row gathers of graph_rows, extended to record the node layouts they see
 register_rule(torch.Tensor.__getitem__, extends=_G._getitem)(_recording(_G._getitem, 1))
 register_rule(torch.Tensor.index_select, torch.index_select,
               extends=_G._index_select)(_recording(_G._index_select, 2))
@@ -242,7 +238,7 @@ def _wrap(prev):
 for _op in (aten.gather.default, aten.scatter_add.default, aten.scatter_add_.default,
             aten.scatter_reduce.two, aten.scatter_reduce_.two, aten.scatter.src,
             aten.scatter.value, aten.scatter_.src, aten.scatter_.value):
-    _base = rule_for(_op).fn  # rules_index's, for the layouts this one leaves alone
+    _base = rule_for(_op).fn  # index.py's, for the layouts this one leaves alone
     register_rule(_op, direct=True, extends=_base)(_wrap(_base))
 
 
@@ -288,5 +284,5 @@ for _op, _pos in ((aten.native_batch_norm.default, 5),
                   (aten._native_batch_norm_legit.default, 5),
                   (aten._native_batch_norm_legit.no_stats, 3),
                   (aten._native_batch_norm_legit_functional.default, 5)):
-    _base = rule_for(_op).fn  # rules_grid_norm's
+    _base = rule_for(_op).fn  # grid_norm.py's
     register_rule(_op, direct=True, extends=_base)(_no_ghost_stats(_base, _pos))

@@ -24,7 +24,12 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import Shard
 
-from meshshard.shardtensor._aten.rules import _coord, _fc, check, register_rule
+from meshshard.shardtensor._aten.dispatch import (
+    _coord,
+    _fc,
+    check,
+)
+from meshshard.shardtensor._aten.registry import register_rule
 from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
 
 _REDUCES = ("sum", "mean", "max")

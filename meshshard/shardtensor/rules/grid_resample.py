@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from torch.distributed.tensor import Shard
 
-from meshshard.shardtensor._aten import rules_grid as rg
 from meshshard.shardtensor._aten.grid_halo import tie
 from meshshard.shardtensor._aten.grid_plan import DimPlan, out_sizes_of, ranges_of
 from meshshard.shardtensor._aten.registry import register_rule
 from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
+from meshshard.shardtensor.rules import grid_conv as rg
 
 aten = torch.ops.aten
 

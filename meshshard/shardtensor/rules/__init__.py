@@ -12,6 +12,13 @@ example (``topk`` along the sharded dim) is in ``docs/design/core.md``.
 Rules must be exact (the same values as one process on the gathered data, on uneven layouts
 and empty shards), keep their collectives inside ``call`` (functional collectives, so they trace
 under ``torch.compile``), and let autograd differentiate: a backward aten op needs a rule too.
+
+The package's modules hold meshshard's own rules, one per op family: :mod:`.pointwise`,
+:mod:`.values`, :mod:`.reduction`, :mod:`.norm`, :mod:`.shape`, :mod:`.view`, :mod:`.slice`,
+:mod:`.index`, :mod:`.linalg`, :mod:`.tp`, :mod:`.attention`, :mod:`.grid_conv`,
+:mod:`.grid_window`, :mod:`.grid_circular`, :mod:`.grid_norm`, :mod:`.grid_resample`,
+:mod:`.graph_rows`, :mod:`.graph_scatter` and :mod:`.fallback`; ``import meshshard.shardtensor``
+registers them all.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch
 from torch.distributed.tensor import Replicate
 
 from meshshard.shardtensor._aten.collective_ops import fc as _fc
+from meshshard.shardtensor._aten.dispatch import Plan, _all_gather_v
 from meshshard.shardtensor._aten.meshinfo import check as _check
 from meshshard.shardtensor._aten.meshinfo import coord as _coord
 from meshshard.shardtensor._aten.registry import (
@@ -34,7 +42,6 @@ from meshshard.shardtensor._aten.registry import (
     registered_rules,
     rule_for,
 )
-from meshshard.shardtensor._aten.rules import Plan, _all_gather_v
 from meshshard.shardtensor._aten.tensor import SHARDED, ASpec, ShardTensor, make_spec
 
 __all__ = ["FALLBACK", "POINTWISE", "POINTWISE_INPLACE", "Plan", "Rule", "RuleConflictError",

@@ -25,9 +25,9 @@ dim, meets the activation in this op. Column-parallel gives the output sharded o
 dim; row-parallel contracts the sharded features and gives ``Partial``, reduced once by the
 bias add or the next op that needs the value.
 
-Also here: a view that splits a sharded dim at multiples of the new inner extent
-(``(B, N, H*D) -> (B, N, H, D)`` with whole heads per rank) is local: the shard moves to the
-outer new dim with sizes divided by the inner extent.
+``F.linear`` here extends the fused linear rule of :mod:`.linalg` (``extends=``): the cases
+above come here, every other goes on to that rule. The views these products need are in
+:mod:`.view`.
 """
 
 from __future__ import annotations
@@ -36,17 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-from meshshard.shardtensor._aten import rules as _R
-from meshshard.shardtensor._aten import rules_fused as _fused
-from meshshard.shardtensor._aten import rules_shape as _shape
-from meshshard.shardtensor._aten.rules import (
-    Plan,
-    _all_gather_v,
-    _all_reduce,
-    _coord,
-    _narrow,
-    register_rule,
-)
+from meshshard.shardtensor._aten.dispatch import _all_gather_v, _all_reduce, _coord, _narrow
+from meshshard.shardtensor._aten.registry import register_rule
 from meshshard.shardtensor._aten.tensor import (
     SHARDED,
     ShardTensor,
@@ -54,6 +45,7 @@ from meshshard.shardtensor._aten.tensor import (
     make_spec,
     replicate_spec,
 )
+from meshshard.shardtensor.rules import linalg as _fused
 
 aten = torch.ops.aten
 _REP, _PSUM = Replicate(), Partial()
@@ -268,81 +260,3 @@ def linear_function(input, weight, bias=None):
 register_rule(torch.einsum)(einsum_function)
 register_rule(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)(matmul_function)
 register_rule(F.linear, extends=_prev_linear)(linear_function)  # the fused rule's, extended
-
-
-# ------------------------------------------------------------------ views splitting a shard locally
-_prev_view = _shape._view  # the shape rules' view, for the views this one leaves alone
-
-
-def _groups(ins: list, outs: list) -> list | None:
-    """Pairs (input dims, output dims) of equal extent, in order; None if they do not pair."""
-    gi = go = 0
-    out = []
-    try:
-        while gi < len(ins) or go < len(outs):
-            a, b = ins[gi], outs[go]
-            gin, gout = [gi], [go]
-            gi, go = gi + 1, go + 1
-            while a != b:
-                if a < b:
-                    a, gin = a * ins[gi], [*gin, gi]
-                    gi += 1
-                else:
-                    b, gout = b * outs[go], [*gout, go]
-                    go += 1
-            out.append((gin, gout))
-    except IndexError:
-        return None
-    return out
-
-
-def _split_plan(args) -> Plan | None:
-    x = args[0]
-    spec = x._spec
-    shape = list(x.shape)
-    if any(type(s) is not int for s in shape) or 0 in shape:
-        return None
-    out_shape = _R._infer(args[1], x.numel())
-    if any(type(s) is not int for s in out_shape):
-        return None
-    groups = _groups(shape, list(out_shape))
-    if groups is None:
-        return None
-    where = {d: g for g in groups for d in g[0]}
-    placements, sizes, split, dims = list(spec.placements), list(spec.sizes), False, set()
-    for i, p in enumerate(spec.placements):
-        if not isinstance(p, SHARDED):
-            continue
-        if type(p) is not Shard:
-            return None
-        gin, gout = where[p.dim]
-        if len(gin) != 1:  # a merge: the previous rule's
-            return None
-        # the shard goes to the first new dim of extent > 1 (size-1 dims before it hold no
-        # rows); each rank's rows must be whole multiples of the dims after it
-        j = next((j for j, o in enumerate(gout) if out_shape[o] != 1), len(gout) - 1)
-        inner = 1
-        for o in gout[j + 1:]:
-            inner *= out_shape[o]
-        if any(type(s) is not int or s % inner for s in spec.sizes[i]):
-            return None
-        split = split or len(gout) > 1
-        placements[i] = Shard(gout[j])
-        sizes[i] = tuple(s // inner for s in spec.sizes[i])
-        dims.add(gout[j])
-    if not split or len(dims) != sum(isinstance(p, SHARDED) for p in spec.placements):
-        return None
-    coord = _coord(spec.mesh)[1]
-    local = list(out_shape)
-    for i, p in enumerate(placements):
-        if isinstance(p, Shard):
-            local[p.dim] = sizes[i][coord[i]]
-    out = make_spec(spec.mesh, tuple(placements), tuple(sizes), tuple(out_shape))
-    return Plan((), ((1, local),), _R._reshape, out)
-
-
-@register_rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
-               extends=_prev_view)
-def _view(func, args, kwargs) -> Plan:
-    plan = _split_plan(args)
-    return plan if plan is not None else _prev_view(func, args, kwargs)

@@ -1,8 +1,15 @@
-"""Fused rules for eager speed: ``F.linear`` as one custom op.
+"""Linear algebra: ``mm``/``bmm``/``mv``/``dot`` and ``addmm`` by label algebra, and
+``F.linear`` as one fused custom op.
 
-Through the generic rules a linear layer is 4-6 aten ops on the wrapper (``t``, views,
-``addmm``/``matmul``) plus a lift of the weight and the bias, each ~30 us of Python; forward
-and backward together ~10 wrapper dispatches per layer. Here it is one op each way:
+Products: per mesh dim, a label sharded on some operand stays sharded in the output, or makes
+it Partial when it is contracted; the other operands are narrowed to this rank's rows of that
+label (no collective). A Partial factor is reduced first (one collective however the product
+fans out). ``addmm`` reduces a Partial product before adding the bias once.
+
+Fused linear, for eager speed. Through the generic rules a linear layer is 4-6 aten ops on the
+wrapper (``t``, views, ``addmm``/``matmul``) plus a lift of the weight and the bias, each
+~30 us of Python; forward and backward together ~10 wrapper dispatches per layer. Here it is
+one op each way:
 
 - forward ``meshshard::linear(x, w, b)``: the local ``F.linear``, output sharded like ``x``;
 - backward ``meshshard::linear_backward``: ``dx`` locally, ``dW`` and ``db`` as local sums
@@ -12,8 +19,8 @@ and backward together ~10 wrapper dispatches per layer. Here it is one op each w
 Layouts the fast path does not cover (``x`` Partial, or sharded on its feature dim) run the
 generic rules inside the same ops, so every layout stays exact. With ``create_graph=True`` the
 backward is composed of differentiable wrapper ops instead, so second order flows through.
-Weights that are themselves ShardTensors (tensor parallelism), and autocast regions (autocast
-casts at the aten level), keep the generic path.
+Weights that are themselves ShardTensors (tensor parallelism, :mod:`.tp`), and autocast
+regions (autocast casts at the aten level), keep the generic path.
 """
 
 from __future__ import annotations
@@ -23,21 +30,124 @@ import torch.nn.functional as F
 from torch.distributed.tensor import Partial, Replicate
 
 from meshshard.shardtensor._aten import grad_bucket
-from meshshard.shardtensor._aten.rules import (
+from meshshard.shardtensor._aten.dispatch import (
+    _PSUM,
+    _REP,
+    Plan,
     _all_reduce,
     _reduce_once,
     from_replicate_local,
-    register_rule,
     to_replicate_local,
 )
+from meshshard.shardtensor._aten.registry import register_rule
 from meshshard.shardtensor._aten.tensor import (
     SHARDED,
     ShardTensor,
     make_spec,
     reduce_flattened,
+    shard_like,
 )
 
 aten = torch.ops.aten
+
+
+# ------------------------------------------------------------------ products
+def _contract(func, args, labels: tuple, out_labels: str, tensor_pos: tuple):
+    """Placement rule for products: per mesh dim, a label sharded on some operand is sharded
+    in the output, or (contracted) makes it Partial. Returns (steps, out spec)."""
+    ops = [args[k] for k in tensor_pos]
+    mesh = next(a._spec.mesh for a in ops if type(a) is ShardTensor)
+    steps = []
+    placements, sizes = [], []
+    dimsize = {}
+    for a, lab in zip(ops, labels):
+        for L, s in zip(lab, a.shape):
+            dimsize[L] = s
+    shape = [dimsize[L] for L in out_labels]
+    for i in range(mesh.ndim):
+        sharded = None
+        partial = []
+        for k, (a, lab) in enumerate(zip(ops, labels)):
+            if type(a) is not ShardTensor:
+                continue
+            p = a._spec.placements[i]
+            if isinstance(p, SHARDED) and sharded is None:
+                sharded = (lab[p.dim], a._spec.sizes[i], p)
+            elif isinstance(p, Partial):
+                partial.append(k)
+        if sharded is not None:
+            L, s, sp = sharded
+            blocks = getattr(sp, "blocks", 1)
+            for k, (a, lab) in enumerate(zip(ops, labels)):
+                p = a._spec.placements[i] if type(a) is ShardTensor else _REP
+                if isinstance(p, Partial):
+                    steps.append((tensor_pos[k], ("reduce", i)))
+                    p = _REP
+                if isinstance(p, SHARDED):
+                    if lab[p.dim] != L or a._spec.sizes[i] != s or p != sp and \
+                            getattr(p, "blocks", 1) != blocks:
+                        msg = f"{func}: operands sharded on different dims of mesh dim {i}"
+                        raise NotImplementedError(msg)
+                elif L in lab:
+                    steps.append((tensor_pos[k], ("narrow", i, lab.index(L), s, blocks)))
+            if L in out_labels:
+                placements.append(shard_like(sp, out_labels.index(L)))
+                sizes.append(s)
+            else:
+                placements.append(_PSUM)
+                sizes.append(None)
+        else:  # a Partial factor is reduced first (one collective however the product
+            # fans out; see _EAGER_ONE)
+            for k in partial:
+                steps.append((tensor_pos[k], ("reduce", i)))
+            placements.append(_REP)
+            sizes.append(None)
+    steps.sort(key=lambda st: st[1][0] != "reduce")
+    return tuple(steps), make_spec(mesh, tuple(placements), tuple(sizes), tuple(shape))
+
+
+#: the two-operand products and their index labels (operands, output)
+PRODUCTS: dict = {aten.mm.default: (("mk", "kn"), "mn"),
+                  aten.bmm.default: (("bmk", "bkn"), "bmn"),
+                  aten.mv.default: (("mk", "k"), "m"),
+                  aten.dot.default: (("k", "k"), "")}
+
+
+def product(func, args, kwargs) -> Plan:
+    """A product of :data:`PRODUCTS` by its labels (see :func:`_contract`)."""
+    labels, out = PRODUCTS[func]
+    steps, spec = _contract(func, args, labels, out, (0, 1))
+    return Plan(steps, (), None, spec)
+
+
+register_rule(*PRODUCTS)(product)
+
+
+@register_rule(aten.addmm.default)
+def _addmm(func, args, kwargs) -> Plan:
+    steps, spec = _contract(aten.mm.default, args, ("mk", "kn"), "mn", (1, 2))
+    bias = args[0]
+    if type(bias) is ShardTensor and any(not isinstance(p, Replicate)
+                                             for p in bias._spec.placements):
+        msg = f"{func}: a sharded or partial bias (not supported)"
+        raise NotImplementedError(msg)
+    partial = [i for i, p in enumerate(spec.placements) if isinstance(p, Partial)]
+    if not partial:
+        return Plan(steps, (), None, spec)
+    mesh = spec.mesh
+
+    def call(b, m1, m2, beta=1, alpha=1):  # reduce the product before adding the bias once
+        prod = aten.mm.default(m1, m2)
+        for i in partial:
+            prod = _all_reduce(prod, mesh, i)
+        return beta * b + alpha * prod
+
+    out = make_spec(mesh, tuple(_REP if isinstance(p, Partial) else p
+                                for p in spec.placements), spec.sizes, spec.shape)
+    return Plan(steps, (), call, out)
+
+
+# ------------------------------------------------------------------ fused linear
 
 
 @torch.library.custom_op("meshshard::linear", mutates_args=())

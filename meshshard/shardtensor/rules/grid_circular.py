@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from meshshard.shardtensor._aten.grid_halo import tie
-from meshshard.shardtensor._aten.rules_grid import (
+from meshshard.shardtensor.rules.grid_conv import (
     ShardTensor,
     empty_window,
     gather,
@@ -25,7 +25,7 @@ from meshshard.shardtensor._aten.rules_grid import (
     register_rule,
     window_shape,
 )
-from meshshard.shardtensor._aten.rules_grid_window import _pad_setup
+from meshshard.shardtensor.rules.grid_window import _pad_setup
 
 
 def _padded_shape(x, pad):

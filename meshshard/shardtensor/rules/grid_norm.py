@@ -17,9 +17,10 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import Replicate, Shard
 
+from meshshard.shardtensor._aten.dispatch import _all_reduce
 from meshshard.shardtensor._aten.grid_checks import check_mesh
-from meshshard.shardtensor._aten.rules import _all_reduce
-from meshshard.shardtensor._aten.rules_grid import (
+from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
+from meshshard.shardtensor.rules.grid_conv import (
     grad_local,
     grid_input,
     partial_spec,
@@ -28,7 +29,6 @@ from meshshard.shardtensor._aten.rules_grid import (
     replicate_spec_of,
     wrap,
 )
-from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
 
 aten = torch.ops.aten
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from meshshard.shardtensor._aten import rules as _R
+from meshshard.shardtensor._aten import dispatch as _R
+from meshshard.shardtensor._aten.dispatch import Plan, _reduced, _replicated, same_layout
 from meshshard.shardtensor._aten.no_rule import NoRuleError
 from meshshard.shardtensor._aten.registry import FALLBACK, register_rule
-from meshshard.shardtensor._aten.rules import Plan, _reduced, _replicated, same_layout
 from meshshard.shardtensor._aten.tensor import SHARDED, ShardTensor, make_spec
 
 aten = torch.ops.aten

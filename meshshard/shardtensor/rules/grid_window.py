@@ -1,6 +1,6 @@
 """Aten rules for pooling and padding on sharded grids.
 
-Same scheme as the convolution (:mod:`.rules_grid`): today's plan functions say which rows each
+Same scheme as the convolution (:mod:`.grid_conv`): today's plan functions say which rows each
 rank's outputs read, :mod:`.grid_halo` fetches them (max pooling fills with -inf, the rest with
 zeros or the pad value), the aten kernel runs on the window with no padding along the sharded
 dims, and each backward rule runs the aten backward kernel on the window and sends the window's
@@ -25,7 +25,8 @@ import torch
 from meshshard.shardtensor._aten.grid_checks import check_pad, check_pool
 from meshshard.shardtensor._aten.grid_halo import tie
 from meshshard.shardtensor._aten.grid_plan import divisors, pad_plan, sliding_plan
-from meshshard.shardtensor._aten.rules_grid import (
+from meshshard.shardtensor._aten.tensor import make_spec
+from meshshard.shardtensor.rules.grid_conv import (
     ShardTensor,
     empty_window,
     exchanges,
@@ -40,7 +41,6 @@ from meshshard.shardtensor._aten.rules_grid import (
     register_rule,
     window_shape,
 )
-from meshshard.shardtensor._aten.tensor import make_spec
 
 aten = torch.ops.aten
 

@@ -10,7 +10,7 @@ backward rules recompute the window when the weight gradient needs the input (on
 exchange), run the aten backward kernel on it and send the window's gradient back to its
 owners (the reverse exchange); weight and bias gradients are Partial over the sharded mesh dims.
 
-Shared helpers for the other grid rule modules (``rules_grid_window``, ``rules_grid_norm``)
+Shared helpers for the other grid rule modules (:mod:`.grid_window`, :mod:`.grid_norm`, ...)
 live here too.
 """
 
@@ -20,6 +20,13 @@ import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from meshshard.errors import LayoutError
+from meshshard.shardtensor._aten.dispatch import (
+    _all_reduce,
+    _coord,
+    from_replicate_local,
+    respec_local,
+    same_layout,
+)
 from meshshard.shardtensor._aten.grid_checks import check_conv, check_mesh
 from meshshard.shardtensor._aten.grid_halo import (
     check_hops,
@@ -29,14 +36,7 @@ from meshshard.shardtensor._aten.grid_halo import (
     tie,
 )
 from meshshard.shardtensor._aten.grid_plan import sliding_plan, transpose_plan
-from meshshard.shardtensor._aten.rules import (
-    _all_reduce,
-    _coord,
-    from_replicate_local,
-    register_rule,
-    respec_local,
-    same_layout,
-)
+from meshshard.shardtensor._aten.registry import register_rule
 from meshshard.shardtensor._aten.tensor import ShardTensor, make_spec
 from meshshard.shardtensor.grid import max_hops
 

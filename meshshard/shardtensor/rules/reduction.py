@@ -1,7 +1,9 @@
-"""Aten rules: reductions beyond sum/mean.
+"""Reductions: sum/mean, max/min (values + indices), amax/amin, argmax/argmin, var/std,
+``linalg_vector_norm``, logsumexp, cumsum, topk, all/any, over the sharded dim, other dims or
+all dims, with ``keepdim``.
 
-max/min (values + indices), amax/amin, argmax/argmin, var/std, ``linalg_vector_norm``,
-logsumexp and cumsum, over the sharded dim, other dims or all dims, with ``keepdim``.
+Sum and mean over a sharded dim are Partial (a mean divides the local sum by the global
+count), so they merge with the next linear op and are reduced once, when a value is needed.
 
 Over a sharded dim the result is Replicate on that mesh dim: non-linear reductions all-reduce
 at once (max/min with ``max``/``min``, the others through global sums and global counts). An
@@ -17,17 +19,17 @@ import torch
 from torch.distributed.tensor import Partial
 
 from meshshard.shardtensor._aten.collective_ops import fc as _fc
-from meshshard.shardtensor._aten.rules import (
+from meshshard.shardtensor._aten.dispatch import (
+    _PSUM,
     _REP,
     SHARDED,
     Plan,
     _coord,
     _reduced,
     check,
-    make_spec,
-    register_rule,
-    shard_like,
 )
+from meshshard.shardtensor._aten.registry import register_rule
+from meshshard.shardtensor._aten.tensor import make_spec, shard_like
 from meshshard.shardtensor.rules import (
     all_gather,
     all_reduce,
@@ -41,6 +43,56 @@ aten = torch.ops.aten
 
 
 all_reduce_op = all_reduce  # (the public helper; other rule modules import this name)
+
+
+# ------------------------------------------------------------------ sum / mean
+def _reduce_rule(func, args, kwargs, mean: bool, default: bool) -> Plan:
+    x = args[0]
+    spec = x._spec
+    nd = x.ndim
+    dims = None if default else (args[1] if len(args) > 1 else None)
+    keepdim = False if default else (args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        dims = list(range(nd))
+    dims = sorted({(d + nd) % nd for d in ([dims] if isinstance(dims, int) else dims)})
+    placements, sizes = [], []
+    over_shard = False
+    for i, p in enumerate(spec.placements):
+        if isinstance(p, SHARDED):
+            if p.dim in dims:
+                placements.append(_PSUM)
+                sizes.append(None)
+                over_shard = True
+            else:
+                nd_out = p.dim if keepdim else p.dim - sum(1 for d in dims if d < p.dim)
+                placements.append(shard_like(p, nd_out))
+                sizes.append(spec.sizes[i])
+        else:
+            placements.append(p)
+            sizes.append(None)
+    out_shape = [s for d, s in enumerate(spec.shape) if d not in dims] if not keepdim else [
+        1 if d in dims else s for d, s in enumerate(spec.shape)]
+    out = make_spec(spec.mesh, tuple(placements), tuple(sizes), tuple(out_shape))
+    call = None
+    if mean and over_shard:  # local sum / global count
+        count = 1
+        for d in dims:
+            count = count * spec.shape[d]
+
+        def call(loc, *_a, dtype=None, **_k):
+            return aten.sum.dim_IntList(loc, dims, keepdim, dtype=dtype) / count
+
+    return Plan((), (), call, out)
+
+
+@register_rule(aten.sum.dim_IntList, aten.sum.default)
+def _sum(func, args, kwargs) -> Plan:
+    return _reduce_rule(func, args, kwargs, False, func is aten.sum.default)
+
+
+@register_rule(aten.mean.dim, aten.mean.default)
+def _mean(func, args, kwargs) -> Plan:
+    return _reduce_rule(func, args, kwargs, True, func is aten.mean.default)
 
 
 def norm_dims(dim, nd: int) -> list[int]:
@@ -390,3 +442,35 @@ def _topk(func, args, kwargs) -> Plan:
         return v.narrow(d, 0, k), gix.gather(d, o).narrow(d, 0, k)
 
     return Plan(steps, (), call, (out, out))
+
+
+# ------------------------------------------------------------------ all / any
+# Local, then one all-reduce (min for ``all``, max for ``any``) over the mesh dims that shard a
+# reduced dim. An empty shard contributes the identity (True for ``all``, False for ``any``).
+# Partial inputs are summed first (a truth value of a partial sum is not a sum of truth values).
+_ALL = (aten.all.default, aten.all.dim, aten.all.dims)
+
+
+@register_rule(*_ALL, aten.any.default, aten.any.dim, aten.any.dims)
+def _all_any(func, args, kwargs) -> Plan:
+    x = args[0]
+    steps, spec = _prepare(x)
+    if func in (aten.all.default, aten.any.default):
+        dims, keepdim = list(range(x.ndim)), False
+    else:
+        dims = norm_dims(args[1] if len(args) > 1 else kwargs.get("dim"), x.ndim)
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    out, over = reduced_spec(spec, dims, keepdim)
+    kind = "min" if func in _ALL else "max"
+    sharded = [spec.placements[i].dim for i in over]
+    mesh = spec.mesh
+    f = aten.amin.default if kind == "min" else aten.amax.default
+
+    def call(loc, *_a, **_k):
+        b = (loc != 0).to(torch.int32)
+        r = f(padded(b, sharded, kind), dims, keepdim) if b.ndim else b
+        for i in over:
+            r = all_reduce_op(r, mesh, i, kind)
+        return r.bool()
+
+    return Plan(steps, (), call, out)

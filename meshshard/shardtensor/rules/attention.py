@@ -37,8 +37,11 @@ from meshshard.errors import LayoutError
 from meshshard.shardtensor._aten.attention_mask import mask_local
 from meshshard.shardtensor._aten.attention_mha import mha_decomposed, mha_replicated
 from meshshard.shardtensor._aten.attention_ring import AttnPlan, backward, forward
+from meshshard.shardtensor._aten.dispatch import (
+    _coord,
+)
 from meshshard.shardtensor._aten.layout import redistribute_local
-from meshshard.shardtensor._aten.rules import _coord, register_rule
+from meshshard.shardtensor._aten.registry import register_rule
 from meshshard.shardtensor._aten.tensor import (
     SHARDED,
     ShardTensor,

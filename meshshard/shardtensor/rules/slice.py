@@ -11,24 +11,24 @@ from __future__ import annotations
 
 import torch
 
-from meshshard.shardtensor._aten import rules as _R
-from meshshard.shardtensor._aten.rules import (
+from meshshard.shardtensor._aten.dispatch import (
     _REP,
     SHARDED,
     Plan,
     _all_gather_v,
     _coord,
     _local_shape,
-    make_spec,
-    register_rule,
-    shard_like,
+    _moved,
+    _replicated,
+    _spec_with,
     to_replicate_local,
 )
+from meshshard.shardtensor._aten.registry import register_rule
+from meshshard.shardtensor._aten.tensor import make_spec, shard_like
 
 aten = torch.ops.aten
 
 
-_local_slice_bwd = _R._slice_bwd  # slices along a dim that is not sharded
 _SLICED: dict = {}  # forward slices seen: (layout of the result, slice) -> input sizes
 
 
@@ -63,6 +63,20 @@ def norm_slice(start, end, step, n) -> tuple:
 
 def _local_end(a, c, step):
     return a + torch.sym_max((c - 1) * step + 1, 0)
+
+
+def _local_slice_bwd(g, sizes, dim: int) -> Plan:
+    """The backward of a slice along a dim that is not sharded: local."""
+    local = list(_local_shape(g._spec))
+    local[dim] = sizes[dim]
+    return Plan((), ((1, local),), None,
+                _spec_with(g._spec, g._spec.placements, g._spec.sizes, list(sizes)))
+
+
+def _local_select(x, dim: int) -> Plan:
+    """``select`` along a dim that is not sharded: local."""
+    shape = [s for k, s in enumerate(x.shape) if k != dim]
+    return _moved(x, lambda k: k - (k > dim), shape)
 
 
 def _sharded_on(spec, dim):
@@ -108,13 +122,13 @@ def _slice(func, args, kwargs) -> Plan:
     return Plan((), (), call, out)
 
 
-@register_rule(aten.slice_backward.default, extends=_local_slice_bwd)
+@register_rule(aten.slice_backward.default)
 def _slice_bwd(func, args, kwargs) -> Plan:
     g, in_sizes, dim, start, end, step = args[:6]
     dim = dim % len(in_sizes)
     i = _sharded_on(g._spec, dim)
     if i is None:
-        return _local_slice_bwd(func, args, kwargs)
+        return _local_slice_bwd(g, in_sizes, dim)
     gs = g._spec
     start, end, step = norm_slice(start, end, step, in_sizes[dim])
     try:
@@ -122,7 +136,7 @@ def _slice_bwd(func, args, kwargs) -> Plan:
     except TypeError:
         sizes_in = None
     if sizes_in is None:  # not seen: the gradient, gathered, goes back Replicate
-        out = _R._replicated(make_spec(gs.mesh, gs.placements, gs.sizes, tuple(in_sizes)))
+        out = _replicated(make_spec(gs.mesh, gs.placements, gs.sizes, tuple(in_sizes)))
 
         def gathered(gl, *_a, **_k):
             return func(to_replicate_local(gl, gs), list(in_sizes), dim, start, end, step)
@@ -140,15 +154,12 @@ def _slice_bwd(func, args, kwargs) -> Plan:
     return Plan((), (), call, out)
 
 
-_local_select = _R._select  # select along a dim that is not sharded
-
-
-@register_rule(aten.select.int, extends=_local_select)
+@register_rule(aten.select.int)
 def _select(func, args, kwargs) -> Plan:
     x, dim = args[0], args[1] % args[0].ndim
     i = _sharded_on(x._spec, dim)
     if i is None:
-        return _local_select(func, args, kwargs)
+        return _local_select(x, dim)
     spec = x._spec
     n = x.shape[dim]
     k = args[2] + n if args[2] < 0 else args[2]

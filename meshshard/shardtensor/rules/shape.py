@@ -1,16 +1,16 @@
-"""Aten rules: shape ops that move rows between ranks, and the rest.
+"""Shape ops: dims moved, added or dropped, and the ops that move rows between ranks.
 
+* ``permute``/``transpose``/``t``/``unsqueeze``/``squeeze``/``expand``/``split``: the shards
+  follow their dims (local); ``squeeze`` drops only globally size-1 dims.
 * ``cat`` along the sharded dim: rank r ends up with the sum of every operand's rows on r
   (replicated operands count as split evenly); only rows whose owner changes move (one uneven
-  all-to-all, :func:`move_rows`). Elsewhere the base ``cat`` rule (``rules._cat``) applies.
-* ``view``/``reshape`` that *split* a sharded dim other than by whole rows (``(N*D,) ->
-  (N, D)`` with shard sizes not multiples of ``D``): the boundaries are rounded to whole rows of
-  the new outer dim and the partial rows move (all-to-all), then the view is local.
+  all-to-all, :func:`move_rows`). Along another dim: every operand in the first's layout, local.
 * ``flip`` along the sharded dim (the backward of a sharded cumsum): each rank keeps its size;
   the rows go to the mirrored rank. ``roll`` along the sharded dim: rows move by the shift.
 * ``stack``, ``unbind``, ``repeat`` (a repeat of the sharded dim is ``Blocked``: every block
   holds each rank's rows), ``flip``/``roll`` of unsharded dims: local.
-* ``mv``/``dot``: the base rules' label algebra (a contracted sharded dim gives Partial).
+
+``view``/``reshape`` are in :mod:`.view`, products in :mod:`.linalg`.
 """
 
 from __future__ import annotations
@@ -18,22 +18,22 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import Partial
 
-from meshshard.shardtensor._aten import rules as _R
 from meshshard.shardtensor._aten.collective_ops import fc as _fc
-from meshshard.shardtensor._aten.rules import (
-    PRODUCTS,
+from meshshard.shardtensor._aten.dispatch import (
     SHARDED,
     Plan,
     ShardTensor,
+    _check_free,
     _coord,
     _local_shape,
+    _moved,
     _replicated,
+    _spec_with,
     check,
-    make_spec,
-    product,
-    register_rule,
-    shard_like,
+    same_layout,
 )
+from meshshard.shardtensor._aten.registry import register_rule
+from meshshard.shardtensor._aten.tensor import make_spec, shard_like
 
 aten = torch.ops.aten
 
@@ -102,11 +102,26 @@ def _plain_blocks(spec, i, func):
         raise NotImplementedError(msg)
 
 
-# ------------------------------------------------------------------ cat along the shard dim
-_same_dim_cat = _R._cat  # cat along a dim no operand is sharded on
+# ------------------------------------------------------------------ cat
+def _local_cat(tensors, dim: int, ref) -> Plan:
+    """``cat`` along a dim no operand is sharded on: every operand in ``ref``'s layout, local."""
+    steps = []
+    rs = ref._spec
+    for j, t in enumerate(tensors):
+        if type(t) is ShardTensor and t._spec.placements == rs.placements \
+                and t._spec.sizes == rs.sizes:
+            continue
+        shape = list(rs.shape)
+        shape[dim] = t.shape[dim]
+        tspec = make_spec(rs.mesh, rs.placements, rs.sizes, tuple(shape))
+        src = t._spec if type(t) is ShardTensor else _replicated(tspec)
+        steps.append(((0, j), ("respec", src, tspec)))
+    shape = list(ref.shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    return Plan(tuple(steps), (), None, _spec_with(rs, rs.placements, rs.sizes, shape))
 
 
-@register_rule(aten.cat.default, extends=_same_dim_cat)
+@register_rule(aten.cat.default)
 def _cat(func, args, kwargs) -> Plan:
     tensors = args[0]
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
@@ -115,7 +130,7 @@ def _cat(func, args, kwargs) -> Plan:
     over = [i for t in tensors if type(t) is ShardTensor
             for i in _shard_mesh_dims(t._spec, dim)]
     if not over:
-        return _same_dim_cat(func, args, kwargs)
+        return _local_cat(tensors, dim, ref)
     i = over[0]
     rs = next(t._spec for t in tensors if type(t) is ShardTensor
               and i in _shard_mesh_dims(t._spec, dim))
@@ -131,7 +146,7 @@ def _cat(func, args, kwargs) -> Plan:
         sizes[i] = tuple(own)
         tspec = make_spec(mesh, rs.placements, tuple(sizes), tuple(shape))
         specs.append(tspec)
-        if type(t) is ShardTensor and _R.same_layout(t._spec, tspec):
+        if type(t) is ShardTensor and same_layout(t._spec, tspec):
             continue
         src = t._spec if type(t) is ShardTensor else _replicated(tspec)
         steps.append(((0, j), ("respec", src, tspec)))
@@ -157,85 +172,92 @@ def _cat(func, args, kwargs) -> Plan:
     return Plan(tuple(steps), (), call, out)
 
 
-# ------------------------------------------------------------------ views splitting a shard
-_mapped_view = _R._view  # views that map each sharded dim into one output dim
+# ------------------------------------------------------------------ dims moved, added, dropped
+@register_rule(aten.permute.default)
+def _permute(func, args, kwargs) -> Plan:
+    x, dims = args[0], [d % args[0].ndim for d in args[1]]
+    return _moved(x, dims.index, [x.shape[d] for d in dims])
 
 
-def _rounded(sizes, b: int) -> tuple:
-    """Per-rank counts of whole rows of ``b`` elements: the boundaries rounded to the nearest
-    multiple of ``b``."""
-    off, cuts = 0, [0]
-    for s in sizes:
-        off = off + s
-        cuts.append((off + b // 2) // b)
-    return tuple(cuts[r + 1] - cuts[r] for r in range(len(sizes)))
+@register_rule(aten.transpose.int)
+def _transpose(func, args, kwargs) -> Plan:
+    x = args[0]
+    a, b = args[1] % x.ndim, args[2] % x.ndim
+    perm = list(range(x.ndim))
+    perm[a], perm[b] = perm[b], perm[a]
+    return _moved(x, perm.index, [x.shape[d] for d in perm])
 
 
-@register_rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
-               extends=_mapped_view)
-def _view(func, args, kwargs) -> Plan:
-    try:
-        plan = _mapped_view(func, args, kwargs)
-    except NotImplementedError as e:
-        err = e
+@register_rule(aten.t.default)
+def _t(func, args, kwargs) -> Plan:
+    x = args[0]
+    perm = list(range(x.ndim))[::-1]
+    return _moved(x, perm.index, [x.shape[d] for d in perm])
+
+
+@register_rule(aten.unsqueeze.default)
+def _unsqueeze(func, args, kwargs) -> Plan:
+    x = args[0]
+    d = args[1] % (x.ndim + 1)
+    shape = list(x.shape)
+    shape.insert(d, 1)
+    return _moved(x, lambda k: k + (k >= d), shape)
+
+
+@register_rule(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def _squeeze(func, args, kwargs) -> Plan:
+    x = args[0]
+    if func is aten.squeeze.default:
+        dims = [d for d in range(x.ndim) if x.shape[d] == 1]
+    elif func is aten.squeeze.dim:
+        dims = [args[1] % x.ndim] if x.shape[args[1] % x.ndim] == 1 else []
     else:
-        dims = [p.dim for p in plan.outs.placements if isinstance(p, SHARDED)]
-        if len(set(dims)) != len(dims):
-            msg = (f"{func}: {tuple(args[0].shape)} -> {tuple(args[1])} merges dims sharded on "
-                   f"two mesh dims ({args[0]._spec}) into one; not supported")
-            raise NotImplementedError(msg)
-        return plan
-    x, spec = args[0], args[0]._spec
-    in_shape = list(x.shape)
-    numel = 1
-    for s in in_shape:
-        numel = numel * s
-    out_shape = _R._infer(args[1], numel)
-    over = [i for i, p in enumerate(spec.placements) if isinstance(p, SHARDED)]
-    if len(over) != 1 or getattr(spec.placements[over[0]], "blocks", 1) != 1:
-        raise err
-    i = over[0]
-    p = spec.placements[i].dim
-    # the split case: dims before p are kept, dim p becomes (a, b, ...) with a the new
-    # sharded dim; rows of b*... elements of dim p stay whole after the move
-    outer = 1
-    for s in in_shape[:p]:
-        outer = outer * s
-    acc, od = 1, 0
-    while od < len(out_shape) and acc < outer:
-        acc = acc * out_shape[od]
-        od += 1
-    if acc != outer or od >= len(out_shape):
-        raise err
-    rest = 1
-    for v in out_shape[od + 1:]:
-        rest = rest * v
-    inner = 1
-    for v in in_shape[p + 1:]:
-        inner = inner * v
-    if out_shape[od] * rest != in_shape[p] * inner or out_shape[od] == 1:
-        raise err
-    # flatten dim p with the dims after it (each rank holds a contiguous run of that block),
-    # move the run boundaries to multiples of ``rest`` (whole rows of the new dim od), view
-    t = _rounded(tuple(v * inner for v in spec.sizes[i]), rest)
-    mesh = spec.mesh
-    me = _coord(mesh)[1][i]
-    sizes = list(spec.sizes)
-    sizes[i] = t
-    out = make_spec(mesh, tuple(shard_like(q, od) if isinstance(q, SHARDED) else q
-                                for q in spec.placements), tuple(sizes), tuple(out_shape))
-    local_out = list(out_shape)
-    local_out[od] = t[me]
-    flat = tuple(v * inner for v in spec.sizes[i])
-    starts = tuple(sum(flat[:r]) for r in range(mesh.size(i)))
-    moved = tuple(v * rest for v in t)
-    local_flat = list(_local_shape(spec)[:p]) + [flat[me]]
+        dims = [d % x.ndim for d in args[1] if x.shape[d % x.ndim] == 1]
+    _check_free(x, dims, func)
+    shape = [s for k, s in enumerate(x.shape) if k not in dims]
+    plan = _moved(x, lambda k: k - sum(1 for d in dims if d < k), shape)
 
-    def call(loc, *_a, **_k):
-        loc = move_rows([(loc.reshape(local_flat), starts, flat)], p, moved, mesh, i)
-        return loc.reshape(local_out)
+    def call(loc, *_a, **_k):  # the globally size-1 dims only: a 1-row shard keeps its dim
+        return aten.squeeze.dims(loc, dims)
 
-    return Plan((), (), call, out)
+    return plan._replace(call=call)
+
+
+@register_rule(aten.expand.default)
+def _expand(func, args, kwargs) -> Plan:
+    x, target = args[0], list(args[1])
+    spec = x._spec
+    lead = len(target) - x.ndim
+    shape = [x.shape[k - lead] if (t == -1) else t for k, t in enumerate(target)]
+    local_target = list(shape)
+    loc_shape = _local_shape(spec)
+    pl = []
+    for p in spec.placements:
+        if isinstance(p, SHARDED):
+            od = p.dim + lead
+            local_target[od] = loc_shape[p.dim]
+            pl.append(shard_like(p, od))
+        else:
+            pl.append(p)
+    return Plan((), ((1, local_target),), None, _spec_with(spec, pl, spec.sizes, shape))
+
+
+@register_rule(aten.split_with_sizes.default, aten.split.Tensor)
+def _split(func, args, kwargs) -> Plan:
+    x, dim = args[0], (args[2] if len(args) > 2 else 0) % args[0].ndim
+    _check_free(x, [dim], func)
+    full = x.shape[dim]
+    if func is aten.split.Tensor:
+        step = args[1]
+        parts = [min(step, full - o) for o in range(0, full, step)]
+    else:
+        parts = list(args[1])
+    outs = []
+    for n in parts:
+        shape = list(x.shape)
+        shape[dim] = n
+        outs.append(_spec_with(x._spec, x._spec.placements, x._spec.sizes, shape))
+    return Plan(outs=outs)
 
 
 # ------------------------------------------------------------------ flip / roll
@@ -316,7 +338,7 @@ def _stack(func, args, kwargs) -> Plan:
     rs = ref._spec
     steps = []
     for j, t in enumerate(tensors):
-        if type(t) is ShardTensor and _R.same_layout(t._spec, rs):
+        if type(t) is ShardTensor and same_layout(t._spec, rs):
             continue
         src = t._spec if type(t) is ShardTensor else _replicated(rs)
         steps.append(((0, j), ("respec", src, rs)))
@@ -331,7 +353,7 @@ def _stack(func, args, kwargs) -> Plan:
 def _unbind(func, args, kwargs) -> Plan:
     x = args[0]
     d = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % x.ndim
-    _R._check_free(x, [d], func)
+    _check_free(x, [d], func)
     spec = x._spec
     pl = tuple(shard_like(p, p.dim - (p.dim > d)) if isinstance(p, SHARDED) else p
                for p in spec.placements)
@@ -355,9 +377,3 @@ def _repeat(func, args, kwargs) -> Plan:
         else:
             pl.append(p)
     return Plan(outs=make_spec(spec.mesh, tuple(pl), spec.sizes, tuple(shape)))
-
-
-# ------------------------------------------------------------------ linalg
-PRODUCTS.update({aten.mv.default: (("mk", "k"), "m"), aten.dot.default: (("k", "k"), "")})
-register_rule(aten.mv.default, aten.dot.default)(product)
-

@@ -6,7 +6,7 @@
   ``scatter_reduce`` along an unsharded dim; every tensor operand in the reference layout (a
   plain or Replicate operand is narrowed to this rank's rows; no data moves). Local.
 * ``masked_fill`` (tensor value, in-place), ``where``: pointwise with broadcasting.
-* slices and ``select``: :mod:`meshshard.shardtensor._aten.rules_slice`.
+* slices and ``select``: :mod:`meshshard.shardtensor.rules.slice`.
 * ``new_zeros`` / ``new_ones`` / ``new_full`` / ``new_empty``: the source's layout where the new
   shape keeps its sharded extents (the backward of gather/index/max), else Replicate.
 
@@ -19,19 +19,19 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import Partial, Replicate
 
-from meshshard.shardtensor._aten import rules as _R
-from meshshard.shardtensor._aten.rules import (
+from meshshard.shardtensor._aten import dispatch as _R
+from meshshard.shardtensor._aten.dispatch import (
     _REP,
     SHARDED,
     Plan,
     ShardTensor,
     _coord,
     _local_shape,
-    _pointwise,
     make_spec,
-    register_rule,
     shard_like,
 )
+from meshshard.shardtensor._aten.registry import register_rule
+from meshshard.shardtensor.rules.pointwise import _pointwise
 
 aten = torch.ops.aten
 

@@ -8,8 +8,8 @@ op alone and the backward (the same rule on the gradients) moves the rows back.
 Where the layouts cannot be reconciled this way (another dim sharded on that mesh dim, a
 ``Blocked`` against a ``Shard``, different extents, different meshes) the error says so.
 
-This module holds only the layout arithmetic; ``rules._pointwise`` calls it. It imports only
-``tensor.py`` and ``meshshard.errors``, so ``rules.py`` may import it.
+This module holds only the layout arithmetic; the pointwise rule calls it. It imports only
+``tensor.py`` and ``meshshard.errors``, so ``dispatch.py`` may import it.
 """
 
 from __future__ import annotations
