@@ -1,5 +1,5 @@
 """Unmodified PyG ``GraphConv`` / ``SAGEConv`` on ShardTensors through
-:class:`meshshard.graph.GraphPlug` (issue 22): outputs, the loss, input and every weight
+:class:`meshshard.graph.GraphPlug`: outputs, the loss, input and every weight
 gradient, and a few plain SGD steps equal one process on the whole graph, with no gradient
 sync and a plain ``.mean()`` loss. fp64; 2, 3 and 4 gloo ranks; uneven parts with an empty one;
 both ghost strategies; sum, mean and max aggregation."""

@@ -1,7 +1,7 @@
-"""Plain ``torch.compile(model)`` on 3 and 4 gloo ranks with an empty shard (issue 22): the
+"""Plain ``torch.compile(model)`` on 3 and 4 gloo ranks with an empty shard: the
 reference Transolver, the grid UNet and MeshGraphNet, each compiled (aot_eager) against the
 same model eager, whose equality with one process the oracle tests of each model check on
-the same layouts (``test_aten_spike``, ``test_aten_grid``, ``test_aten_graph``). Under compile
+the same layouts (``test_autograd``, ``test_grid_conv``, ``test_graph_rows``). Under compile
 the traced backward sums the weight gradients in one collective (``_aten/grad_bucket``); on
 the rank with the empty shard its pieces are constants, so this also checks that every rank
 still runs the same collectives in the same order.
@@ -12,7 +12,7 @@ import torch
 
 from meshshard.testing import run_ranks
 from tests.graph._data import empty_and_isolated, first_empty
-from tests.shardtensor import _aten_fns, _aten_graph_fns, _aten_grid_fns
+from tests.shardtensor import _graph_rows_fns, _grid_conv_fns, _training_fns
 
 CASES = {
     3: {"transolver": (7, 0, 13), "unet": (1, 0, 7),
@@ -23,9 +23,9 @@ CASES = {
 
 
 def _compiled(rank, world, case):
-    return {"transolver": _aten_fns.compile_case(rank, world, [case["transolver"]]),
-            "unet": _aten_grid_fns.compile_case(rank, world, [case["unet"]]),
-            "mgn": _aten_graph_fns.compile_case(rank, world, case["mgn"])}
+    return {"transolver": _training_fns.compile_case(rank, world, [case["transolver"]]),
+            "unet": _grid_conv_fns.compile_case(rank, world, [case["unet"]]),
+            "mgn": _graph_rows_fns.compile_case(rank, world, case["mgn"])}
 
 
 def _close(got, want, what, rtol, scale=0.0):
@@ -60,7 +60,7 @@ def test_compiled_activation_checkpointing_equals_one_process(world, sizes):
     """Each Transolver block under ``torch.utils.checkpoint`` inside ``torch.compile``: the
     blocks' collectives are effectful ops, which the partitioner must not recompute in the
     backward (it then saved their effect token as None and the compiled forward failed)."""
-    for rank, rep in enumerate(run_ranks(_aten_fns.compiled_checkpoint_case, world, sizes,
+    for rank, rep in enumerate(run_ranks(_training_fns.compiled_checkpoint_case, world, sizes,
                                          timeout=600)):
         # fp64 (differences from one process are rounding, ~1e-15 relative); a gradient that
         # is zero in exact arithmetic is judged against the step's largest one

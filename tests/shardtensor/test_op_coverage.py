@@ -14,18 +14,18 @@ from tests.shardtensor._coverage_fns import op_key, reached_ops
 
 #: rules the oracle cases do not reach, with the test that exercises them on uneven layouts
 ELSEWHERE = {
-    "meshshard.row_gather.default": "tests/shardtensor/test_aten_graph.py",
-    "meshshard.row_scatter.default": "tests/shardtensor/test_aten_graph.py",
-    "meshshard.ghost_refresh.default": "tests/shardtensor/test_aten_graph.py",
-    "meshshard.ghost_refresh_adjoint.default": "tests/shardtensor/test_aten_graph.py",
+    "meshshard.row_gather.default": "tests/shardtensor/test_graph_rows.py",
+    "meshshard.row_scatter.default": "tests/shardtensor/test_graph_rows.py",
+    "meshshard.ghost_refresh.default": "tests/shardtensor/test_graph_rows.py",
+    "meshshard.ghost_refresh_adjoint.default": "tests/shardtensor/test_graph_rows.py",
     "torch.nn.functional.multi_head_attention_forward":
         "tests/shardtensor/test_aten_attention.py",
-    "meshshard.einsum.default": "tests/shardtensor/test_aten_tp.py",
-    "TensorBase.__matmul__": "tests/shardtensor/test_aten_tp.py",
+    "meshshard.einsum.default": "tests/shardtensor/test_tp.py",
+    "TensorBase.__matmul__": "tests/shardtensor/test_tp.py",
     "aten.index_put_.default": "tests/shardtensor/test_aten_ops.py",
     "aten._index_put_impl_.default": "tests/shardtensor/test_aten_ops.py",
-    "aten.adaptive_max_pool2d.default": "tests/shardtensor/test_aten_grid.py",
-    "aten.adaptive_max_pool2d_backward.default": "tests/shardtensor/test_aten_grid.py",
+    "aten.adaptive_max_pool2d.default": "tests/shardtensor/test_grid_conv.py",
+    "aten.adaptive_max_pool2d_backward.default": "tests/shardtensor/test_grid_conv.py",
     "aten._native_batch_norm_legit.default": "tests/graph/test_pyg_plug.py",
     "aten._native_batch_norm_legit.no_stats": "tests/graph/test_pyg_plug.py",
     "aten._local_scalar_dense.default": "tests/shardtensor/test_api.py",

@@ -1,4 +1,4 @@
-"""The issue-22 spike: a ShardTensor with autograd on the wrapper (``shardtensor._aten``).
+"""Autograd on the wrapper: torch's training features on ShardTensors, and torch left unpatched.
 
 Oracle: the reference Transolver on all points in one process. On 2, 3 and 4 gloo ranks with
 uneven layouts and an empty shard: ``autograd.grad`` w.r.t. sharded inputs (first and second
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from meshshard.testing import run_ranks
-from tests.shardtensor import _aten_fns
+from tests.shardtensor import _training_fns
 
-# fp64 cases: measured differences from one process are <= 3e-14 relative (spike_core.py);
+# fp64 cases: measured differences from one process are <= 3e-14 relative;
 # 1e-10 leaves four orders of magnitude for other CPUs' summation orders
 _RTOL64 = 1e-10
 LAYOUTS = {2: [(3, 5), (0, 8)], 3: [(7, 0, 13)], 4: [(1, 1, 6, 0)]}
@@ -28,7 +28,7 @@ def _close(a, b, what, rtol=_RTOL64):
 
 
 def _all_cases(rank, world, layouts):
-    return {sizes: _aten_fns.cases(rank, world, sizes) for sizes in layouts}
+    return {sizes: _training_fns.cases(rank, world, sizes) for sizes in layouts}
 
 
 @pytest.mark.parametrize("world", sorted(LAYOUTS))
@@ -45,7 +45,7 @@ def test_training_features_equal_one_process(world):
 
 
 def test_bf16_autocast_equals_one_process_within_the_bf16_floor():
-    for rank, rep in enumerate(run_ranks(_aten_fns.autocast_case, 2, (3, 5), timeout=300)):
+    for rank, rep in enumerate(run_ranks(_training_fns.autocast_case, 2, (3, 5), timeout=300)):
         assert rep["sharded"]["out dtype"] == rep["bf16"]["out dtype"] == "torch.bfloat16"
         for key, want in rep["bf16"].items():
             if key == "out dtype":
@@ -61,7 +61,7 @@ def test_bf16_autocast_equals_one_process_within_the_bf16_floor():
 
 def test_plain_torch_compile_captures_one_graph_and_compiles_at_most_twice():
     layouts = [(45, 55), (70, 50), (130, 90), (30, 150), (200, 110), (80, 81)]
-    reports = run_ranks(_aten_fns.compile_case, 2, layouts, timeout=600)
+    reports = run_ranks(_training_fns.compile_case, 2, layouts, timeout=600)
     for rank, rep in enumerate(reports):
         assert rep["graph breaks"] == 0, rep["graph breaks"]
         # the first layout compiles static, the second dynamic; the other four reuse it
@@ -77,11 +77,11 @@ def test_plain_torch_compile_captures_one_graph_and_compiles_at_most_twice():
 
 @pytest.mark.slow  # ~1 min: one inductor compile (forward and backward) per rank
 def test_inductor_with_an_empty_shard_in_the_first_compiled_layout_equals_eager():
-    # Regression (issue 22): dynamo compiles rank 0's graph with a statically empty piece, so
+    # Regression: dynamo compiles rank 0's graph with a statically empty piece, so
     # its partial sums are constants; inductor ignores the collectives' effect tokens and
     # reordered them on that rank only (gloo "collective mismatch"). collective_ops.py chains
     # each traced collective to the previous one's output.
-    reports = run_ranks(_aten_fns.compile_floor_case, 2, [(0, 20)], timeout=600)
+    reports = run_ranks(_training_fns.compile_floor_case, 2, [(0, 20)], timeout=600)
     for rank, rep in enumerate(reports):
         assert rep["graph breaks"] == 0, rep["graph breaks"]
         pair = rep["per layout"][0]

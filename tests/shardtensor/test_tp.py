@@ -1,4 +1,4 @@
-"""Tensor-parallel products on the new ShardTensor (``_aten/rules_tp.py``): column- and
+"""Tensor-parallel products on ShardTensors (the TP rules): column- and
 row-parallel ``F.linear`` with ShardTensor weight pieces, ``einsum`` / ``matmul`` / linear on
 tensors sharded on several dims at once (batch on "data", points on "domain", heads or features
 on "tensor"), and the local head-splitting view, on 2 and 4 gloo ranks (meshes 1x2x1, 1x1x2,
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from meshshard.testing import run_ranks
-from tests.shardtensor import _aten_tp_fns as F
+from tests.shardtensor import _tp_fns as F
 
 # measured: the largest relative difference from one process over every case and layout here
 # is 4.0e-16 (fp64 rounding); 1e-10 leaves room for other summation orders

@@ -1,4 +1,4 @@
-"""Grids on the aten-level ShardTensor (issue 22, porting step 4: ``_aten/rules_grid*``).
+"""Grids on ShardTensors: the grid rules (convolution, pooling, padding, resampling, norms).
 
 Oracle: one process on the whole grid, fp64. On 2, 3 and 4 gloo ranks, grids sharded along one
 spatial dim with uneven slabs (an empty slab, one-row slabs), and on a 2x2 mesh along two
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from meshshard.testing import run_ranks
-from tests.shardtensor import _aten_grid_fns
+from tests.shardtensor import _grid_conv_fns
 
 # fp64: measured differences from one process are <= 2.3e-15 relative (UNet) and rounding
 # level per op; 1e-10 leaves room for other CPUs' summation orders
@@ -50,7 +50,7 @@ def _close(got, want, what, scale=0.0):
 @pytest.fixture(scope="module", params=sorted(JOBS))
 def reports(request):
     world = request.param
-    return world, run_ranks(_aten_grid_fns.all_cases, world, JOBS[world], timeout=600)
+    return world, run_ranks(_grid_conv_fns.all_cases, world, JOBS[world], timeout=600)
 
 
 def test_grid_ops_and_unet_equal_one_process(reports):
@@ -77,7 +77,7 @@ def test_grid_ops_and_unet_equal_one_process(reports):
 
 def test_plain_torch_compile_of_the_unet():
     layouts = [(3, 5), (0, 8), (3, 5)]
-    reports = run_ranks(_aten_grid_fns.compile_case, 2, layouts, timeout=600)
+    reports = run_ranks(_grid_conv_fns.compile_case, 2, layouts, timeout=600)
     for rank, rep in enumerate(reports):
         assert rep["graph breaks"] == 0, rep["break reasons"]
         # one compilation per new slab layout, the repeated one reuses its graph

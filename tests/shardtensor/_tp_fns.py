@@ -1,5 +1,5 @@
-"""Rank functions for ``test_aten_tp.py``: tensor-parallel linears and products over tensors
-sharded on several dims (``_aten/rules_tp.py``) on a 3-D ("data", "domain", "tensor") mesh,
+"""Rank functions for ``test_tp.py``: tensor-parallel linears and products over tensors
+sharded on several dims (the TP rules) on a 3-D ("data", "domain", "tensor") mesh,
 against one process on the full data, fp64.
 
 Every case builds its operands from full tensors (same seed on every rank) as ShardTensor

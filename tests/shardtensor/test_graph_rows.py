@@ -1,6 +1,6 @@
-"""MeshGraphNet on the aten-level ShardTensor through :class:`meshshard.graph.GraphPlug`
-(issue 22, porting step 6): node and edge tensors are ShardTensors, the loss is a plain
-``.mean()`` and weight gradients come out global with no ``sync_gradients``. Oracle: one
+"""The graph-row rules (row-local gather/scatter, ghost refresh): MeshGraphNet on ShardTensors
+through :class:`meshshard.graph.GraphPlug`. Node and edge tensors are ShardTensors, the loss is
+a plain ``.mean()`` and weight gradients come out global with no ``sync_gradients``. Oracle: one
 process on the whole graph (fp64), outputs, loss, input gradients to second order and every
 weight gradient, both strategies, every reduction, uneven and empty parts."""
 
@@ -9,7 +9,7 @@ import torch
 
 from meshshard.testing import run_ranks
 from tests.graph._data import empty_and_isolated, first_empty, slab_uneven
-from tests.shardtensor import _aten_graph_fns as fns
+from tests.shardtensor import _graph_rows_fns as fns
 
 # fp64; the distributed sums only reorder additions: measured worst 3.1e-15 relative (the 2-rank
 # cases, outputs, loss, first and second order); 1e-10 leaves room for other CPUs

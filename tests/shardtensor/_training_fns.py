@@ -1,4 +1,4 @@
-"""Rank functions for the issue-22 spike (``meshshard.shardtensor._aten``): the reference
+"""Rank functions for ``test_autograd.py`` and ``test_compile_ranks.py``: the reference
 Transolver on uneven shards, every torch training feature, against one process on all points.
 
 Each case returns (sharded, reference) pairs; the test compares them. fp64 unless said, so the

@@ -1,4 +1,4 @@
-"""The aten-level ShardTensor's layout functions (issue 22, porting step 1): ``from_local`` with
+"""The ShardTensor's layout functions: ``from_local`` with
 the library's checks, ``redistribute`` between Shard (uneven, empty shards), Replicate and
 Partial with gradients to second order, eager and under ``torch.compile``, and the reference
 Transolver on a 2-D ("data", "domain") mesh. Oracle: one process on the full data, fp64."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from meshshard.testing import run_ranks
-from tests.shardtensor import _aten_layout_fns as fns
+from tests.shardtensor import _layout_fns as fns
 
 # fp64 results that are permutations and sums of the same values: measured worst 1.1e-14
 # relative (4 ranks, layout cases and the 2-D mesh Transolver); 1e-10 leaves room for other CPUs

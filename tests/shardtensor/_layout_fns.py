@@ -1,4 +1,4 @@
-"""Rank functions for ``test_aten_layout.py``: from_local's checks, redistribute (values and
+"""Rank functions for ``test_layout.py``: from_local's checks, redistribute (values and
 gradients to second order, eager and compiled) and an N-D mesh Transolver on the aten-level
 ShardTensor, each against one process on the full data (fp64)."""
 
