@@ -1,28 +1,30 @@
-"""A dim of global size 1 sharded over a mesh dim of size 1 (a batch of one on a data axis of
-one, as on a 1 x domain x tensor mesh) survives reshapes that keep it."""
+"""The view rules against one process: views splitting a sharded dim (the rows that change owner
+move, by one all-to-all) and splitting it by whole rows on one or two mesh dims; a view merging
+dims sharded on two mesh dims fails with a clear error; a dim of global size 1 sharded over a mesh
+dim of size 1 (a batch of one on a data axis of one, as on a 1 x domain x tensor mesh) survives
+reshapes that keep it.
 
+On 2, 3 and 4 gloo ranks, layouts with an empty and a one-row shard and a 2x2 mesh (one spawn per
+world size runs every family's cases: :mod:`tests.shardtensor._rule_cases`): every output, and
+the gradients of a random projection of them w.r.t. the sharded leaf and the plain weights
+(``torch.autograd.grad``), equal one process in fp64."""
+
+import pytest
 import torch
 
 from meshshard.testing import run_ranks
+from tests.shardtensor import _rule_cases as cases
+from tests.shardtensor._view_fns import reshape_batch_of_one
 
 
-def reshape_batch_of_one(rank, world_size):
-    from torch.distributed.device_mesh import init_device_mesh
+@pytest.mark.parametrize("world", sorted(cases.LAYOUTS))
+def test_views_forward_and_gradients_equal_one_process(world):
+    cases.check_cases("view", world)
 
-    from meshshard.shardtensor import Shard, from_local
 
-    mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("data", "domain"))
-    sizes = (3, 5)
-    full = torch.randn(1, 8, 6, generator=torch.Generator().manual_seed(0))
-    off = sum(sizes[:rank])
-    local = full[:, off : off + sizes[rank]].clone().requires_grad_(True)
-    x = from_local(local, mesh, [Shard(0), Shard(1)], {0: (1,), 1: sizes})
-    y = x.reshape(1, 8, 2, 3)
-    back = y.permute(0, 2, 1, 3).permute(0, 2, 1, 3).reshape(1, 8, 6)
-    (back * 2).sum().backward()
-    return {"placements": tuple(str(p) for p in y.placements), "sizes": y.spec.sizes,
-            "y": (y.full_tensor(), full.reshape(1, 8, 2, 3)),
-            "back": (back.full_tensor(), full), "grad": local.grad}
+@pytest.mark.parametrize("world", sorted(cases.LAYOUTS))
+def test_a_view_merging_two_sharded_dims_fails_with_a_clear_error(world):
+    cases.check_probes("view", world)
 
 
 def test_reshape_keeps_a_size_one_sharded_dim():
