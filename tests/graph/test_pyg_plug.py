@@ -7,8 +7,8 @@ both ghost strategies; sum, mean and max aggregation."""
 import pytest
 import torch
 
-from meshshard.testing import run_ranks
 from tests.graph._data import empty_and_isolated, first_empty, slab_uneven
+from tests.shardtensor._oracle import close, ranks_once
 
 pytest.importorskip("torch_geometric")
 
@@ -32,18 +32,13 @@ CASES = {
 }
 BAD_CASE = {"graph": "dual", "n": 120, "method": "metis"}
 ZOO_CASES = {2: BAD_CASE, 3: {"graph": "knn", "n": 45, "method": "hand", "assign": first_empty}}
-_RESULTS: dict = {}
 
 
-def _close(got, want, what, scale=None):
-    got, want = torch.as_tensor(got).double(), torch.as_tensor(want).double()
-    if scale is None:
-        scale = float(want.abs().max()) if want.numel() else 0.0
-    atol = _RTOL * scale
-    torch.testing.assert_close(got, want, rtol=_RTOL, atol=atol, msg=lambda m: f"{what}: {m}")
+def _close(got, want, what, scale=0.0):
+    close(got, want, what, _RTOL, scale)
 
 
-def _all(rank, P, cases):
+def _cases_zoo_refusals_compile(rank, P, cases):
     out = {"cases": fns.pyg_cases(rank, P, cases)}
     if P in ZOO_CASES:
         out["zoo"] = fns.zoo_case(rank, P, ZOO_CASES[P])
@@ -54,9 +49,7 @@ def _all(rank, P, cases):
 
 
 def _results(P):
-    if P not in _RESULTS:
-        _RESULTS[P] = run_ranks(_all, P, CASES[P], timeout=600)
-    return _RESULTS[P]
+    return ranks_once(_cases_zoo_refusals_compile, P, CASES[P], timeout=600)
 
 
 @pytest.mark.parametrize("P", sorted(CASES))
@@ -83,7 +76,7 @@ def test_more_pyg_layers_equal_one_process(P):
                         if k.startswith("grad w"))
             for key, (got, want) in rep.items():
                 _close(got, want, f"P={P} rank {rank} {name} {key}",
-                       scale if key.startswith("grad w") else None)
+                       scale if key.startswith("grad w") else 0.0)
 
 
 def test_uncovered_pyg_paths_are_refused_clearly():
