@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.graph._data import empty_and_isolated, first_empty, slab_uneven
-from tests.shardtensor._oracle import close, ranks_once
+from tests.shardtensor._oracle import close, ranks_once, together
 
 pytest.importorskip("torch_geometric")
 
@@ -38,18 +38,13 @@ def _close(got, want, what, scale=0.0):
     close(got, want, what, _RTOL, scale)
 
 
-def _cases_zoo_refusals_compile(rank, P, cases):
-    out = {"cases": fns.pyg_cases(rank, P, cases)}
-    if P in ZOO_CASES:
-        out["zoo"] = fns.zoo_case(rank, P, ZOO_CASES[P])
-    if P == 2:
-        out["refused"] = fns.refusals(rank, P, BAD_CASE)
-        out["compile"] = fns.compile_case(rank, P, BAD_CASE)
-    return out
-
-
 def _results(P):
-    return ranks_once(_cases_zoo_refusals_compile, P, CASES[P], timeout=600)
+    jobs = {"cases": (fns.pyg_cases, CASES[P])}
+    if P in ZOO_CASES:
+        jobs["zoo"] = (fns.zoo_case, ZOO_CASES[P])
+    if P == 2:  # these share the spawn of 2 ranks
+        jobs.update(refused=(fns.refusals, BAD_CASE), compile=(fns.compile_case, BAD_CASE))
+    return ranks_once(together, P, jobs, timeout=600)
 
 
 @pytest.mark.parametrize("P", sorted(CASES))

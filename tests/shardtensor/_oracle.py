@@ -19,6 +19,12 @@ def ranks_once(fn, world: int, *args, **kwargs) -> list:
     return _SPAWNS[key]
 
 
+def together(rank: int, world: int, jobs: dict) -> dict:
+    """Rank function running several in one spawn, in order: ``jobs`` is {name: (fn, *args)};
+    returns {name: fn(rank, world, *args)}."""
+    return {name: fn(rank, world, *args) for name, (fn, *args) in jobs.items()}
+
+
 def _tensor(v) -> torch.Tensor:
     return torch.as_tensor(v, dtype=torch.float64) if isinstance(v, float) else torch.as_tensor(v)
 

@@ -6,6 +6,11 @@ A case is ``fn(x, *extras)``: ``x`` is (2, N, 5), sharded on dim 1 (on a 2-D mes
 For every layout each case returns, per output, (sharded full_tensor, reference), and per
 gradient input (x and weights) the same, fp64. A family may add a second-order case
 (``create_graph=True``) and probes: layouts its rules cannot do, whose error must say why.
+
+On 2, 3 and 4 gloo ranks, layouts with an empty and a one-row shard and a 2x2 mesh (one spawn
+per world size runs every family's cases and probes; ``test_<family>.py`` checks its own): every
+output, and the gradients of a random projection of them w.r.t. the sharded leaf and the plain
+weights (``torch.autograd.grad``), equal one process in fp64.
 """
 
 from __future__ import annotations

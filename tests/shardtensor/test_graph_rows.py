@@ -8,7 +8,7 @@ import pytest
 
 from tests.graph._data import empty_and_isolated, first_empty, slab_uneven
 from tests.shardtensor import _graph_rows_fns as fns
-from tests.shardtensor._oracle import close, ranks_once
+from tests.shardtensor._oracle import close, ranks_once, together
 
 # fp64; the distributed sums only reorder additions: measured worst 3.1e-15 relative (the 2-rank
 # cases, outputs, loss, first and second order); 1e-10 leaves room for other CPUs
@@ -26,15 +26,11 @@ CASES = {
 COMPILE_CASE = {"graph": "dual", "n": 120, "method": "metis"}
 
 
-def _cases_and_compile(rank, P, cases):
-    out = {"cases": fns.graph_cases(rank, P, cases)}
-    if P == 2:  # the compile case shares this spawn of ranks
-        out["compile"] = fns.compile_case(rank, P, COMPILE_CASE)
-    return out
-
-
 def _results(P):
-    return ranks_once(_cases_and_compile, P, CASES[P], timeout=600)
+    jobs = {"cases": (fns.graph_cases, CASES[P])}
+    if P == 2:  # the compile case shares this spawn of ranks
+        jobs["compile"] = (fns.compile_case, COMPILE_CASE)
+    return ranks_once(together, P, jobs, timeout=600)
 
 
 @pytest.mark.parametrize("P", sorted(CASES))

@@ -2,21 +2,15 @@
 index_select, gather/scatter/scatter_reduce, index_put/index_add and masked_fill/where; layouts
 they cannot do (a sharded index along the sharded dim, a boolean mask) fail with a clear error.
 
-On 2, 3 and 4 gloo ranks, layouts with an empty and a one-row shard and a 2x2 mesh (one spawn per
-world size runs every family's cases: :mod:`tests.shardtensor._rule_cases`): every output, and
-the gradients of a random projection of them w.r.t. the sharded leaf and the plain weights
-(``torch.autograd.grad``), equal one process in fp64."""
-
-import pytest
+Cases: ``_index_fns.py``, run and compared with one process by
+:mod:`tests.shardtensor._rule_cases`."""
 
 from tests.shardtensor import _rule_cases as cases
 
 
-@pytest.mark.parametrize("world", sorted(cases.LAYOUTS))
-def test_indexing_forward_and_gradients_equal_one_process(world):
-    cases.check_cases("index", world)
+def test_indexing_forward_and_gradients_equal_one_process(rule_world):
+    cases.check_cases("index", rule_world)
 
 
-@pytest.mark.parametrize("world", sorted(cases.LAYOUTS))
-def test_unsupported_index_layouts_fail_with_a_clear_error(world):
-    cases.check_probes("index", world)
+def test_unsupported_index_layouts_fail_with_a_clear_error(rule_world):
+    cases.check_probes("index", rule_world)

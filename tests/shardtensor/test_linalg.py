@@ -1,16 +1,11 @@
 """The product rules against one process: einsum, matmul, mv and dot contracting or keeping the
 sharded dim.
 
-On 2, 3 and 4 gloo ranks, layouts with an empty and a one-row shard and a 2x2 mesh (one spawn per
-world size runs every family's cases: :mod:`tests.shardtensor._rule_cases`): every output, and
-the gradients of a random projection of them w.r.t. the sharded leaf and the plain weights
-(``torch.autograd.grad``), equal one process in fp64."""
-
-import pytest
+Cases: ``_linalg_fns.py``, run and compared with one process by
+:mod:`tests.shardtensor._rule_cases`."""
 
 from tests.shardtensor import _rule_cases as cases
 
 
-@pytest.mark.parametrize("world", sorted(cases.LAYOUTS))
-def test_products_forward_and_gradients_equal_one_process(world):
-    cases.check_cases("linalg", world)
+def test_products_forward_and_gradients_equal_one_process(rule_world):
+    cases.check_cases("linalg", rule_world)

@@ -45,8 +45,7 @@ def test_tp_products_equal_one_process(world):
                 assert seen == _COUNTS.get(name, lambda m: {})(shape), (where, name, seen)
 
 
-@pytest.mark.parametrize("world", sorted(cases.LAYOUTS))
-def test_einsum_over_heads_of_a_data_x_domain_tensor_equals_one_process(world):
+def test_einsum_over_heads_of_a_data_x_domain_tensor_equals_one_process(rule_world):
     # batch sharded on one mesh dim and points on the other (the 2x2 layout), and uneven
-    # points on a 1-D mesh: a case of the rule families' shared spawn
-    cases.check_cases("tp", world)
+    # points on a 1-D mesh: a case of the rule families' shared spawn (_rule_cases)
+    cases.check_cases("tp", rule_world)

@@ -4,12 +4,9 @@ dims sharded on two mesh dims fails with a clear error; a dim of global size 1 s
 dim of size 1 (a batch of one on a data axis of one, as on a 1 x domain x tensor mesh) survives
 reshapes that keep it.
 
-On 2, 3 and 4 gloo ranks, layouts with an empty and a one-row shard and a 2x2 mesh (one spawn per
-world size runs every family's cases: :mod:`tests.shardtensor._rule_cases`): every output, and
-the gradients of a random projection of them w.r.t. the sharded leaf and the plain weights
-(``torch.autograd.grad``), equal one process in fp64."""
+Cases: ``_view_fns.py``, run and compared with one process by
+:mod:`tests.shardtensor._rule_cases`."""
 
-import pytest
 import torch
 
 from meshshard.testing import run_ranks
@@ -17,14 +14,12 @@ from tests.shardtensor import _rule_cases as cases
 from tests.shardtensor._view_fns import reshape_batch_of_one
 
 
-@pytest.mark.parametrize("world", sorted(cases.LAYOUTS))
-def test_views_forward_and_gradients_equal_one_process(world):
-    cases.check_cases("view", world)
+def test_views_forward_and_gradients_equal_one_process(rule_world):
+    cases.check_cases("view", rule_world)
 
 
-@pytest.mark.parametrize("world", sorted(cases.LAYOUTS))
-def test_a_view_merging_two_sharded_dims_fails_with_a_clear_error(world):
-    cases.check_probes("view", world)
+def test_a_view_merging_two_sharded_dims_fails_with_a_clear_error(rule_world):
+    cases.check_probes("view", rule_world)
 
 
 def test_reshape_keeps_a_size_one_sharded_dim():
