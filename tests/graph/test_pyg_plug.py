@@ -1,5 +1,5 @@
 """Unmodified PyG ``GraphConv`` / ``SAGEConv`` on ShardTensors through
-:class:`meshshard.graph.GraphPlug` (issue 22): outputs, the loss, input and every weight
+:class:`meshshard.graph.GraphPlug`: outputs, the loss, input and every weight
 gradient, and a few plain SGD steps equal one process on the whole graph, with no gradient
 sync and a plain ``.mean()`` loss. fp64; 2, 3 and 4 gloo ranks; uneven parts with an empty one;
 both ghost strategies; sum, mean and max aggregation."""
@@ -7,8 +7,8 @@ both ghost strategies; sum, mean and max aggregation."""
 import pytest
 import torch
 
-from meshshard.testing import run_ranks
 from tests.graph._data import empty_and_isolated, first_empty, slab_uneven
+from tests.shardtensor._oracle import close, ranks_once, together
 
 pytest.importorskip("torch_geometric")
 
@@ -32,31 +32,19 @@ CASES = {
 }
 BAD_CASE = {"graph": "dual", "n": 120, "method": "metis"}
 ZOO_CASES = {2: BAD_CASE, 3: {"graph": "knn", "n": 45, "method": "hand", "assign": first_empty}}
-_RESULTS: dict = {}
 
 
-def _close(got, want, what, scale=None):
-    got, want = torch.as_tensor(got).double(), torch.as_tensor(want).double()
-    if scale is None:
-        scale = float(want.abs().max()) if want.numel() else 0.0
-    atol = _RTOL * scale
-    torch.testing.assert_close(got, want, rtol=_RTOL, atol=atol, msg=lambda m: f"{what}: {m}")
-
-
-def _all(rank, P, cases):
-    out = {"cases": fns.pyg_cases(rank, P, cases)}
-    if P in ZOO_CASES:
-        out["zoo"] = fns.zoo_case(rank, P, ZOO_CASES[P])
-    if P == 2:
-        out["refused"] = fns.refusals(rank, P, BAD_CASE)
-        out["compile"] = fns.compile_case(rank, P, BAD_CASE)
-    return out
+def _close(got, want, what, scale=0.0):
+    close(got, want, what, _RTOL, scale)
 
 
 def _results(P):
-    if P not in _RESULTS:
-        _RESULTS[P] = run_ranks(_all, P, CASES[P], timeout=600)
-    return _RESULTS[P]
+    jobs = {"cases": (fns.pyg_cases, CASES[P])}
+    if P in ZOO_CASES:
+        jobs["zoo"] = (fns.zoo_case, ZOO_CASES[P])
+    if P == 2:  # these share the spawn of 2 ranks
+        jobs.update(refused=(fns.refusals, BAD_CASE), compile=(fns.compile_case, BAD_CASE))
+    return ranks_once(together, P, jobs, timeout=600)
 
 
 @pytest.mark.parametrize("P", sorted(CASES))
@@ -83,7 +71,7 @@ def test_more_pyg_layers_equal_one_process(P):
                         if k.startswith("grad w"))
             for key, (got, want) in rep.items():
                 _close(got, want, f"P={P} rank {rank} {name} {key}",
-                       scale if key.startswith("grad w") else None)
+                       scale if key.startswith("grad w") else 0.0)
 
 
 def test_uncovered_pyg_paths_are_refused_clearly():

@@ -23,7 +23,7 @@ def meshgraphnet_plug(rank: int, world: int, layers: int) -> tuple[int, str]:
     from meshshard.graph import GraphPlug
     from tests.graph._data import problem
     from tests.graph._fns import _graph
-    from tests.shardtensor._aten_graph_fns import _model
+    from tests.shardtensor._graph_rows_fns import _model
 
     mesh = init_device_mesh("cpu", (world,))
     case = {"graph": "knn", "n": 120, "method": "hilbert"}
@@ -49,7 +49,7 @@ def meshgraphnet_ghost(rank: int, world: int, layers: int, validate: str) -> tup
     from meshshard.graph import GhostExchange
     from tests.graph._data import problem
     from tests.graph._fns import _graph
-    from tests.shardtensor._aten_graph_fns import _model
+    from tests.shardtensor._graph_rows_fns import _model
 
     case = {"graph": "knn", "n": 120, "method": "hilbert"}
     prob = problem(case, world)

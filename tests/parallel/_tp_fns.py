@@ -42,6 +42,7 @@ def transolver_tp(rank, world_size, shape, sizes, steps, submesh, compiled=False
     from meshshard.parallel.plans import transolver_plan
     from meshshard.parallel.tensor import init_mesh_3d, parallelize_module
     from meshshard.shardtensor import Replicate, Shard, from_local
+    from tests.shardtensor._model_fns import adam_steps
 
     data, domain, tensor = shape
     mesh = init_mesh_3d(data, domain, tensor, device_type="cpu")
@@ -92,19 +93,8 @@ def transolver_tp(rank, world_size, shape, sizes, steps, submesh, compiled=False
         g, g_ref = _local_of(p.grad, q.grad)
         grads[n] = (g.clone(), g_ref.clone())
     report["grads"] = grads
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    opt_ref = torch.optim.Adam(ref.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(steps):
-        for o in (opt, opt_ref):
-            o.step()
-            o.zero_grad()
-        loss = ((model(c, f) - t) ** 2).mean()
-        loss_ref = ((ref(coords, feats) - target) ** 2).mean()
-        loss.backward()
-        loss_ref.backward()
-        losses.append((loss.item(), loss_ref.item()))
-    report["losses"] = losses
+    report["losses"] = adam_steps(model, ref, lambda: ((model(c, f) - t) ** 2).mean(),
+                                  lambda: ((ref(coords, feats) - target) ** 2).mean(), steps)
     weights = {}
     for (n, p), (_, q) in params:
         a, b = _local_of(p.detach(), q.detach())

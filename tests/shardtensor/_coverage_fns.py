@@ -1,6 +1,6 @@
 """Which registered rules the oracle cases reach on an uneven layout: the op-family oracles
 (:mod:`tests.shardtensor._cases`, :mod:`tests.shardtensor._grid_cases`,
-:mod:`tests.shardtensor._aten_ops_fns`) run under modes that record every aten op and torch
+:mod:`tests.shardtensor._rule_cases`) run under modes that record every aten op and torch
 function called with a ShardTensor sharded unevenly."""
 
 from __future__ import annotations
@@ -33,26 +33,27 @@ def _uneven(args, kwargs) -> bool:
     return walk(args) or walk(tuple((kwargs or {}).values()))
 
 
-class _Functions(TorchFunctionMode):
+class _Recorder:
+    """Adds to ``seen`` every function called with an unevenly sharded ShardTensor."""
+
     def __init__(self, seen):
         super().__init__()
         self.seen = seen
 
+    def _record(self, func, args, kwargs):
+        if _uneven(args, kwargs):
+            self.seen.add(func)
+        return func(*args, **(kwargs or {}))
+
+
+class _Functions(_Recorder, TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if _uneven(args, kwargs):
-            self.seen.add(func)
-        return func(*args, **(kwargs or {}))
+        return self._record(func, args, kwargs)
 
 
-class _Aten(TorchDispatchMode):
-    def __init__(self, seen):
-        super().__init__()
-        self.seen = seen
-
+class _Aten(_Recorder, TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if _uneven(args, kwargs):
-            self.seen.add(func)
-        return func(*args, **(kwargs or {}))
+        return self._record(func, args, kwargs)
 
 
 def reached_ops(rank, world_size, sizes):
@@ -65,15 +66,15 @@ def reached_ops(rank, world_size, sizes):
         POINTWISE_INPLACE,
         registered_rules,
     )
-    from tests.shardtensor._aten_ops_fns import all_cases
     from tests.shardtensor._cases import run_cases
     from tests.shardtensor._grid_cases import run_grid_cases
+    from tests.shardtensor._rule_cases import all_cases
 
     seen: set = set()
     with _Functions(seen), _Aten(seen):
         res = run_cases(rank, world_size, sizes)
         res.update(run_grid_cases(rank, world_size, (world_size,), (sizes,)))
-        all_cases(rank, world_size, [sizes])  # (compared with one process by test_aten_ops)
+        all_cases(rank, world_size, [sizes])  # (compared with one process by test_<family>)
     rules = registered_rules()
     reached = set()
     slot_fns = {s: rules[s].fn for s in (POINTWISE, POINTWISE_INPLACE, FALLBACK)}

@@ -41,14 +41,19 @@ def w(*shape, seed=1):
     return torch.randn(*shape, generator=_g(seed)) * 0.3
 
 
-def conv_inputs(c_in, c_out, k, groups=1, bias=True):
+def _grid_weight_bias(c_in, weight_shape, c_out, bias):
+    """``make(sp)``: a grid of ``c_in`` channels, a weight, and a bias of ``c_out`` if ``bias``."""
     def make(sp):
-        out = [(grid(sp, c=c_in), True), (w(c_out, c_in // groups, *k), False)]
+        out = [(grid(sp, c=c_in), True), (w(*weight_shape), False)]
         if bias:
             out.append((w(c_out, seed=2), False))
         return out
 
     return make
+
+
+def conv_inputs(c_in, c_out, k, groups=1, bias=True):
+    return _grid_weight_bias(c_in, (c_out, c_in // groups, *k), c_out, bias)
 
 
 # conv ----------------------------------------------------------------------------------------
@@ -117,13 +122,7 @@ case("conv", "conv3d_b1_onednn_k3_s2_p1", 3, onednn_inputs(),
 
 # conv_transpose ------------------------------------------------------------------------------
 def ct_inputs(c_in, c_out, k, groups=1, bias=True):
-    def make(sp):
-        out = [(grid(sp, c=c_in), True), (w(c_in, c_out // groups, *k), False)]
-        if bias:
-            out.append((w(c_out, seed=2), False))
-        return out
-
-    return make
+    return _grid_weight_bias(c_in, (c_in, c_out // groups, *k), c_out, bias)
 
 
 case("conv_transpose", "ct1d_k3_s2_p1_op1", 1, ct_inputs(3, 2, (3,)),

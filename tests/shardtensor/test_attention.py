@@ -1,7 +1,13 @@
 """Ring attention (``F.scaled_dot_product_attention`` on token-sharded ShardTensors) against one
 process: outputs and gradients of q, k, v on uneven layouts (empty shards included), cross-
 attention with different query and key layouts, masks, causal, grouped heads; and bad input
-refused on every rank without a hang. One spawn of ranks per world size runs every case."""
+refused on every rank without a hang. One spawn of ranks per world size runs every case.
+
+In fp64 as well: ring attention over uneven token shards (empty shards, cross-attention lengths),
+causal and masked, keys whole or query whole; masks (bool and additive, key-padding and full)
+sharded like the query rows or on their key dim (with the keys' sizes or others); and the
+reference point transformer eager and under plain ``torch.compile``. Oracle: torch's attention
+on the full tensors in one process, output and the gradients of q, k, v."""
 
 from __future__ import annotations
 
@@ -9,7 +15,9 @@ import pytest
 import torch
 
 from meshshard.testing import run_ranks
+from tests.shardtensor import _attention_fns as fns
 from tests.shardtensor._attention_fns import attention_cases
+from tests.shardtensor._oracle import close, ranks_once
 
 F32 = torch.float32
 
@@ -80,13 +88,8 @@ BAD = {
     "mha_need_weights": ("NotImplementedError", "need_weights=False"),
 }
 
-_RESULTS: dict = {}
-
-
 def _results(P: int):
-    if P not in _RESULTS:
-        _RESULTS[P] = run_ranks(attention_cases, P, CASES[P], list(BAD), timeout=240)
-    return _RESULTS[P]
+    return ranks_once(attention_cases, P, CASES[P], list(BAD), timeout=240)
 
 
 @pytest.mark.parametrize(("P", "ci"), [(P, i) for P, cs in CASES.items() for i in range(len(cs))])
@@ -127,3 +130,56 @@ def test_mha_on_replicated_inputs_takes_any_option():
 
     for rank, err in enumerate(run_ranks(mha_replicated, 2, timeout=240)):
         assert err is None, f"rank {rank}:\n{err}"
+
+
+# fp64: the log-sum-exp merge reorders sums; measured worst 1.8e-15 relative (2 ranks, every
+# case and the point transformer), 2.3e-15 with the masks sharded on their key dim (dq of an
+# additive mask, 2 and 4 ranks; max |got - want| / max |want|); 1e-10 leaves room for other
+# CPUs' summation orders
+_RTOL = 1e-10
+SDPA_LAYOUTS = {2: [((3, 5), (3, 5)), ((0, 8), (6, 1))], 3: [((7, 0, 13), (2, 9, 0))],
+                4: [((1, 1, 6, 0), (0, 4, 0, 4))]}
+
+
+def _sdpa_and_models(rank, world, layouts):
+    out = {"sdpa": {s: fns.sdpa_cases(rank, world, s, k) for s, k in layouts}}
+    if world == 2:  # the model cases share this spawn of ranks
+        out["transformer"] = {s: fns.transformer_case(rank, world, s, compile_too=(s == (5, 7)))
+                              for s in ((5, 7), (0, 9))}
+        out["padding"] = {s: fns.transformer_padding_case(rank, world, s)
+                          for s in ((5, 7), (9, 0))}
+    return out
+
+
+def _fp64_results(world):
+    return ranks_once(_sdpa_and_models, world, SDPA_LAYOUTS[world], timeout=500)
+
+
+@pytest.mark.parametrize("world", sorted(SDPA_LAYOUTS))
+def test_attention_equals_one_process(world):
+    for rank, res in enumerate(_fp64_results(world)):
+        for sizes, rep in res["sdpa"].items():
+            assert len(rep) >= 63  # 15 cases x (out, dq, dk, dv), 2 3-d outputs, dropout
+            assert "dropout_p=0.1" in rep.pop("dropout refused")
+            for key, (got, want) in rep.items():
+                close(got, want, f"rank {rank} {sizes} {key}", _RTOL)
+
+
+def test_point_transformer_eager_and_compiled_equals_one_process():
+    for rank, res in enumerate(_fp64_results(2)):
+        for sizes, rep in res["transformer"].items():
+            if "graph breaks" in rep:
+                assert rep.pop("graph breaks") == 0
+                assert rep.pop("compiles") >= 1
+            for key, (got, want) in rep.items():
+                close(got, want, f"rank {rank} {sizes} {key}", _RTOL)
+
+
+def test_point_transformer_key_padding_sum_loss_eager_and_compiled_equals_one_process():
+    for rank, res in enumerate(_fp64_results(2)):
+        for sizes, rep in res["padding"].items():
+            assert rep.pop("graph breaks") == 0
+            assert rep.pop("compiles") >= 1
+            assert len(rep) >= 2 * (2 + 1)  # eager and compiled: out, input grad, weights
+            for key, (got, want) in rep.items():
+                close(got, want, f"rank {rank} {sizes} {key}", _RTOL)

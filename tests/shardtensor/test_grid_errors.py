@@ -6,20 +6,23 @@ import torch
 from meshshard.testing import run_ranks
 from tests.shardtensor._grid_error_fns import bad_inputs
 
-EXPECT = {
-    "halo_beyond_neighbours": ("HaloError", "max_hops=1"),
-    "conv_channel_sharded": ("LayoutError", "channel dim"),
-    "mismatched_meshes": ("LayoutError", "different DeviceMeshes"),
-    "reflect_pad_too_large": ("RuntimeError", "Padding size should be less than"),
-    "circular_pad_wraps_twice": ("RuntimeError", "wrapping around more than once"),
-    "negative_pad_too_large": ("RuntimeError", "negative output size"),
-    "adaptive_not_dividing": ("NotImplementedError", "does not divide"),
-    "interpolate_bicubic": ("NotImplementedError", "bicubic"),
-    "kernel_larger_than_grid": ("RuntimeError", "can't be greater than actual input size"),
-    "conv_channels_mismatch": ("RuntimeError", "to have 3 channels, but got 2 channels"),
-    "pool_larger_than_grid": ("RuntimeError", "Output size is too small"),
-    "pool_pad_too_large": ("RuntimeError", "pad should be at most half"),
+# by the class the error is (or derives from): {case: what its message says}
+RAISES = {
+    "HaloError": {"halo_beyond_neighbours": "max_hops=1"},
+    "LayoutError": {"conv_channel_sharded": "channel dim",
+                    "mismatched_meshes": "different DeviceMeshes"},
+    "NotImplementedError": {"adaptive_not_dividing": "does not divide",
+                            "interpolate_bicubic": "bicubic"},
+    # torch's own checks, on the global shapes
+    "RuntimeError": {"reflect_pad_too_large": "Padding size should be less than",
+                     "circular_pad_wraps_twice": "wrapping around more than once",
+                     "negative_pad_too_large": "negative output size",
+                     "kernel_larger_than_grid": "can't be greater than actual input size",
+                     "conv_channels_mismatch": "to have 3 channels, but got 2 channels",
+                     "pool_larger_than_grid": "Output size is too small",
+                     "pool_pad_too_large": "pad should be at most half"},
 }
+EXPECT = {case: (kind, text) for kind, cases in RAISES.items() for case, text in cases.items()}
 
 
 @pytest.fixture(scope="module")

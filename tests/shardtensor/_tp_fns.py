@@ -1,17 +1,21 @@
-"""Rank functions for ``test_aten_tp.py``: tensor-parallel linears and products over tensors
+"""Rank functions for ``test_tp.py``: tensor-parallel linears and products over tensors
 sharded on several dims (``rules/tp.py``) on a 3-D ("data", "domain", "tensor") mesh,
 against one process on the full data, fp64.
 
 Every case builds its operands from full tensors (same seed on every rank) as ShardTensor
 leaves in the layout it names (``S<d>`` Shard on tensor dim d, ``P`` Partial, ``R``), runs one
 expression, and returns per output and per leaf gradient (``torch.autograd.grad`` of a random
-projection) the pair (sharded result as a full tensor, one-process result)."""
+projection) the pair (sharded result as a full tensor, one-process result). Also the einsum
+over heads of a tensor sharded on "data" and "domain", a case of
+:mod:`tests.shardtensor._rule_cases`."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from tests.shardtensor._rule_cases import R, case
 
 B, H, K, D, S, O = 3, 2, 4, 3, 5, 6
 
@@ -164,3 +168,13 @@ def _run(mesh, n):
     (d2r,) = torch.autograd.grad((gwr * v).sum(), xr)
     pairs["second order d2"] = (d2.full_tensor(), d2r)
     return {"pairs": pairs, "placements": placements, "counts": counts}
+
+
+@case("tp", "einsum_heads_data_x_domain", seed=2010, plain_grads=True,
+      extras=[(R, (2, 3, 4, 5), True)])
+def _c(x, tok):
+    n = x.shape[1]
+    w = torch.softmax(x[..., :4], -1).unsqueeze(1).expand(2, 3, n, 4) * 1.5  # B H N S
+    return torch.einsum("bhsd,bhns->bhnd", tok, w), torch.einsum("bhnd,bhns->bhsd",
+                                                                 x.unsqueeze(1) * tok[..., :1, :],
+                                                                 w)

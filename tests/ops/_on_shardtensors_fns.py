@@ -1,4 +1,4 @@
-"""Rank functions for ``test_aten_api.py``: the neighbour ops on the aten-level ShardTensor
+"""Rank functions for ``test_on_shardtensors.py``: the neighbour ops on ShardTensors
 (autograd on the wrapper), against scipy / one process on the gathered data (fp64)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The aten-level ShardTensor's layout functions (issue 22, porting step 1): ``from_local`` with
+"""The ShardTensor's layout functions: ``from_local`` with
 the library's checks, ``redistribute`` between Shard (uneven, empty shards), Replicate and
 Partial with gradients to second order, eager and under ``torch.compile``, and the reference
 Transolver on a 2-D ("data", "domain") mesh. Oracle: one process on the full data, fp64."""
@@ -6,8 +6,8 @@ Transolver on a 2-D ("data", "domain") mesh. Oracle: one process on the full dat
 import pytest
 import torch
 
-from meshshard.testing import run_ranks
-from tests.shardtensor import _aten_layout_fns as fns
+from tests.shardtensor import _layout_fns as fns
+from tests.shardtensor._oracle import close, ranks_once
 
 # fp64 results that are permutations and sums of the same values: measured worst 1.1e-14
 # relative (4 ranks, layout cases and the 2-D mesh Transolver); 1e-10 leaves room for other CPUs
@@ -25,17 +25,13 @@ def _check(rep: dict, where: str) -> None:
                 continue
             assert not v, f"{where} {key}: {v}"
             continue
-        got, want = v
-        atol = _RTOL * float(want.abs().max()) if want.numel() else 0.0
-        torch.testing.assert_close(got.to(want.dtype), want, rtol=_RTOL, atol=atol,
-                                   msg=lambda m, k=key: f"{where} {k}: {m}")
+        close(*v, f"{where} {key}", _RTOL)
 
 
 COMPILE_LAYOUTS = [((3, 5), (5, 3)), ((6, 4), (0, 10)), ((9, 2), (4, 7))]
-_RESULTS: dict = {}
 
 
-def _all(rank, world, layouts):
+def _layouts_mesh_and_compile(rank, world, layouts):
     out = {"layouts": {s: fns.layout_cases(rank, world, s, o) for s, o in layouts}}
     if world == 4:  # the other cases share these spawns of ranks
         out["2-d mesh"] = _nd(rank, world)
@@ -45,9 +41,7 @@ def _all(rank, world, layouts):
 
 
 def _results(world):
-    if world not in _RESULTS:
-        _RESULTS[world] = run_ranks(_all, world, LAYOUTS[world], timeout=400)
-    return _RESULTS[world]
+    return ranks_once(_layouts_mesh_and_compile, world, LAYOUTS[world], timeout=400)
 
 
 @pytest.mark.parametrize("world", sorted(LAYOUTS))

@@ -1,15 +1,14 @@
-"""MeshGraphNet on the aten-level ShardTensor through :class:`meshshard.graph.GraphPlug`
-(issue 22, porting step 6): node and edge tensors are ShardTensors, the loss is a plain
-``.mean()`` and weight gradients come out global with no ``sync_gradients``. Oracle: one
+"""The graph-row rules (row-local gather/scatter, ghost refresh): MeshGraphNet on ShardTensors
+through :class:`meshshard.graph.GraphPlug`. Node and edge tensors are ShardTensors, the loss is
+a plain ``.mean()`` and weight gradients come out global with no ``sync_gradients``. Oracle: one
 process on the whole graph (fp64), outputs, loss, input gradients to second order and every
 weight gradient, both strategies, every reduction, uneven and empty parts."""
 
 import pytest
-import torch
 
-from meshshard.testing import run_ranks
 from tests.graph._data import empty_and_isolated, first_empty, slab_uneven
-from tests.shardtensor import _aten_graph_fns as fns
+from tests.shardtensor import _graph_rows_fns as fns
+from tests.shardtensor._oracle import close, ranks_once, together
 
 # fp64; the distributed sums only reorder additions: measured worst 3.1e-15 relative (the 2-rank
 # cases, outputs, loss, first and second order); 1e-10 leaves room for other CPUs
@@ -24,27 +23,14 @@ CASES = {
 }
 
 
-def _close(got, want, what):
-    got, want = torch.as_tensor(got).double(), torch.as_tensor(want).double()
-    atol = _RTOL * float(want.abs().max()) if want.numel() else 0.0
-    torch.testing.assert_close(got, want, rtol=_RTOL, atol=atol, msg=lambda m: f"{what}: {m}")
-
-
 COMPILE_CASE = {"graph": "dual", "n": 120, "method": "metis"}
-_RESULTS: dict = {}
-
-
-def _all(rank, P, cases):
-    out = {"cases": fns.graph_cases(rank, P, cases)}
-    if P == 2:  # the compile case shares this spawn of ranks
-        out["compile"] = fns.compile_case(rank, P, COMPILE_CASE)
-    return out
 
 
 def _results(P):
-    if P not in _RESULTS:
-        _RESULTS[P] = run_ranks(_all, P, CASES[P], timeout=600)
-    return _RESULTS[P]
+    jobs = {"cases": (fns.graph_cases, CASES[P])}
+    if P == 2:  # the compile case shares this spawn of ranks
+        jobs["compile"] = (fns.compile_case, COMPILE_CASE)
+    return ranks_once(together, P, jobs, timeout=600)
 
 
 @pytest.mark.parametrize("P", sorted(CASES))
@@ -56,11 +42,12 @@ def test_meshgraphnet_on_shardtensors_equals_one_process(P):
                 layers = CASES[P][ci].get("layers", 2)
                 assert rep.pop("refreshes") == (layers if strategy == "per_layer" else 1)
                 for key, (got, want) in rep.items():
-                    _close(got, want, f"P={P} case {ci} rank {rank} {reduce}/{strategy} {key}")
+                    close(got, want, f"P={P} case {ci} rank {rank} {reduce}/{strategy} {key}",
+                          _RTOL)
 
 
 def test_meshgraphnet_plain_torch_compile_equals_eager():
     for rank, rep in enumerate(r["compile"] for r in _results(2)):
         assert rep["graph breaks"] == 0, rep["graph breaks"]
         for k, (a, b) in enumerate(zip(rep["compiled"], rep["eager"])):
-            _close(a, b, f"rank {rank} tensor {k}")
+            close(a, b, f"rank {rank} tensor {k}", _RTOL)

@@ -1,4 +1,4 @@
-"""The neighbour ops (``meshshard.ops``) on the aten-level ShardTensor of issue 22: outputs are
+"""The neighbour ops (``meshshard.ops``) on ShardTensors: outputs are
 of the input's class, values equal scipy's cKDTree on the gathered points, and distances and
 gathered rows are differentiable w.r.t. the sharded inputs (oracle: one process, fp64)."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from meshshard.testing import run_ranks
-from tests.ops import _aten_api_fns as fns
+from tests.ops import _on_shardtensors_fns as fns
 
 LAYOUTS = {2: [(3, 5), (0, 8)], 3: [(1, 1, 6)]}
 

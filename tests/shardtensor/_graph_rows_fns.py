@@ -1,4 +1,4 @@
-"""Rank functions for ``test_aten_graph.py``: a MeshGraphNet on ShardTensors through
+"""Rank functions for ``test_graph_rows.py``: a MeshGraphNet on ShardTensors through
 :class:`meshshard.graph.GraphPlug` (autograd on the wrapper: no gradient sync, no loss scaling)
 against one process on the whole graph, fp64."""
 

@@ -1,5 +1,5 @@
-"""Rank functions for ``test_aten_layout.py``: from_local's checks, redistribute (values and
-gradients to second order, eager and compiled) and an N-D mesh Transolver on the aten-level
+"""Rank functions for ``test_layout.py``: from_local's checks, redistribute (values and
+gradients to second order, eager and compiled) and an N-D mesh Transolver on the
 ShardTensor, each against one process on the full data (fp64)."""
 
 from __future__ import annotations

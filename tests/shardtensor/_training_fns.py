@@ -1,4 +1,4 @@
-"""Rank functions for the issue-22 spike (``meshshard.shardtensor._aten``): the reference
+"""Rank functions for ``test_autograd.py`` and ``test_compile.py``: the reference
 Transolver on uneven shards, every torch training feature, against one process on all points.
 
 Each case returns (sharded, reference) pairs; the test compares them. fp64 unless said, so the
@@ -155,24 +155,14 @@ def autocast_case(rank, world, sizes):
 def compile_case(rank, world, layouts, backend_name="aot_eager"):
     """Plain torch.compile(model) over samples of different sizes and splits: compilations,
     graphs, graph breaks, and compiled against eager (loss, input and weight grads)."""
-    from torch._dynamo import lookup_backend
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    calls = {"n": 0}
-    inner = lookup_backend(backend_name)
-
-    def backend(gm, example_inputs):
-        calls["n"] += 1
-        return inner(gm, example_inputs)
+    from tests.shardtensor._compile_fns import counting_compile
 
     res = []
     model = None
     for sizes in layouts:
         m, (X, F, Y), shard, _ = _setup(rank, world, sizes, torch.float32)
         if model is None:
-            model, cm = m, torch.compile(m, backend=backend)
+            model, (cm, stats) = m, counting_compile(m, backend_name)
         pair = {}
         for name, fn in (("eager", model), ("compiled", cm)):
             model.zero_grad(set_to_none=True)
@@ -183,8 +173,7 @@ def compile_case(rank, world, layouts, backend_name="aot_eager"):
             loss.backward()
             pair[name] = [torch.tensor(loss.item()), xl.grad.clone(), *_grads(model)]
         res.append(pair)
-    return {"per layout": res, "compiles": calls["n"],
-            "graph breaks": sum(counters["graph_break"].values())}
+    return {"per layout": res, **stats()}
 
 
 def compile_floor_case(rank, world, layouts, backend_name="inductor"):

@@ -1,4 +1,4 @@
-"""Grids on the aten-level ShardTensor (issue 22, porting step 4: ``_aten/rules_grid*``).
+"""Grids on ShardTensors: the grid rules (convolution, pooling, padding, resampling, norms).
 
 Oracle: one process on the whole grid, fp64. On 2, 3 and 4 gloo ranks, grids sharded along one
 spatial dim with uneven slabs (an empty slab, one-row slabs), and on a 2x2 mesh along two
@@ -13,10 +13,10 @@ per slab layout (halo plans specialise on the layout) and none for a layout seen
 """
 
 import pytest
-import torch
 
 from meshshard.testing import run_ranks
-from tests.shardtensor import _aten_grid_fns
+from tests.shardtensor import _grid_conv_fns
+from tests.shardtensor._oracle import close
 
 # fp64: measured differences from one process are <= 2.3e-15 relative (UNet) and rounding
 # level per op; 1e-10 leaves room for other CPUs' summation orders
@@ -40,17 +40,10 @@ JOBS = {
 }
 
 
-def _close(got, want, what, scale=0.0):
-    assert got is not None and want is not None, what
-    atol = _RTOL * max(float(want.abs().max()) if want.numel() else 0.0, scale)
-    torch.testing.assert_close(got.to(want.dtype), want, rtol=_RTOL, atol=atol,
-                               msg=lambda m: f"{what}: {m}")
-
-
 @pytest.fixture(scope="module", params=sorted(JOBS))
 def reports(request):
     world = request.param
-    return world, run_ranks(_aten_grid_fns.all_cases, world, JOBS[world], timeout=600)
+    return world, run_ranks(_grid_conv_fns.all_cases, world, JOBS[world], timeout=600)
 
 
 def test_grid_ops_and_unet_equal_one_process(reports):
@@ -68,20 +61,17 @@ def test_grid_ops_and_unet_equal_one_process(reports):
                          if k.startswith("grad ")), default=0.0)
             assert len(rep) > (40 if job[0] == "unet" else 70), (job, len(rep))
             for key, (got, want) in rep.items():
-                if want.dtype == torch.bool:
-                    assert bool(got) == bool(want), (rank, job, key)
-                else:
-                    _close(got, want, f"rank {rank} {job} {key}",
-                           scale if key.startswith("grad ") else 0.0)
+                close(got, want, f"rank {rank} {job} {key}", _RTOL,
+                      scale if key.startswith("grad ") else 0.0)
 
 
 def test_plain_torch_compile_of_the_unet():
     layouts = [(3, 5), (0, 8), (3, 5)]
-    reports = run_ranks(_aten_grid_fns.compile_case, 2, layouts, timeout=600)
+    reports = run_ranks(_grid_conv_fns.compile_case, 2, layouts, timeout=600)
     for rank, rep in enumerate(reports):
         assert rep["graph breaks"] == 0, rep["break reasons"]
         # one compilation per new slab layout, the repeated one reuses its graph
         assert rep["compiles"] == 2, rep["compiles"]
         for sizes, pair in zip(layouts, rep["per layout"]):
             for k, (got, want) in enumerate(zip(pair["compiled"], pair["eager"])):
-                _close(got, want, f"rank {rank} {sizes} output {k}")
+                close(got, want, f"rank {rank} {sizes} output {k}", _RTOL)

@@ -1,4 +1,4 @@
-"""Rank functions for the aten-level grid rules (``shardtensor._aten.rules_grid*``): per-op
+"""Rank functions for ``test_grid_conv.py``: the grid rules' per-op
 oracle cases and the reference UNet3d against one process on the whole grid, fp64.
 
 Each case returns ``{name: (sharded, reference)}``; the test compares them."""

@@ -1,4 +1,4 @@
-"""Tensor-parallel products on the new ShardTensor (``rules/tp.py``): column- and
+"""Tensor-parallel products on ShardTensors (``rules/tp.py``): column- and
 row-parallel ``F.linear`` with ShardTensor weight pieces, ``einsum`` / ``matmul`` / linear on
 tensors sharded on several dims at once (batch on "data", points on "domain", heads or features
 on "tensor"), and the local head-splitting view, on 2 and 4 gloo ranks (meshes 1x2x1, 1x1x2,
@@ -7,17 +7,16 @@ gradient of every leaf (sharded and plain), one second-order term, the output la
 forward all-reduces (none for column-parallel, one over "tensor" for row-parallel)."""
 
 import pytest
-import torch
 
-from meshshard.testing import run_ranks
-from tests.shardtensor import _aten_tp_fns as F
+from tests.shardtensor import _rule_cases as cases
+from tests.shardtensor import _tp_fns as F
+from tests.shardtensor._oracle import close, ranks_once
 
 # measured: the largest relative difference from one process over every case and layout here
 # is 4.0e-16 (fp64 rounding); 1e-10 leaves room for other summation orders
 _RTOL64 = 1e-10
 SHAPES = {2: [(1, 2, 1), (1, 1, 2)], 4: [(1, 2, 2), (2, 1, 2)]}
 LAYOUTS = {1: [(7,)], 2: [(3, 5), (0, 8)]}
-_CACHE: dict = {}
 
 # forward all-reduces per case, given the mesh sizes (data, domain, tensor)
 _COUNTS = {
@@ -27,16 +26,8 @@ _COUNTS = {
 
 
 def _reports(world):
-    if world not in _CACHE:
-        _CACHE[world] = run_ranks(F.all_cases, world, SHAPES[world], LAYOUTS, timeout=300,
-                                  collective_timeout=60)
-    return _CACHE[world]
-
-
-def _close(a, b, what):
-    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
-    atol = _RTOL64 * float(b.abs().max()) if b.numel() else 0.0
-    torch.testing.assert_close(a, b, rtol=_RTOL64, atol=atol, msg=lambda m: f"{what}: {m}")
+    return ranks_once(F.all_cases, world, SHAPES[world], LAYOUTS, timeout=300,
+                      collective_timeout=60)
 
 
 @pytest.mark.parametrize("world", sorted(SHAPES))
@@ -47,8 +38,14 @@ def test_tp_products_equal_one_process(world):
             where = f"rank {rank} mesh {shape} points {n}"
             assert len(rep["pairs"]) > 20, where
             for key, (got, want) in rep["pairs"].items():
-                _close(got, want, f"{where} {key}")
+                close(got, want, f"{where} {key}", _RTOL64)
             for name, (got, want) in rep["placements"].items():
                 assert got == want, (where, name)
             for name, seen in rep["counts"].items():
                 assert seen == _COUNTS.get(name, lambda m: {})(shape), (where, name, seen)
+
+
+def test_einsum_over_heads_of_a_data_x_domain_tensor_equals_one_process(rule_world):
+    # batch sharded on one mesh dim and points on the other (the 2x2 layout), and uneven
+    # points on a 1-D mesh: a case of the rule families' shared spawn (_rule_cases)
+    cases.check_cases("tp", rule_world)
