@@ -183,6 +183,9 @@ case("reductions", "any_dims", lambda N: _inputs_bn(N),
      lambda x, y: x * (y > 0).any(dim=(0, 2), keepdim=True) + y * (x > 2).any())
 case("pointwise", "leaky_relu", lambda N: _inputs_bn(N),
      lambda x, y: torch.nn.functional.leaky_relu(x - y, 0.1))
+case("reductions", "nansum", lambda N: _inputs_bn(N),
+     lambda x, y: torch.nansum(torch.where(y > 1, torch.nan, x), dim=1)
+     + torch.nansum(x * y, dim=(0, 2), keepdim=True).sum(1) + torch.nansum(y))
 case("reductions", "topk_along_sharded_dim", lambda N: _inputs_bn(N),
      lambda x, y: torch.topk(x, 3, dim=1)[0] * torch.topk(y, 3, dim=1, largest=False)[0]
      + torch.topk(x, 3, dim=1)[1].to(x.dtype))

@@ -394,6 +394,20 @@ def _cumsum(func, args, kwargs) -> Plan:
     return Plan((), (), call, spec)
 
 
+# ------------------------------------------------------------------ nansum
+@register_rule(aten.nansum.default)
+def _nansum(func, args, kwargs) -> Plan:
+    """A local ``nansum``, Partial over the mesh dims that shard a reduced dim (the sum of the
+    ranks' NaN-free sums is the NaN-free sum). A Partial input is summed first: a NaN in one
+    rank's partial value is not a NaN of the sum."""
+    x = args[0]
+    steps, spec = _prepare(x)
+    dims = norm_dims(args[1] if len(args) > 1 else kwargs.get("dim"), x.ndim)
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    out, _ = reduced_spec(spec, dims, keepdim, placement=_PSUM)
+    return Plan(steps, (), None, out)
+
+
 # ------------------------------------------------------------------ top k
 @register_rule(aten.topk.default)
 def _topk(func, args, kwargs) -> Plan:
