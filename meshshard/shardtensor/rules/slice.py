@@ -1,9 +1,9 @@
-"""Aten rules: slices and ``select`` of the sharded dim.
+"""Slices and ``select``: along an unsharded dim local; along the sharded dim as follows.
 
 ``slice`` of the sharded dim keeps each rank's rows (new per-rank counts, no data moves). Its
 backward puts the gradient back in the input's layout when the forward was seen (eager), else
 returns it Replicate (one all-gather of the gradient). ``select`` of the sharded dim: the
-owner's row is all-gathered (Replicate), as today's handler does. Counts are computed with
+owner's row is all-gathered to every rank (Replicate). Counts are computed with
 ``sym_min``/``sym_max``, so symbolic sizes under ``torch.compile`` stay unguarded.
 """
 
